@@ -1,0 +1,34 @@
+# Two commands on a fresh machine: `make test` and (once the trainer lands) `make demo`.
+# Both create or reuse .venv/; `make install` does the set-up alone.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+EXT_SOURCES := setup.py pyproject.toml $(shell find csrc -name '*.cpp' -o -name '*.cu' -o -name '*.h' 2>/dev/null)
+
+.PHONY: install test bench clean
+
+install: $(VENV)/.ext-stamp
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(VENV)/.deps-stamp: requirements.txt | $(PY)
+	$(PY) -m pip install -r requirements.txt
+	touch $@
+
+# The compiled extension: C++ kernels always; CUDA kernels when nvcc and a CUDA build of torch exist
+# (GSPO_MCORE_NO_CUDA=1 forces a CPU-only build).
+$(VENV)/.ext-stamp: $(VENV)/.deps-stamp $(EXT_SOURCES)
+	$(PY) -m pip install --no-deps --no-build-isolation -e .
+	$(PY) -c "import gspo_mcore._C as C; print('gspo_mcore._C built; CUDA kernels:', C.built_with_cuda, '; CPU ISA:', C.cpu_isa())"
+	touch $@
+
+test: install
+	$(PY) -m pytest -q tests
+
+bench: install
+	$(PY) tools/bench_logprobs.py
+
+clean:
+	rm -rf build *.egg-info gspo_mcore/*.so $(VENV)/.ext-stamp

@@ -1,0 +1,37 @@
+// Declarations shared by the op registration (ops.cpp), the CPU kernels and the CUDA registration.
+#pragma once
+#include <torch/types.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+
+namespace gspo {
+
+// ---- argument validation (device independent; never reads tensor data) ----
+void check_stats_args(const at::Tensor& logits, const at::Tensor& targets);
+void check_backward_args(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse,
+                         const at::Tensor& grad_logp, const std::optional<at::Tensor>& entropy,
+                         const std::optional<at::Tensor>& grad_entropy);
+void check_segment_args(const at::Tensor& values, const at::Tensor& mask, const at::Tensor& cu_seqlens);
+void check_sequence_args(const at::Tensor& seq_sum, const at::Tensor& seq_count, const at::Tensor& adv);
+
+// ---- CPU implementations ----
+at::Tensor token_logprob_stats_cpu(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start,
+                                   double inv_temperature, bool with_entropy);
+at::Tensor token_logprob_backward_cpu(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse,
+                                      const at::Tensor& grad_logp, const std::optional<at::Tensor>& entropy,
+                                      const std::optional<at::Tensor>& grad_entropy, int64_t vocab_start,
+                                      double inv_temperature);
+at::Tensor segment_sum_cpu(const at::Tensor& values, const at::Tensor& mask, const at::Tensor& cu_seqlens);
+at::Tensor segment_expand_cpu(const at::Tensor& grad, const at::Tensor& mask, const at::Tensor& cu_seqlens);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gspo_sequence_terms_cpu(
+    const at::Tensor& seq_sum, const at::Tensor& seq_count, const at::Tensor& adv, double eps_low,
+    double eps_high);
+
+// ---- CPU instruction-set selection for the vocabulary kernels ----
+std::string cpu_isa();                      // the ISA in use: "avx512", "avx2" or "default"
+std::string set_cpu_isa(const std::string&);  // force one ("auto" = best supported); returns the ISA in use
+std::vector<std::string> supported_cpu_isas();
+
+}  // namespace gspo

@@ -1,0 +1,125 @@
+"""Per-token log-probs (and entropy) of the sampled tokens, from vocabulary-parallel logits.
+
+``token_logprobs`` never builds a float32 ``[T, V]`` tensor: a kernel writes five float32 statistics per
+token of this rank's vocabulary slice, ONE all-reduce of those packed statistics finishes the
+full-vocabulary log-sum-exp across the tensor-parallel group, and the backward writes ``d logits`` in one
+pass per row, in the logits' dtype, with no communication.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from gspo_mcore.ops import _backend
+from gspo_mcore.ops._checks import check_length, check_tensor
+from gspo_mcore.ops.reference import MAX, OWNED, SUMEXP, TARGET, XSUM
+
+_LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, vocab_start: int = 0, tp_group=None,
+                   return_entropy: bool = False, temperature: float = 1.0):
+    """Log-probability of ``targets`` under ``softmax(logits / temperature)`` over the full vocabulary.
+
+    Args:
+        logits: ``[T, V_local]`` float32, bfloat16 or float16; contiguous along the vocabulary.
+        targets: ``[T]`` int64 global vocabulary ids.
+        vocab_start: first global id of this rank's slice (the rank owns ``[vocab_start, vocab_start+V_local)``).
+        tp_group: the torch.distributed group the vocabulary is split over (``None``: not split).
+        return_entropy: also return the per-token entropy of the full distribution.
+        temperature: the sampling temperature; the policy is ``softmax(logits / temperature)``.
+
+    Returns:
+        ``logp`` ``[T]`` float32, or ``(logp, entropy)``. Differentiable with respect to ``logits``.
+
+    Raises ``ValueError``/``TypeError`` naming the argument for bad shapes, dtypes, devices, a
+    temperature that is not positive, or targets outside the vocabulary. NaN or inf in a row of logits
+    gives NaN for that token (never a silently finite number).
+    """
+    check_tensor("logits", logits, dim=2, dtypes=_LOGIT_DTYPES)
+    check_tensor("targets", targets, dim=1, dtypes=(torch.int64,), device=logits.device)
+    check_length("targets", targets, logits.shape[0], "logits' first dimension (T)")
+    if logits.shape[1] == 0:
+        raise ValueError("logits must have at least one vocabulary column (V_local >= 1)")
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    if tp_group is None and vocab_start != 0:
+        raise ValueError(f"vocab_start={vocab_start} needs tp_group: without a tensor-parallel group the "
+                         "logits hold the whole vocabulary and vocab_start must be 0")
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    logp, entropy = _TokenLogprobs.apply(logits, targets, int(vocab_start), 1.0 / float(temperature),
+                                         tp_group, bool(return_entropy))
+    return (logp, entropy) if return_entropy else logp
+
+
+def combine_stats(stats: torch.Tensor):
+    """Full-vocabulary ``(logp, lse, entropy, owners)`` from per-rank statistics ``[R, T, 5]``.
+
+    ``lse = M + log sum_r exp(m_r - M) s_r`` with ``M = max_r m_r``; the entropy is
+    ``log S - sum_r exp(m_r - M) (w_r + (m_r - M) s_r) / S`` (all relative to ``M`` for accuracy).
+    """
+    m = stats[..., MAX]  # (R, T)
+    big_m = m.amax(dim=0)  # (T,)
+    # A row that is all -inf (or has +inf) gives M = +-inf; keep the arithmetic NaN there, as torch does.
+    shift = m - big_m  # (R, T)
+    a = shift.exp()
+    s_r = stats[..., SUMEXP]
+    big_s = (a * s_r).sum(0)
+    log_s = big_s.log()
+    lse = big_m + log_s
+    logp = stats[..., TARGET].sum(0) - lse
+    entropy = log_s - (a * (stats[..., XSUM] + shift * s_r)).sum(0) / big_s
+    owners = stats[..., OWNED].sum(0)
+    return logp, lse, entropy, owners
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, targets, vocab_start, inv_temperature, tp_group, with_entropy):
+        stats = _backend.op("token_logprob_stats")(logits, targets, vocab_start, inv_temperature, with_entropy)
+        if tp_group is not None and dist.get_world_size(tp_group) > 1:
+            # One all-reduce: rank r writes its statistics into slot r of a zeroed buffer.
+            world, rank = dist.get_world_size(tp_group), dist.get_rank(tp_group)
+            packed = stats.new_zeros((world,) + tuple(stats.shape))  # (R, T, 5)
+            packed[rank] = stats
+            dist.all_reduce(packed, group=tp_group)
+        else:
+            packed = stats[None]
+        logp, lse, entropy, owners = combine_stats(packed)
+        _check_owned(owners, targets)
+        ctx.vocab_start, ctx.inv_temperature, ctx.with_entropy = vocab_start, inv_temperature, with_entropy
+        if not with_entropy:
+            entropy = None
+        ctx.save_for_backward(logits, targets, lse, entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        logits, targets, lse, entropy = ctx.saved_tensors
+        if grad_logp is None:
+            grad_logp = torch.zeros_like(lse)
+        use_entropy = entropy is not None and grad_entropy is not None
+        grad = _backend.op("token_logprob_backward")(
+            logits, targets, lse, grad_logp.float().contiguous(),
+            entropy if use_entropy else None,
+            grad_entropy.float().contiguous() if use_entropy else None,
+            ctx.vocab_start, ctx.inv_temperature)
+        return grad, None, None, None, None, None
+
+
+def _check_owned(owners: torch.Tensor, targets: torch.Tensor) -> None:
+    """Every target id must belong to exactly one rank's slice (i.e. lie inside the vocabulary)."""
+    if owners.numel() == 0:
+        return
+    if owners.device.type == "cpu":
+        bad = owners != 1
+        if bool(bad.any()):
+            t = int(torch.nonzero(bad)[0, 0])
+            raise ValueError(f"targets[{t}]={int(targets[t])} is outside the vocabulary "
+                             f"({int(bad.sum())} target(s) out of range)")
+    else:
+        torch._assert_async((owners == 1).all(), "targets outside the vocabulary")

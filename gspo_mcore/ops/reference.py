@@ -1,0 +1,91 @@
+"""Pure-torch twins of every compiled op: the specification, and the fallback without the extension.
+
+Each function here computes exactly what the op of the same name in ``torch.ops.gspo_mcore`` computes,
+in the plainest torch (it materialises float32 ``[T, V]`` tensors; it is not meant to be fast).
+``token_logprobs`` is the end-to-end specification of :func:`gspo_mcore.ops.token_logprobs` on one rank.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Columns of the per-token statistics (see csrc/checks.h).
+MAX, SUMEXP, XSUM, TARGET, OWNED = range(5)
+NUM_STATS = 5
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                   return_entropy: bool = False):
+    """``log softmax(logits / temperature)[t, targets[t]]`` in float32 (and the entropy), by autograd."""
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # (T, V)
+    logp = logp_all.gather(1, targets[:, None]).squeeze(1)  # (T,)
+    if not return_entropy:
+        return logp
+    return logp, -(logp_all.exp() * logp_all).sum(-1)
+
+
+def token_logprob_stats(logits, targets, vocab_start: int, inv_temperature: float, with_entropy: bool):
+    z = logits.float() * inv_temperature  # (T, V)
+    m = z.amax(dim=1)  # (T,)
+    d = z - m[:, None]
+    e = d.exp()
+    local = targets - vocab_start
+    owned = (local >= 0) & (local < z.shape[1])
+    tgt = z.gather(1, local.clamp(0, z.shape[1] - 1)[:, None]).squeeze(1)
+    out = torch.zeros(z.shape[0], NUM_STATS, dtype=torch.float32, device=z.device)
+    out[:, MAX] = m
+    out[:, SUMEXP] = e.sum(1)
+    if with_entropy:
+        out[:, XSUM] = (e * d).sum(1)
+    out[:, TARGET] = torch.where(owned, tgt, 0.0)
+    out[:, OWNED] = owned.float()
+    return out
+
+
+def token_logprob_backward(logits, targets, lse, grad_logp, entropy, grad_entropy, vocab_start: int,
+                           inv_temperature: float):
+    z = logits.float() * inv_temperature
+    lp = z - lse[:, None]  # (T, V) log-probs of this slice
+    p = lp.exp()
+    d = -p * grad_logp[:, None]
+    if entropy is not None:
+        d = d - grad_entropy[:, None] * p * (lp + entropy[:, None])
+    local = targets - vocab_start
+    owned = (local >= 0) & (local < z.shape[1])
+    rows = torch.nonzero(owned).squeeze(1)
+    d[rows, local[rows]] += grad_logp[rows]
+    return (d * inv_temperature).to(logits.dtype)
+
+
+def segment_sum(values, mask, cu_seqlens):
+    counted = mask != 0
+    seg = _segment_ids(cu_seqlens, values.shape[0])
+    out = torch.zeros(cu_seqlens.shape[0] - 1, dtype=torch.float32, device=values.device)
+    contrib = torch.where(counted, mask.double() * values.double(), 0.0)
+    return out.double().index_add_(0, seg, contrib).float()
+
+
+def segment_expand(grad, mask, cu_seqlens):
+    seg = _segment_ids(cu_seqlens, mask.shape[0])
+    return torch.where(mask != 0, mask * grad[seg], 0.0)
+
+
+def gspo_sequence_terms(seq_logratio_sum, seq_token_count, advantages, eps_low: float, eps_high: float):
+    valid = seq_token_count > 0
+    cnt = torch.where(valid, seq_token_count, 1.0)
+    ratio = torch.where(valid, torch.exp(seq_logratio_sum / cnt), 1.0)
+    lo, hi = 1.0 - eps_low, 1.0 + eps_high
+    a = advantages
+    clipped = valid & (((a > 0) & (ratio > hi)) | ((a < 0) & (ratio < lo)))
+    unclipped_term = -ratio * a
+    term = torch.where(clipped, -ratio.clamp(lo, hi) * a, unclipped_term)
+    term = torch.where(valid, term, 0.0)
+    coef = torch.where(clipped | ~valid, 0.0, -a * ratio / cnt)
+    return term, ratio, clipped.float(), coef
+
+
+def _segment_ids(cu_seqlens, num_tokens: int):
+    """Sequence index of every token: (T,) int64."""
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    return torch.repeat_interleave(torch.arange(lengths.shape[0], device=cu_seqlens.device), lengths,
+                                   output_size=num_tokens)
