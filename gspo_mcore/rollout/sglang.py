@@ -1,0 +1,317 @@
+"""The SGLang rollout engine: a client for one or more SGLang servers (optionally behind sglang-router).
+
+Generation sends one ``/generate`` request per prompt (its ``n`` samples together, so they share the
+prompt's KV prefix on one server), many at a time. A request that fails in transport (connection
+refused or reset, timeout, truncated body) or with a 5xx status is retried on another server, up to
+``max_attempts`` tries per prompt; a server that failed in transport is taken out of rotation until a
+health probe passes. A request the server rejects (4xx) or a response without the documented shape
+fails the step at once. Either every prompt gets exactly its ``n`` samples, or ``generate`` raises
+:class:`RolloutError` naming the server URL and the request.
+
+Pause/resume and weight updates (pause -> flush -> [session] -> update -> continue, weight version =
+training step) are delegated to :class:`~gspo_mcore.rollout.sglang_control.SGLangControl`, which sends
+them to every worker. All wire-format details live in :mod:`gspo_mcore.rollout.sglang_api`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from gspo_mcore.rollout import _http
+from gspo_mcore.rollout import sglang_api as api
+from gspo_mcore.rollout.sglang_control import SGLangClientConfig, SGLangControl
+from gspo_mcore.rollout.types import (
+    NamedTensors,
+    RolloutEngine,
+    RolloutError,
+    Sample,
+    SamplingParams,
+    check_generate_args,
+    normalize_prompts,
+)
+
+__all__ = ["SGLangClientConfig", "SGLangEngine"]
+
+log = logging.getLogger(__name__)
+
+_RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+class SGLangEngine(RolloutEngine):
+    """:class:`RolloutEngine` over SGLang's HTTP API.
+
+    ``worker_urls`` are the SGLang servers (all control calls go to each of them). ``router_url``, if
+    given, receives the ``/generate`` traffic instead (sglang-router balances and retries by itself).
+    ``processes`` are launched processes the engine owns and stops on :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        worker_urls: Sequence[str],
+        *,
+        router_url: str | None = None,
+        config: SGLangClientConfig | None = None,
+        processes: Sequence[Any] = (),
+    ):
+        if not worker_urls:
+            raise ValueError("at least one SGLang worker URL is needed")
+        self.worker_urls = [u.rstrip("/") for u in worker_urls]
+        if len(set(self.worker_urls)) != len(self.worker_urls):
+            raise ValueError(f"duplicate worker URLs: {self.worker_urls}")
+        self.router_url = router_url.rstrip("/") if router_url else None
+        self.config = config or SGLangClientConfig()
+        self._processes = list(processes)
+        self._version = self.config.initial_weight_version
+        self._down: dict[str, str] = {}  # generate URL -> why it was taken out of rotation
+        self.control = SGLangControl(self.worker_urls, self.config)
+
+    @property
+    def generate_urls(self) -> list[str]:
+        return [self.router_url] if self.router_url else list(self.worker_urls)
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    # --------------------------------------------------------------------------------- launching
+    @classmethod
+    def launch(
+        cls,
+        servers: Sequence[Any],
+        *,
+        router: Any = None,
+        config: SGLangClientConfig | None = None,
+        log_dir: str = ".",
+    ) -> SGLangEngine:
+        """Start SGLang servers (``SGLangServerConfig`` each) and optionally a router, wait until healthy,
+        and return an engine that stops them on :meth:`close`. Blocking (call before the event loop)."""
+        from gspo_mcore.rollout import sglang_server
+
+        procs = sglang_server.launch_servers(servers, log_dir=log_dir)
+        router_proc = None
+        try:
+            if router is not None:
+                router_proc = sglang_server.launch_router(router, [p.url for p in procs], log_dir=log_dir)
+        except BaseException:
+            for p in procs:
+                p.shutdown(timeout_s=5.0)
+            raise
+        initial = {s.weight_version for s in servers}
+        if config is None:
+            config = SGLangClientConfig(initial_weight_version=min(initial))
+        owned = ([router_proc] if router_proc else []) + procs
+        return cls(
+            [p.url for p in procs], router_url=router_proc.url if router_proc else None, config=config, processes=owned
+        )
+
+    async def close(self) -> None:
+        procs, self._processes = self._processes, []
+        for p in procs:
+            await asyncio.to_thread(p.shutdown)
+
+    # -------------------------------------------------------------------------------- generation
+    async def generate(self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams) -> list[list[Sample]]:
+        check_generate_args(n, params)
+        prompts = normalize_prompts(prompts)
+        if not prompts:
+            return []
+        await self._readmit_down_servers()
+        urls = self.generate_urls
+        slots = {u: asyncio.Semaphore(self.config.max_inflight_per_server) for u in urls}
+        inflight = dict.fromkeys(urls, 0)
+        tasks = [
+            asyncio.create_task(self._generate_group(i, p, n, params, slots, inflight)) for i, p in enumerate(prompts)
+        ]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for t in tasks:  # the first failure in prompt order
+            if not t.cancelled() and t.exception() is not None:
+                raise t.exception()
+        return [t.result() for t in tasks]
+
+    async def _generate_group(self, index, prompt, n, params, slots, inflight) -> list[Sample]:
+        body = api.build_generate_request(prompt, n, params, prompt_index=index)
+        what = f"prompt {index} ({len(prompt)} tokens, n={n})"
+        failures: list[str] = []
+        tried: set[str] = set()
+        while len(failures) < self.config.max_attempts:
+            url = self._pick_server(tried, inflight, index, what, failures)
+            inflight[url] += 1
+            try:
+                async with slots[url]:
+                    if url in self._down:  # failed while this request was queued for it
+                        continue
+                    resp = await _http.request(
+                        "POST",
+                        url + api.GENERATE,
+                        body,
+                        timeout_s=self.config.request_timeout_s,
+                        connect_timeout_s=self.config.connect_timeout_s,
+                    )
+            except _http.TransportError as e:
+                failures.append(f"{url}: {e}")
+                tried.add(url)
+                self._mark_down(url, str(e))
+                continue
+            finally:
+                inflight[url] -= 1
+            if resp.status in _RETRYABLE_STATUS:
+                failures.append(f"{url}: HTTP {resp.status}: {api.error_message(resp)}")
+                tried.add(url)
+                continue
+            if resp.status != 200:
+                raise RolloutError(
+                    f"{url}{api.GENERATE} rejected {what}: HTTP {resp.status}: {api.error_message(resp)}"
+                )
+            try:
+                groups = api.split_generate_outputs(api.decode_json(resp), 1, n)
+                return [
+                    api.parse_generate_output(
+                        item,
+                        prompt_ids=prompt,
+                        prompt_index=index,
+                        sample_index=j,
+                        initial_weight_version=self.config.initial_weight_version,
+                    )
+                    for j, item in enumerate(groups[0])
+                ]
+            except api.ProtocolError as e:
+                raise RolloutError(
+                    f"malformed response from {url}{api.GENERATE} to {what} (SGLang {api.SGLANG_VERSION} shape "
+                    f"expected): {e}"
+                ) from None
+        raise RolloutError(f"{what} failed after {len(failures)} attempts: " + "; ".join(failures))
+
+    def _pick_server(self, tried, inflight, index, what, failures) -> str:
+        up = [u for u in inflight if u not in self._down]
+        fresh = [u for u in up if u not in tried] or up
+        if not fresh:
+            down = "; ".join(f"{u}: {why}" for u, why in self._down.items())
+            history = f" (attempts: {'; '.join(failures)})" if failures else ""
+            raise RolloutError(f"no SGLang server left for {what}; out of rotation: {down}{history}")
+        k = len(fresh)
+        return min(fresh, key=lambda u: (inflight[u], (fresh.index(u) - index) % k))
+
+    def _mark_down(self, url: str, why: str) -> None:
+        if url not in self._down:
+            log.warning("SGLang server %s taken out of rotation: %s", url, why)
+            self._down[url] = why
+
+    async def _readmit_down_servers(self) -> None:
+        if not self._down:
+            return
+        results = await asyncio.gather(*(self._probe(u) for u in list(self._down)))
+        for url, ok in results:
+            if ok:
+                log.info("SGLang server %s passed %s; back in rotation", url, self.config.probe_path)
+                self._down.pop(url, None)
+
+    async def _probe(self, url: str) -> tuple[str, bool]:
+        path = api.HEALTH if url == self.router_url else self.config.probe_path
+        try:
+            resp = await _http.request(
+                "GET",
+                url + path,
+                timeout_s=self.config.probe_timeout_s,
+                connect_timeout_s=self.config.connect_timeout_s,
+            )
+        except _http.TransportError:
+            return url, False
+        return url, resp.status == 200
+
+    async def health(self) -> dict[str, bool]:
+        """Probe every worker (and the router); a healthy one is put back in rotation."""
+        urls = list(dict.fromkeys(self.worker_urls + self.generate_urls))
+        results = dict(await asyncio.gather(*(self._probe(u) for u in urls)))
+        for url, ok in results.items():
+            if ok:
+                self._down.pop(url, None)
+        return results
+
+    # ----------------------------------------------------------------- control (all workers)
+    async def pause(self) -> None:
+        await self.control.pause()
+
+    async def resume(self) -> None:
+        await self.control.resume()
+
+    async def flush_cache(self) -> None:
+        await self.control.flush_cache()
+
+    async def server_info(self, refresh: bool = False) -> dict[str, api.ServerInfo]:
+        """``/server_info`` of every worker (cached); logs a warning on a version other than the pinned one."""
+        return await self.control.server_info(refresh)
+
+    async def update_weights_from_disk(self, path: str, version: int) -> None:
+        await self.control.update_from_disk(path, version)
+        self._version = version
+
+    async def update_weights(self, buckets: Iterable[NamedTensors], version: int) -> None:
+        """Through the weight-update group if :meth:`init_weight_update_group` set one up with a
+        ``broadcast`` callback, else as serialized tensors (colocated servers)."""
+        group = self.control.group
+        if group is not None and group.broadcast is not None:
+            await self.update_weights_from_distributed(buckets, version, broadcast=group.broadcast)
+        else:
+            await self.update_weights_from_tensor(buckets, version)
+
+    async def update_weights_from_tensor(
+        self, buckets: Iterable[NamedTensors], version: int, *, load_format: str | None = None
+    ) -> None:
+        """Push buckets of ``(hf_name, tensor)`` to colocated servers as shared tensors (CUDA IPC, or
+        shared memory for CPU tensors); see :func:`sglang_api.serialize_named_tensors`."""
+        await self.control.update_from_tensor(buckets, version, load_format=load_format)
+        self._version = version
+
+    async def init_weight_update_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        trainer_init: Callable[[int], None],
+        broadcast: Callable[[NamedTensors], None] | None = None,
+        group_name: str = api.DEFAULT_GROUP_NAME,
+        backend: str = "nccl",
+        ranks_per_server: Sequence[int] | None = None,
+    ) -> int:
+        """Create the process group the trainer broadcasts weights over; returns its world size.
+
+        The trainer is rank 0; server ``i`` takes ranks ``1 + sum(ranks_per_server[:i])`` onwards
+        (``ranks_per_server`` defaults to tp x pp from ``/server_info``). ``trainer_init(world_size)``
+        must create the trainer's side of the group the way SGLang does (a custom group with the same
+        ``group_name``; a plain ``init_process_group`` hangs); it runs in a thread while the servers join.
+        ``broadcast(bucket)``, if given, becomes the default for :meth:`update_weights`.
+        """
+        return await self.control.init_group(
+            master_address=master_address,
+            master_port=master_port,
+            trainer_init=trainer_init,
+            broadcast=broadcast,
+            group_name=group_name,
+            backend=backend,
+            ranks_per_server=ranks_per_server,
+        )
+
+    async def destroy_weight_update_group(self) -> None:
+        await self.control.destroy_group()
+
+    async def update_weights_from_distributed(
+        self,
+        buckets: Iterable[NamedTensors],
+        version: int,
+        *,
+        broadcast: Callable[[NamedTensors], None],
+        load_format: str | None = None,
+    ) -> None:
+        """For each bucket, send its metadata (names, dtypes, shapes) to every server and, meanwhile,
+        call ``broadcast(bucket)`` (in a thread), which must broadcast each tensor from rank 0 of the
+        group in bucket order."""
+        await self.control.update_from_distributed(buckets, version, broadcast=broadcast, load_format=load_format)
+        self._version = version

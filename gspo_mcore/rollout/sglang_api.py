@@ -1,0 +1,384 @@
+"""SGLang's native HTTP API, as this client uses it: every path, request body and response shape.
+
+All knowledge of SGLang's wire format lives here, so a version bump is a change to this module (and to
+the recorded responses under ``tests/rollout/data/``). Written against SGLang ``SGLANG_VERSION``
+(``sglang/api/v1/api_types.py``, ``srt/entrypoints/http_server.py`` and ``srt/managers/io_struct.py``
+of that release; see also the project's ``shared/notes/sglang.md``).
+
+Shapes relied on:
+
+- ``POST /generate`` with ``{"input_ids": [int], "sampling_params": {...}, "return_logprob": true,
+  "logprob_start_len": -1, "stream": false}``. ``sampling_params`` keys used: ``max_new_tokens``,
+  ``temperature``, ``top_p``, ``top_k`` (-1 = off), ``stop_token_ids``, ``ignore_eos``, ``n``,
+  ``sampling_seed`` (unknown keys are rejected with HTTP 400 ``{"error": "unknown field ..."}``).
+  With a seed and ``n > 1`` the prompt is sent as a batch of ``n`` copies (``input_ids: [[int]]``, a
+  list of ``sampling_params``), one seed each, because SGLang copies one request's ``sampling_seed``
+  to all ``n`` parallel samples.
+- Response: one object for a single prompt with ``n == 1``, otherwise a flat list ordered prompt-major
+  (``[p0s0, p0s1, ..., p1s0, ...]``). Each object is ``{"text", "output_ids": [int], "meta_info":
+  {"finish_reason": {"type": "stop"|"length"|"abort", ...}, "output_token_logprobs": [[logprob,
+  token_id, text|null], ...], "weight_version": str, "weight_versions"?: [{"version", "start",
+  "end"}], ...}}``. ``output_token_logprobs`` (and ``output_ids``) include a matched stop token.
+  An aborted request still answers 200, with ``finish_reason.type == "abort"`` and partial tokens.
+- Errors: ``{"error": "..."}`` or ``{"error": {"message": "..."}}`` with a 4xx/5xx status.
+- Control endpoints (POST, JSON): ``/pause_generation {mode}``, ``/continue_generation {}``,
+  ``/flush_cache`` (plain text; 200, or 400 while requests run), ``/begin_weight_update {selector}``
+  and ``/end_weight_update {}`` (new in 0.5.23; 404 on older servers), ``/update_weights_from_disk``,
+  ``/update_weights_from_tensor``, ``/init_weights_update_group``, ``/update_weights_from_distributed``,
+  ``/destroy_weights_update_group``; these answer ``{"success": bool, "message": str, ...}`` with 200
+  or 400. ``GET /server_info`` gives the resolved server arguments plus ``version``;
+  ``GET /health_generate`` runs a one-token generation (200 or 503); ``GET /health`` only checks the
+  HTTP front end.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gspo_mcore.rollout.types import NamedTensors, Sample, SamplingParams, derive_sample_seed
+
+if TYPE_CHECKING:
+    from gspo_mcore.rollout._http import HttpResponse
+
+SGLANG_VERSION = "0.5.23"
+"""The SGLang release this module's shapes were read from and its tests are written against."""
+
+GENERATE = "/generate"
+HEALTH = "/health"
+HEALTH_GENERATE = "/health_generate"
+SERVER_INFO = "/server_info"
+PAUSE = "/pause_generation"
+CONTINUE = "/continue_generation"
+FLUSH_CACHE = "/flush_cache"
+BEGIN_WEIGHT_UPDATE = "/begin_weight_update"
+END_WEIGHT_UPDATE = "/end_weight_update"
+UPDATE_FROM_DISK = "/update_weights_from_disk"
+UPDATE_FROM_TENSOR = "/update_weights_from_tensor"
+INIT_GROUP = "/init_weights_update_group"
+DESTROY_GROUP = "/destroy_weights_update_group"
+UPDATE_FROM_DISTRIBUTED = "/update_weights_from_distributed"
+
+DEFAULT_GROUP_NAME = "weight_update_group"
+_SGLANG_DEFAULT_WEIGHT_VERSION = "default"  # ServerArgs.weight_version when --weight-version is not given
+
+
+class ProtocolError(ValueError):
+    """A response that does not have the documented shape (the caller adds the URL and request)."""
+
+
+# ----------------------------------------------------------------------------------------- /generate
+def sampling_params_json(params: SamplingParams, *, n: int = 1, seed: int | None = None) -> dict[str, Any]:
+    """``sampling_params`` for one request; only keys SGLang accepts."""
+    out: dict[str, Any] = {
+        "max_new_tokens": params.max_new_tokens,
+        "temperature": float(params.temperature),
+        "top_p": float(params.top_p),
+        "top_k": params.top_k,
+        "n": n,
+    }
+    if params.stop_token_ids:
+        out["stop_token_ids"] = list(params.stop_token_ids)
+    if params.ignore_eos:
+        out["ignore_eos"] = True
+    if seed is not None:
+        out["sampling_seed"] = seed
+    return out
+
+
+def build_generate_request(
+    prompt_ids: Sequence[int], n: int, params: SamplingParams, *, prompt_index: int
+) -> dict[str, Any]:
+    """The ``/generate`` body for the ``n`` samples of one prompt (token ids, never text)."""
+    body: dict[str, Any] = {"return_logprob": True, "logprob_start_len": -1, "stream": False}
+    if params.seed is None:
+        body["input_ids"] = list(prompt_ids)
+        body["sampling_params"] = sampling_params_json(params, n=n)
+    elif n == 1:
+        body["input_ids"] = list(prompt_ids)
+        body["sampling_params"] = sampling_params_json(params, seed=derive_sample_seed(params.seed, prompt_index, 0))
+    else:
+        body["input_ids"] = [list(prompt_ids) for _ in range(n)]
+        body["sampling_params"] = [
+            sampling_params_json(params, seed=derive_sample_seed(params.seed, prompt_index, j)) for j in range(n)
+        ]
+    return body
+
+
+def decode_json(resp: HttpResponse) -> Any:
+    try:
+        return json.loads(resp.body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ProtocolError(f"body is not JSON ({e}): {resp.text(200)!r}") from None
+
+
+def split_generate_outputs(body: Any, num_prompts: int, n: int) -> list[list[dict]]:
+    """Group a decoded ``/generate`` response as ``out[prompt][sample]`` (SGLang's prompt-major order)."""
+    expected = num_prompts * n
+    if isinstance(body, dict):
+        items = [body]
+    elif isinstance(body, list):
+        items = body
+    else:
+        raise ProtocolError(f"expected a JSON object or list, got {type(body).__name__}")
+    if len(items) != expected:
+        raise ProtocolError(f"expected {expected} outputs ({num_prompts} prompt(s) x n={n}), got {len(items)}")
+    for k, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ProtocolError(f"output {k} is a {type(item).__name__}, not an object")
+    return [items[i * n : (i + 1) * n] for i in range(num_prompts)]
+
+
+def parse_generate_output(
+    item: dict,
+    *,
+    prompt_ids: Sequence[int],
+    prompt_index: int,
+    sample_index: int,
+    initial_weight_version: int,
+) -> Sample:
+    """One output object of ``/generate`` as a :class:`Sample`."""
+    where = f"output for prompt {prompt_index} sample {sample_index}"
+    meta = item.get("meta_info")
+    if not isinstance(meta, dict):
+        raise ProtocolError(f"{where}: missing 'meta_info' object")
+    entries = meta.get("output_token_logprobs")
+    if not isinstance(entries, list):
+        raise ProtocolError(f"{where}: missing 'meta_info.output_token_logprobs' (was return_logprob sent?)")
+    ids, logprobs = [], []
+    for t, e in enumerate(entries):
+        if not (isinstance(e, (list, tuple)) and len(e) >= 2):
+            raise ProtocolError(f"{where}: output_token_logprobs[{t}] is not [logprob, token_id, text]: {e!r}")
+        lp, tok = e[0], e[1]
+        if not (isinstance(lp, (int, float)) and not isinstance(lp, bool) and (math.isfinite(lp) or lp == -math.inf)):
+            raise ProtocolError(f"{where}: output_token_logprobs[{t}] has logprob {lp!r}")
+        if not (isinstance(tok, int) and not isinstance(tok, bool) and tok >= 0):
+            raise ProtocolError(f"{where}: output_token_logprobs[{t}] has token id {tok!r}")
+        ids.append(tok)
+        logprobs.append(float(lp))
+    output_ids = item.get("output_ids")
+    if output_ids is not None and list(output_ids) != ids:
+        raise ProtocolError(
+            f"{where}: output_ids ({len(output_ids)} tokens) disagree with the token ids in "
+            f"output_token_logprobs ({len(ids)} tokens)"
+        )
+    return Sample(
+        prompt_index=prompt_index,
+        sample_index=sample_index,
+        prompt_ids=tuple(prompt_ids),
+        response_ids=tuple(ids),
+        response_logprobs=tuple(logprobs),
+        finish_reason=parse_finish_reason(meta.get("finish_reason"), where),
+        weight_version=parse_weight_version(meta, initial_weight_version, where),
+    )
+
+
+def parse_finish_reason(fr: Any, where: str = "output") -> str:
+    """``{"type": "stop"|"length"|"abort", ...}`` -> that type."""
+    if not isinstance(fr, dict):
+        raise ProtocolError(f"{where}: finish_reason is {fr!r}, expected an object with a 'type'")
+    kind = fr.get("type")
+    if kind not in ("stop", "length", "abort"):
+        raise ProtocolError(f"{where}: unknown finish_reason type {kind!r}")
+    return kind
+
+
+def parse_weight_version(meta: dict, initial_version: int, where: str = "output") -> int:
+    """The training step of the weights that produced an output: the oldest one when the weights were
+    swapped mid-generation (``meta_info.weight_versions`` spans), else ``meta_info.weight_version``.
+    SGLang's start-up value ``"default"`` maps to ``initial_version``."""
+    spans = meta.get("weight_versions")
+    if spans:
+        if not isinstance(spans, list) or not all(isinstance(s, dict) and "version" in s for s in spans):
+            raise ProtocolError(f"{where}: malformed weight_versions {spans!r}")
+        return min(_version_int(s["version"], initial_version, where) for s in spans)
+    if "weight_version" not in meta:
+        raise ProtocolError(f"{where}: missing 'meta_info.weight_version'")
+    return _version_int(meta["weight_version"], initial_version, where)
+
+
+def _version_int(v: Any, initial_version: int, where: str) -> int:
+    if v == _SGLANG_DEFAULT_WEIGHT_VERSION:
+        return initial_version
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        raise ProtocolError(
+            f"{where}: weight_version {v!r} is not a training step (this client tags weights with integers)"
+        ) from None
+
+
+def error_message(resp: HttpResponse) -> str:
+    """The human-readable part of an error response (``error``, ``error.message`` or ``message``)."""
+    try:
+        body = json.loads(resp.body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return resp.text(300)
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if err is not None:
+            return str(err)
+        if "message" in body:
+            return str(body["message"])
+    return resp.text(300)
+
+
+# ------------------------------------------------------------------------------ control endpoints
+def pause_body(mode: str) -> dict:
+    if mode not in ("abort", "retract", "in_place"):
+        raise ValueError(f"pause mode must be 'abort', 'retract' or 'in_place', got {mode!r}")
+    return {"mode": mode}
+
+
+def continue_body() -> dict:
+    return {}
+
+
+def begin_weight_update_body() -> dict:
+    return {"selector": "all"}
+
+
+def end_weight_update_body() -> dict:
+    return {}
+
+
+def update_from_disk_body(path: str, version: int) -> dict:
+    return {
+        "model_path": str(path),
+        "weight_version": str(version),
+        "flush_cache": True,
+        "abort_all_requests": False,
+    }
+
+
+def update_from_tensor_body(
+    serialized: list[str], *, version: int | None, flush_cache: bool, load_format: str | None = None
+) -> dict:
+    body: dict[str, Any] = {
+        "serialized_named_tensors": serialized,
+        "flush_cache": flush_cache,
+        "abort_all_requests": False,
+    }
+    if version is not None:
+        body["weight_version"] = str(version)
+    if load_format is not None:
+        body["load_format"] = load_format
+    return body
+
+
+def init_group_body(
+    *, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+) -> dict:
+    return {
+        "master_address": master_address,
+        "master_port": int(master_port),
+        "rank_offset": int(rank_offset),
+        "world_size": int(world_size),
+        "group_name": group_name,
+        "backend": backend,
+    }
+
+
+def destroy_group_body(group_name: str) -> dict:
+    return {"group_name": group_name}
+
+
+def update_from_distributed_body(
+    bucket: NamedTensors,
+    *,
+    group_name: str,
+    version: int | None,
+    flush_cache: bool,
+    load_format: str | None = None,
+) -> dict:
+    """Metadata of one bucket; the tensors themselves are broadcast by the trainer, in this order."""
+    body: dict[str, Any] = {
+        "names": [name for name, _ in bucket],
+        "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+        "shapes": [list(t.shape) for _, t in bucket],
+        "group_name": group_name,
+        "flush_cache": flush_cache,
+        "abort_all_requests": False,
+    }
+    if version is not None:
+        body["weight_version"] = str(version)
+    if load_format is not None:
+        body["load_format"] = load_format
+    return body
+
+
+def check_control_response(resp: HttpResponse) -> dict:
+    """A control endpoint's JSON answer; raises :class:`ProtocolError` unless it reports success."""
+    if resp.status != 200:
+        raise ProtocolError(f"HTTP {resp.status}: {error_message(resp)}")
+    if not resp.body.strip():
+        return {}
+    body = decode_json(resp)
+    if isinstance(body, dict) and body.get("success") is False:
+        raise ProtocolError(f"success=false: {body.get('message', '')}")
+    return body if isinstance(body, dict) else {}
+
+
+def serialize_named_tensors(bucket: NamedTensors, num_ranks: int) -> list[str]:
+    """``serialized_named_tensors`` for ``/update_weights_from_tensor``: one base64 string per TP rank
+    of the server, each a ``ForkingPickler`` pickle of ``[(name, tensor), ...]`` (what SGLang's
+    ``MultiprocessingSerializer.serialize(..., output_str=True)`` produces). Pickled separately per
+    rank so each rank holds its own CUDA-IPC reference. The tensors are shared, not copied: CUDA tensors
+    as CUDA-IPC handles (same node only), CPU tensors through shared memory, which needs torch's
+    ``file_system`` sharing strategy (``file_descriptor`` crashed SGLang 0.5.23). Keep the tensors
+    alive until the server has answered.
+    """
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing as tmp  # registers torch's tensor reductions with ForkingPickler
+
+    items = [(str(name), t) for name, t in bucket]
+    if any(t.device.type == "cpu" for _, t in items) and tmp.get_sharing_strategy() != "file_system":
+        raise RuntimeError(
+            "sending CPU tensors to SGLang needs torch.multiprocessing.set_sharing_strategy('file_system') "
+            f"(the current strategy {tmp.get_sharing_strategy()!r} passes file descriptors, which SGLang "
+            "0.5.23 cannot receive over HTTP)"
+        )
+    out = []
+    for _ in range(num_ranks):
+        buf = io.BytesIO()
+        ForkingPickler(buf).dump(items)
+        out.append(base64.b64encode(buf.getvalue()).decode("ascii"))
+    return out
+
+
+# ------------------------------------------------------------------------------------ /server_info
+@dataclass(frozen=True)
+class ServerInfo:
+    version: str
+    tp_size: int
+    pp_size: int
+    dp_size: int
+    weight_version: str | None
+
+    @property
+    def num_gpus(self) -> int:
+        """Ranks this server contributes to a weight-update group (tp x pp; data parallel is not handled)."""
+        return self.tp_size * self.pp_size
+
+
+def parse_server_info(body: Any) -> ServerInfo:
+    if not isinstance(body, dict):
+        raise ProtocolError(f"/server_info: expected an object, got {type(body).__name__}")
+    try:
+        return ServerInfo(
+            version=str(body.get("version", "")),
+            tp_size=int(body.get("tp_size", 1)),
+            pp_size=int(body.get("pp_size", 1)),
+            dp_size=int(body.get("dp_size", 1)),
+            weight_version=body.get("weight_version"),
+        )
+    except (TypeError, ValueError) as e:
+        raise ProtocolError(f"/server_info: {e}") from None

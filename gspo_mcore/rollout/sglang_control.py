@@ -1,0 +1,422 @@
+"""SGLang's control plane: pause/continue, cache flush, server info, and the weight-update sequences.
+
+Every call goes to each worker (never through a router). A weight update is
+pause -> flush the cache -> [begin session] -> update -> [end session] -> continue, tagged with
+``weight_version`` = the training step. The tensor and distributed paths run inside SGLang's
+``begin_weight_update``/``end_weight_update`` session where the server has it (0.5.23 refuses them
+outside one; older servers answer 404 and run without). The disk path runs without a session: it does
+not need one, and ending a session with no tensor load in it makes SGLang re-run its post-load weight
+processing (``end_weight_update`` in ``srt/managers/scheduler_components/weight_updater.py``). If an
+update fails, the servers stay paused (their weights may be half updated) and :class:`WeightUpdateError`
+is raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal
+
+from gspo_mcore.rollout import _http
+from gspo_mcore.rollout import sglang_api as api
+from gspo_mcore.rollout.types import NamedTensors, RolloutError, WeightUpdateError
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SGLangClientConfig:
+    """Timeouts, retries and concurrency of the SGLang client."""
+
+    request_timeout_s: float = 900.0
+    """Wall-clock limit for one ``/generate`` request (a hung server is detected after this)."""
+    connect_timeout_s: float = 10.0
+    control_timeout_s: float = 120.0
+    """Limit for pause/continue/flush/session/health/server-info calls."""
+    weight_update_timeout_s: float = 1800.0
+    """Limit for one weight-update call (one bucket, or the whole disk load)."""
+    max_attempts: int = 3
+    """Tries per prompt across servers before the step fails."""
+    max_inflight_per_server: int = 256
+    """Concurrent ``/generate`` requests per server (SGLang batches them itself)."""
+    pause_mode: Literal["abort", "retract", "in_place"] = "abort"
+    """How ``/pause_generation`` treats running requests (``abort`` returns them with
+    ``finish_reason == "abort"``)."""
+    flush_timeout_s: float = 300.0
+    flush_poll_s: float = 0.5
+    initial_weight_version: int = 0
+    """The version SGLang's start-up value ``"default"`` stands for."""
+    probe_path: str = api.HEALTH_GENERATE
+    """Health check used by ``SGLangEngine.health`` and to re-admit a failed server."""
+    probe_timeout_s: float = 30.0
+    """Limit for one health probe (SGLang's ``/health_generate`` gives up by itself after 20 s)."""
+
+    def __post_init__(self):
+        for f in (
+            "request_timeout_s",
+            "connect_timeout_s",
+            "control_timeout_s",
+            "weight_update_timeout_s",
+            "flush_timeout_s",
+            "flush_poll_s",
+            "probe_timeout_s",
+        ):
+            if not getattr(self, f) > 0:
+                raise ValueError(f"{f} must be > 0, got {getattr(self, f)!r}")
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.max_inflight_per_server < 1:
+            raise ValueError(f"max_inflight_per_server must be >= 1, got {self.max_inflight_per_server}")
+        api.pause_body(self.pause_mode)  # validates the mode
+
+
+@dataclasses.dataclass
+class WeightGroup:
+    """A weight-update process group shared by the trainer (rank 0) and every server."""
+
+    name: str
+    world_size: int
+    broadcast: Callable[[NamedTensors], None] | None
+
+
+class SGLangControl:
+    """Control calls to a fixed set of SGLang workers."""
+
+    def __init__(self, worker_urls: Sequence[str], config: SGLangClientConfig):
+        self.worker_urls = list(worker_urls)
+        self.config = config
+        self.group: WeightGroup | None = None
+        self._infos: dict[str, api.ServerInfo] = {}
+        self._has_session: dict[str, bool] = {}
+
+    # ------------------------------------------------------------------------------- plumbing
+    async def post(self, url: str, path: str, body: dict | None, timeout_s: float) -> dict:
+        try:
+            resp = await _http.request(
+                "POST", url + path, body, timeout_s=timeout_s, connect_timeout_s=self.config.connect_timeout_s
+            )
+            return api.check_control_response(resp)
+        except (_http.TransportError, api.ProtocolError) as e:
+            raise RolloutError(f"{url}{path} failed: {e}") from None
+
+    async def post_all(
+        self,
+        path: str,
+        bodies: dict[str, dict | None],
+        timeout_s: float,
+        side_job: Callable[[], None] | None = None,
+    ) -> None:
+        """POST to several servers at once; optionally run a blocking ``side_job`` (a trainer-side
+        collective the servers wait for) in a thread meanwhile. Raises on the first failure."""
+        tasks = [asyncio.create_task(self.post(u, path, b, timeout_s)) for u, b in bodies.items()]
+        side = _run_in_daemon_thread(side_job) if side_job else None
+        waiting = tasks + ([side] if side else [])
+        if not waiting:
+            return
+        try:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_EXCEPTION)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            raise
+        errors = [t.exception() for t in done if not t.cancelled() and t.exception() is not None]
+        if not errors:
+            return
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        msg = "; ".join(str(e) for e in errors)
+        if side is not None and not side.done():
+            msg += (
+                " (the trainer-side collective is still blocked in its thread; the weight-update group "
+                "is unusable and the trainer should exit)"
+            )
+        elif side is not None and side in done and side.exception() is not None:
+            msg = f"trainer side of {path} failed: {msg}"
+        raise RolloutError(msg)
+
+    def _to_all(self, body: dict) -> dict[str, dict]:
+        return dict.fromkeys(self.worker_urls, body)
+
+    # ------------------------------------------------------------------------- simple controls
+    async def pause(self) -> None:
+        await self.post_all(
+            api.PAUSE, self._to_all(api.pause_body(self.config.pause_mode)), self.config.control_timeout_s
+        )
+
+    async def resume(self) -> None:
+        await self.post_all(api.CONTINUE, self._to_all(api.continue_body()), self.config.control_timeout_s)
+
+    async def flush_cache(self) -> None:
+        """Flush every server's prefix cache, polling while requests still run (HTTP 400)."""
+        await asyncio.gather(*(self._flush_one(u) for u in self.worker_urls))
+
+    async def _flush_one(self, url: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.flush_timeout_s
+        while True:
+            try:
+                resp = await _http.request(
+                    "POST",
+                    url + api.FLUSH_CACHE,
+                    timeout_s=self.config.control_timeout_s,
+                    connect_timeout_s=self.config.connect_timeout_s,
+                )
+            except _http.TransportError as e:
+                raise RolloutError(f"{url}{api.FLUSH_CACHE} failed: {e}") from None
+            if resp.status == 200:
+                return
+            if loop.time() >= deadline:
+                raise RolloutError(
+                    f"{url}{api.FLUSH_CACHE} still refused after {self.config.flush_timeout_s:g}s: "
+                    f"HTTP {resp.status}: {resp.text(200)}"
+                )
+            await asyncio.sleep(self.config.flush_poll_s)
+
+    async def server_info(self, refresh: bool = False) -> dict[str, api.ServerInfo]:
+        """``/server_info`` of every worker (cached); warns when a server's version is not the pinned one."""
+        if refresh or len(self._infos) != len(self.worker_urls):
+            infos = await asyncio.gather(*(self._server_info(u) for u in self.worker_urls))
+            self._infos = dict(zip(self.worker_urls, infos))
+            for url, info in self._infos.items():
+                if info.version != api.SGLANG_VERSION:
+                    log.warning(
+                        "SGLang server %s runs version %r; this client is tested against %s",
+                        url,
+                        info.version,
+                        api.SGLANG_VERSION,
+                    )
+        return dict(self._infos)
+
+    async def _server_info(self, url: str) -> api.ServerInfo:
+        try:
+            resp = await _http.request(
+                "GET",
+                url + api.SERVER_INFO,
+                timeout_s=self.config.control_timeout_s,
+                connect_timeout_s=self.config.connect_timeout_s,
+            )
+            if resp.status != 200:
+                raise api.ProtocolError(f"HTTP {resp.status}: {api.error_message(resp)}")
+            return api.parse_server_info(api.decode_json(resp))
+        except (_http.TransportError, api.ProtocolError) as e:
+            raise RolloutError(f"{url}{api.SERVER_INFO} failed: {e}") from None
+
+    # ---------------------------------------------------------------------------- weight updates
+    async def update_from_disk(self, path: str, version: int) -> None:
+        body = api.update_from_disk_body(path, version)
+        await self._pause_and_flush()
+        try:
+            await self.post_all(api.UPDATE_FROM_DISK, self._to_all(body), self.config.weight_update_timeout_s)
+        except RolloutError as e:
+            raise WeightUpdateError(f"update_weights_from_disk({path!r}, version={version}) failed: {e}") from None
+        await self.resume()
+
+    async def update_from_tensor(
+        self, buckets: Iterable[NamedTensors], version: int, *, load_format: str | None = None
+    ) -> None:
+        infos = await self.server_info()
+
+        async def push(bucket: NamedTensors, last: bool) -> None:
+            bodies = {
+                u: api.update_from_tensor_body(
+                    api.serialize_named_tensors(bucket, infos[u].tp_size),
+                    version=version if last else None,
+                    flush_cache=last,
+                    load_format=load_format,
+                )
+                for u in self.worker_urls
+            }
+            await self.post_all(api.UPDATE_FROM_TENSOR, bodies, self.config.weight_update_timeout_s)
+
+        await self._update_in_session(buckets, version, push, "update_weights_from_tensor")
+
+    async def init_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        trainer_init: Callable[[int], None],
+        broadcast: Callable[[NamedTensors], None] | None,
+        group_name: str,
+        backend: str,
+        ranks_per_server: Sequence[int] | None,
+    ) -> int:
+        if ranks_per_server is None:
+            infos = await self.server_info()
+            for url, info in infos.items():
+                if info.dp_size != 1:
+                    raise ValueError(f"{url} runs dp_size={info.dp_size}; pass ranks_per_server explicitly")
+            ranks_per_server = [infos[u].num_gpus for u in self.worker_urls]
+        if len(ranks_per_server) != len(self.worker_urls):
+            raise ValueError(f"{len(ranks_per_server)} rank counts for {len(self.worker_urls)} servers")
+        world_size = 1 + sum(ranks_per_server)
+        offsets = itertools.accumulate([1, *ranks_per_server])
+        bodies = {
+            url: api.init_group_body(
+                master_address=master_address,
+                master_port=master_port,
+                rank_offset=off,
+                world_size=world_size,
+                group_name=group_name,
+                backend=backend,
+            )
+            for url, off in zip(self.worker_urls, offsets)
+        }
+        try:
+            await self.post_all(
+                api.INIT_GROUP, bodies, self.config.weight_update_timeout_s, side_job=lambda: trainer_init(world_size)
+            )
+        except RolloutError as e:
+            raise WeightUpdateError(f"init_weights_update_group({group_name!r}) failed: {e}") from None
+        self.group = WeightGroup(group_name, world_size, broadcast)
+        return world_size
+
+    async def destroy_group(self) -> None:
+        if self.group is None:
+            return
+        body = api.destroy_group_body(self.group.name)
+        self.group = None
+        await self.post_all(api.DESTROY_GROUP, self._to_all(body), self.config.control_timeout_s)
+
+    async def update_from_distributed(
+        self,
+        buckets: Iterable[NamedTensors],
+        version: int,
+        *,
+        broadcast: Callable[[NamedTensors], None],
+        load_format: str | None = None,
+    ) -> None:
+        if self.group is None:
+            raise WeightUpdateError("update_weights_from_distributed needs init_weight_update_group first")
+        group = self.group.name
+
+        async def push(bucket: NamedTensors, last: bool) -> None:
+            body = api.update_from_distributed_body(
+                bucket, group_name=group, version=version if last else None, flush_cache=last, load_format=load_format
+            )
+            await self.post_all(
+                api.UPDATE_FROM_DISTRIBUTED,
+                self._to_all(body),
+                self.config.weight_update_timeout_s,
+                side_job=lambda: broadcast(bucket),
+            )
+
+        await self._update_in_session(buckets, version, push, "update_weights_from_distributed")
+
+    async def _pause_and_flush(self) -> None:
+        try:
+            await self.pause()
+            await self.flush_cache()
+        except RolloutError as e:
+            raise WeightUpdateError(f"could not pause and flush before a weight update: {e}") from None
+
+    async def _update_in_session(self, buckets, version, push, what: str) -> None:
+        """Pause, flush, open sessions, ``push(bucket, is_last)`` each bucket, close them, continue."""
+        await self._pause_and_flush()
+        opened: list[str] = []
+        try:
+            opened = await self._begin_session()
+            count = 0
+            for bucket, last in _with_last(buckets):
+                await push(bucket, last)
+                count += 1
+            if count == 0:
+                raise ValueError(f"{what}: no weight buckets given")
+            await self._end_session(opened)
+            opened = []
+        except RolloutError as e:
+            raise WeightUpdateError(f"{what}(version={version}) failed: {e}") from None
+        finally:
+            if opened:  # best effort, so a later update can open a session again
+                try:
+                    await self._end_session(opened)
+                except RolloutError as e:
+                    log.warning("could not close the weight-update session: %s", e)
+        await self.resume()
+
+    async def _begin_session(self) -> list[str]:
+        """Open a session on each server that has the endpoint; returns those URLs."""
+
+        async def begin(url: str) -> str | None:
+            if self._has_session.get(url) is False:
+                return None
+            try:
+                resp = await _http.request(
+                    "POST",
+                    url + api.BEGIN_WEIGHT_UPDATE,
+                    api.begin_weight_update_body(),
+                    timeout_s=self.config.control_timeout_s,
+                    connect_timeout_s=self.config.connect_timeout_s,
+                )
+            except _http.TransportError as e:
+                raise RolloutError(f"{url}{api.BEGIN_WEIGHT_UPDATE} failed: {e}") from None
+            if resp.status == 404:
+                log.info("%s has no %s (SGLang < 0.5.23); no session", url, api.BEGIN_WEIGHT_UPDATE)
+                self._has_session[url] = False
+                return None
+            try:
+                api.check_control_response(resp)
+            except api.ProtocolError as e:
+                raise RolloutError(f"{url}{api.BEGIN_WEIGHT_UPDATE} failed: {e}") from None
+            self._has_session[url] = True
+            return url
+
+        results = await asyncio.gather(*(begin(u) for u in self.worker_urls), return_exceptions=True)
+        opened = [r for r in results if isinstance(r, str)]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            if opened:
+                ends = (self.post(u, api.END_WEIGHT_UPDATE, {}, self.config.control_timeout_s) for u in opened)
+                await asyncio.gather(*ends, return_exceptions=True)
+            raise errors[0]
+        return opened
+
+    async def _end_session(self, urls: list[str]) -> None:
+        body = api.end_weight_update_body()
+        await self.post_all(api.END_WEIGHT_UPDATE, dict.fromkeys(urls, body), self.config.control_timeout_s)
+
+
+def _with_last(items: Iterable) -> Iterable[tuple[Any, bool]]:
+    it = iter(items)
+    try:
+        prev = next(it)
+    except StopIteration:
+        return
+    for item in it:
+        yield prev, False
+        prev = item
+    yield prev, True
+
+
+def _run_in_daemon_thread(fn: Callable[[], None]) -> asyncio.Future:
+    """Run a blocking call in a daemon thread (a collective that never returns must not keep the
+    interpreter alive, as an executor thread would) and return a future for its outcome."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def settle(exc: BaseException | None) -> None:
+        if fut.done():
+            return
+        if exc is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(exc)
+
+    def target():
+        exc = None
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+            exc = e
+        try:
+            loop.call_soon_threadsafe(settle, exc)
+        except RuntimeError:  # the loop is gone: nobody waits for this outcome any more
+            pass
+
+    threading.Thread(target=target, name="gspo-weight-sync", daemon=True).start()
+    return fut
