@@ -1,0 +1,300 @@
+"""Sandbox launcher: a script, never imported by the package (it must run with ``python -I -S``).
+
+``sandbox.py`` starts it in a fresh session with the run's work directory as cwd and a one-line JSON
+plan in ``argv[1]``; a pipe for the report is ``argv[2]``. It then, in this order:
+
+0. dies with its caller (parent-death signal) and joins the run's cgroups, if any;
+1. enters new namespaces where the kernel lets it: network (no interfaces but a down loopback), mount,
+   PID, IPC, UTS; as a non-root user through a user namespace;
+2. in the mount namespace (made private first, so nothing propagates to the host): remounts every
+   mount read-only, mounts private, size-capped tmpfs over the world-writable directories (``/tmp``,
+   ``/var/tmp``, ``/dev/shm``, ``/run/lock``) and bind-mounts the work directory, writable, at
+   ``/tmp/sandbox``;
+3. becomes a child subreaper and forks; with a PID namespace the child is the namespace's PID 1, an
+   init that mounts a fresh ``/proc`` (host processes become invisible) and forks the program (when
+   PID 1 exits the kernel kills every process left in the namespace, including ones that left the
+   process group); without one the child is the program;
+4. in the program's process: joins the cgroups the plan names, sets the resource limits, drops to the
+   sandbox uid/gid with no supplementary groups when it runs as root, sets ``no_new_privs`` (setuid
+   binaries cannot regain root) and a parent-death signal, writes the report of what held to the pipe,
+   and ``execve``s the program with a clean environment (the pipe is close-on-exec);
+5. the program's parent writes its raw wait status to the pipe (``{"status": ...}``) and exits.
+
+A layer the plan marks as required that cannot be applied stops the run before any untrusted code runs
+(exit code 125, with the reason in the report).
+"""
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import sys
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_NOATIME, MS_NODIRATIME = 1, 2, 4, 8, 32, 1024, 2048
+MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 4096, 16384, 1 << 18, 1 << 21, 1 << 24
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
+REFUSED = 125
+WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+SANDBOX_DIR = "/tmp/sandbox"
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(rc, what):
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _unshare(flags):
+    _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
+
+
+def _mount(source, target, fstype, flags, data=None):
+    enc = lambda s: None if s is None else s.encode()  # noqa: E731
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
+
+
+def _prctl(option, value):
+    _check(_libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0), "prctl")
+
+
+def _write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _enter_namespaces(plan, report):
+    """Namespaces first all at once, then one by one (a kernel may allow some and not others)."""
+    wanted = {"net": CLONE_NEWNET, "mount": CLONE_NEWNS, "pid": CLONE_NEWPID, "ipc": CLONE_NEWIPC, "uts": CLONE_NEWUTS}
+    need_user = os.geteuid() != 0  # without root, namespaces need a user namespace of our own
+    uid, gid = os.geteuid(), os.getegid()
+    try:
+        _unshare((CLONE_NEWUSER if need_user else 0) | sum(wanted.values()))
+        got = set(wanted)
+    except OSError as e:
+        report["notes"].append(f"unshare(all): {e}")
+        got = set()
+        for name, flag in wanted.items():
+            user = CLONE_NEWUSER if need_user and not got else 0  # the user namespace only once
+            try:
+                _unshare(user | flag)
+                got.add(name)
+            except OSError as e2:
+                report["notes"].append(f"unshare({name}): {e2}")
+    if need_user and got:  # map ourselves to root inside the new user namespace, with caps only there
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"0 {uid} 1")
+        _write("/proc/self/gid_map", f"0 {gid} 1")
+        report["layers"].append("userns")
+    report["layers"] += [f"{n}ns" for n in sorted(got)]
+    return got
+
+
+def _mount_points():
+    """(mount point, per-mount flags to keep) of every mount, from /proc/self/mountinfo."""
+    keep = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+            "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[4].encode().decode("unicode_escape")  # \040 etc.
+            out.append((point, sum(keep.get(o, 0) for o in fields[5].split(",")), "ro" in fields[5].split(",")))
+    return out
+
+
+def _read_only_everywhere(report):
+    """Remount every mount of this (private) namespace read-only: the host filesystem cannot be written."""
+    failed = []
+    for point, flags, already in _mount_points():
+        if already:
+            continue
+        try:
+            _mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
+        except OSError as e:
+            failed.append(f"{point}: {e.strerror}")
+    if failed:
+        report["notes"].append(f"not remounted read-only: {failed}")
+    else:
+        report["layers"].append("readonly_fs")
+
+
+def _private_mounts(plan, report):
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # first: nothing below may propagate to the host
+    _read_only_everywhere(report)
+    size = f"size={plan['tmpfs_bytes']},mode=1777"
+    for d in WRITABLE_DIRS:
+        if os.path.isdir(d) and not os.path.islink(d):
+            try:
+                _mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, size)
+            except OSError as e:
+                report["notes"].append(str(e))
+    # cwd still refers to the work directory even if a tmpfs now hides its path: bind it back.
+    os.makedirs(SANDBOX_DIR, exist_ok=True)
+    os.chmod(SANDBOX_DIR, 0o755)
+    _mount(".", SANDBOX_DIR, None, MS_BIND)
+    _mount(None, SANDBOX_DIR, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)  # writable again
+    os.chdir(SANDBOX_DIR)
+    report["layers"].append("private_tmp")
+    report["cwd"] = SANDBOX_DIR
+
+
+def _set_limits(plan):
+    lim = plan["limits"]
+    cpu = int(lim["cpu_s"])
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at cpu, SIGKILL a second later
+    resource.setrlimit(resource.RLIMIT_AS, (lim["as_bytes"], lim["as_bytes"]))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (lim["fsize_bytes"], lim["fsize_bytes"]))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lim["nofile"], lim["nofile"]))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NPROC, (lim["nproc"], lim["nproc"]))
+
+
+def _join_cgroups(plan, report):
+    """Move this launcher (and so everything it starts) into the run's cgroups, before any namespace."""
+    if not plan.get("cgroup_procs"):
+        return
+    for path in plan["cgroup_procs"]:
+        try:
+            _write(path, str(os.getpid()))
+        except OSError as e:
+            report["notes"].append(f"cgroup {path}: {e}")
+            return
+    report["layers"].append("cgroup")
+
+
+def _program(plan, report, status_fd):
+    """In the process that becomes the program: limits, privilege drop, report, exec."""
+    try:  # under memory pressure the kernel kills the program's processes first, not the launcher's
+        _write("/proc/self/oom_score_adj", "1000")
+    except OSError as e:
+        report["notes"].append(f"oom_score_adj: {e}")
+    _set_limits(plan)
+    report["layers"].append("rlimits")
+    if os.geteuid() == 0 and "userns" not in report["layers"]:
+        os.setgroups([])
+        os.setgid(plan["gid"])
+        os.setuid(plan["uid"])  # irreversible: real, effective and saved uid
+        report["layers"].append("uid")
+    _prctl(PR_SET_NO_NEW_PRIVS, 1)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # after setuid, which clears it
+    report["layers"].append("no_new_privs")
+    missing = [layer for layer in plan["require"] if not _holds(layer, report["layers"])]
+    if missing:
+        report["refused"] = f"required isolation unavailable: {missing}"
+    _send(status_fd, report)
+    if missing:
+        os._exit(REFUSED)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    # Without a network namespace: a socket block inside the interpreter (best effort, not a boundary).
+    argv = plan["argv"] if "netns" in report["layers"] else plan["guard_argv"]
+    os.execve(argv[0], argv, {**plan["env"], "HOME": os.getcwd()})  # the status pipe is close-on-exec
+
+
+def _init(plan, report, status_fd):
+    """PID 1 of the new PID namespace: fresh /proc, then the program as its child; reports its status.
+
+    The program must not be PID 1 itself: the kernel drops signals to a namespace's init that it has no
+    handler for, SIGXCPU (the CPU limit) included. When this process exits, the kernel kills every
+    process left in the namespace.
+    """
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if "private_tmp" in report["layers"]:  # mounts are private (never propagate to the host)
+        try:
+            _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            report["layers"].append("private_proc")
+        except OSError as e:
+            report["notes"].append(str(e))
+    pid = os.fork()
+    if pid == 0:
+        _guarded(_program, plan, report, status_fd)
+    _send(status_fd, {"status": _wait(pid)})
+    os._exit(0)
+
+
+def _guarded(fn, plan, report, status_fd):
+    """Run a forked child's part; any failure is reported and ends the child before the program runs."""
+    try:
+        fn(plan, report, status_fd)
+    except BaseException as e:  # noqa: BLE001 - fail closed, never run the program half-set-up
+        try:
+            report["refused"] = f"launcher failed: {type(e).__name__}: {e}"
+            _send(status_fd, report)
+        finally:
+            os._exit(REFUSED)
+    os._exit(REFUSED)
+
+
+def _send(fd, obj):
+    os.write(fd, json.dumps(obj).encode() + b"\n")
+
+
+def _wait(pid):
+    while True:
+        try:
+            return os.waitpid(pid, 0)[1]
+        except InterruptedError:
+            continue
+
+
+def _holds(layer, layers):
+    if layer == "privilege":  # the program cannot act on the host as the caller's user
+        return "uid" in layers or {"userns", "readonly_fs"} <= set(layers)
+    return layer in layers
+
+
+def _reap_orphans(block):
+    """As a child subreaper we inherit the program's orphans: reap them (all dead with a PID namespace)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+        if pid == 0:
+            return
+
+
+def main():
+    plan = json.loads(sys.argv[1])
+    status_fd = int(sys.argv[2])
+    os.set_inheritable(status_fd, False)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the caller died: so do we (and PID 1, and the namespace)
+    if os.getppid() != plan["caller_pid"]:
+        os._exit(REFUSED)  # it died before the line above
+    report = {"layers": [], "notes": [], "cwd": os.getcwd()}
+    _join_cgroups(plan, report)
+    namespaces = _enter_namespaces(plan, report) if plan["namespaces"] else set()
+    if "mount" in namespaces:
+        try:
+            _private_mounts(plan, report)
+        except OSError as e:
+            report["notes"].append(f"private mounts: {e}")
+    try:
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    except OSError as e:
+        report["notes"].append(str(e))
+    pid = os.fork()
+    if pid == 0:
+        _guarded(_init if "pid" in namespaces else _program, plan, report, status_fd)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda s, f: os.kill(pid, signal.SIGKILL))
+    status = _wait(pid)
+    if "pid" not in namespaces:
+        _send(status_fd, {"status": status})
+    _reap_orphans(block="pid" in namespaces)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,464 @@
+"""Run untrusted Python (model-written code) in a sandboxed subprocess.
+
+What holds, and where (``SandboxResult.layers`` says, per run, which layers were applied; the
+launcher's steps are in ``_launcher.py``):
+
+=========================  ========================================  ======================================
+threat                     as root (this project's hosts)            as a normal user
+=========================  ========================================  ======================================
+infinite loop              RLIMIT_CPU (SIGXCPU), wall-clock kill     same
+memory bomb                RLIMIT_AS per process; a memory cgroup    RLIMIT_AS per process only (a tree
+                           bounds the whole tree when cgroup v1 is   of N processes may use N x memory_mb)
+                           mounted and writable
+fork bomb                  RLIMIT_NPROC on a fresh uid of its own    RLIMIT_NPROC counts all the user's
+                           (the count starts at 0), pids cgroup      tasks: set to current + limit (weaker)
+leftover / escaped         PID namespace: the kernel kills every     same with a user namespace; else the
+processes                  process in it when its init exits; else   process group only (setsid escapes)
+                           kill(-1) as the sandbox uid
+network                    network namespace (no interfaces; even    same with a user namespace; else a
+                           loopback is down)                         socket block in the interpreter that
+                                                                     is NOT a boundary (ctypes, _socket)
+writing outside its dir    every mount remounted read-only in a      same with a user namespace (it runs as
+                           private mount namespace; unprivileged     the caller's user, mapped to root in
+                           uid; private tmpfs over /tmp, /var/tmp,   the namespace); else it can write what
+                           /dev/shm, /run/lock                       the user can
+signalling host processes  different uid; PID namespace              PID namespace via a user namespace
+big files / output         RLIMIT_FSIZE per file, capped tmpfs,      same
+                           output read back is truncated
+secrets in the environment clean environment (PATH, LANG, HOME)      same
+setuid binaries            no_new_privs                              same
+=========================  ========================================  ======================================
+
+Not covered (no seccomp filter or container image): reading world-readable host files, kernel
+exploits, CPU / disk-bandwidth contention, files filling the work directory up to CPU-time x write
+speed (each file is capped by RLIMIT_FSIZE, the work dir is on the host's disk), and the integrity of a
+reward against code that inspects the test harness's own memory (see ``code.py``).
+
+By default a run is refused (``SandboxUnavailable``) unless the network namespace and privilege
+separation ('privilege': a uid drop, or a user namespace with a read-only filesystem) hold;
+``SandboxConfig.require=()`` accepts weaker isolation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import select
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+_LAUNCHER = str(Path(__file__).with_name("_launcher.py"))
+_PY_FLAGS = ("-E", "-s", "-S", "-B")
+_LAUNCHER_OVERHEAD_MB = 64
+_KNOWN_LAYERS = frozenset(
+    {"netns", "mountns", "pidns", "ipcns", "utsns", "userns", "uid", "privilege", "readonly_fs", "private_tmp",
+     "private_proc", "cgroup", "rlimits", "no_new_privs"}
+)
+_SOCKET_GUARD = """\
+import runpy, socket, sys
+def _deny(*a, **k):
+    raise PermissionError("network access is disabled in the reward sandbox")
+class _NoSocket(socket.socket):
+    def __init__(self, *a, **k):
+        _deny()
+socket.socket = _NoSocket
+for _n in ("create_connection", "create_server", "getaddrinfo", "gethostbyname", "socketpair", "fromfd"):
+    setattr(socket, _n, _deny)
+del _n
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+class SandboxUnavailable(RuntimeError):
+    """The isolation that ``SandboxConfig.require`` asks for cannot be applied on this host."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxConfig:
+    cpu_time_s: int = 5
+    """CPU seconds per process (RLIMIT_CPU): SIGXCPU at this, SIGKILL one second later."""
+    wall_time_s: float = 10.0
+    """Wall-clock limit of the whole run; then every process of the run is killed."""
+    memory_mb: int = 1024
+    """Address space per process (RLIMIT_AS); also the whole run's memory where a cgroup is available."""
+    max_processes: int = 16
+    """Processes and threads of the run together (RLIMIT_NPROC on the run's own uid; pids cgroup)."""
+    max_file_mb: int = 16
+    """Largest file the program may write (RLIMIT_FSIZE), stdout and stderr included."""
+    max_open_files: int = 256
+    """RLIMIT_NOFILE."""
+    tmpfs_mb: int = 64
+    """Size of each private tmpfs mounted over /tmp, /var/tmp, /dev/shm, /run/lock."""
+    max_output_bytes: int = 1 << 20
+    """How much of stdout and of stderr is read back (each)."""
+    python: str | None = None
+    """Interpreter for the untrusted program; None: the first of this Python, the system ``python3``,
+    that the sandbox uid can execute. Runs with ``-E -s -S -B``: no site-packages (standard library
+    only), no PYTHON* variables, files next to ``main.py`` importable."""
+    uid_range: tuple[int, int] = (1_500_000_000, 1_500_100_000)
+    """When running as root: each run takes a fresh uid (and gid) from ``[lo, hi)``, owning no file on
+    the host and no other process (so RLIMIT_NPROC counts only this run's processes)."""
+    namespaces: bool = True
+    """Enter namespaces (network, mount, PID, IPC, UTS). False leaves rlimits, the uid drop and the
+    in-interpreter socket block: for hosts that forbid ``unshare``, and to test that fallback."""
+    use_cgroup: bool = True
+    """Join a fresh memory+pids cgroup when running as root and cgroups are writable (best effort)."""
+    require: tuple[str, ...] = ("netns", "privilege")
+    """Layers without which a run is refused (before the program starts). 'privilege': a uid drop, or a
+    user namespace with a read-only filesystem."""
+
+    def __post_init__(self):
+        for name in ("cpu_time_s", "memory_mb", "max_processes", "max_file_mb", "max_open_files", "tmpfs_mb",
+                     "max_output_bytes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"SandboxConfig.{name} must be an int >= 1, got {v!r}")
+        if not self.wall_time_s > 0:
+            raise ValueError(f"SandboxConfig.wall_time_s must be > 0, got {self.wall_time_s!r}")
+        lo, hi = self.uid_range
+        if not 0 < lo < hi <= 2**32 - 2:
+            raise ValueError(f"SandboxConfig.uid_range must be 0 < lo < hi < 2**32-1, got {self.uid_range!r}")
+        unknown = set(self.require) - _KNOWN_LAYERS
+        if unknown:
+            raise ValueError(
+                f"SandboxConfig.require has unknown layers {sorted(unknown)}; known: {sorted(_KNOWN_LAYERS)}"
+            )
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    returncode: int
+    """The program's exit status; negative: killed by that signal (-SIGXCPU: CPU limit)."""
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+    """Killed by the wall-clock limit."""
+    wall_s: float
+    layers: tuple[str, ...] = ()
+    """Isolation that held for this run (see the module docstring)."""
+    notes: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    @property
+    def cpu_limited(self) -> bool:
+        """Killed by the CPU limit (SIGXCPU, or SIGKILL a second later; rarely the cgroup's OOM kill)."""
+        return self.returncode == -signal.SIGXCPU or (self.returncode == -signal.SIGKILL and not self.timed_out)
+
+
+def run_python(
+    source: str,
+    *,
+    stdin: bytes = b"",
+    files: dict[str, str | bytes] | None = None,
+    args: tuple[str, ...] = (),
+    config: SandboxConfig = SandboxConfig(),
+) -> SandboxResult:
+    """Run ``source`` as ``main.py`` in a fresh directory (with ``files`` next to it) inside the sandbox.
+
+    Never raises for anything the program does; raises ``SandboxUnavailable`` when the required
+    isolation cannot be applied (before the program runs).
+    """
+    as_root = os.geteuid() == 0
+    python = config.python or _default_python(as_root)
+    outer = tempfile.mkdtemp(prefix="gspo-sandbox-")  # holds the stdio files and the work dir
+    os.chmod(outer, 0o711)  # the sandbox uid may pass through (to its own 0700 work dir), not list
+    uid = None
+    cgroup_dirs: list[str] = []
+    try:
+        work = os.path.join(outer, "work")
+        os.mkdir(work, 0o700)
+        for name, content in {**(files or {}), "main.py": source}.items():
+            _write_file(work, name, content)
+        if as_root:
+            uid = _UIDS.acquire(config.uid_range)
+            _chown_tree(work, uid)
+            if config.use_cgroup:
+                cgroup_dirs = _make_cgroups(config)
+        plan = _plan(config, python, args, uid, cgroup_dirs)
+        paths = {k: os.path.join(outer, k) for k in ("stdin", "stdout", "stderr")}
+        Path(paths["stdin"]).write_bytes(stdin)
+        try:
+            status, timed_out, wall, report = _launch(plan, paths, work, config.wall_time_s)
+        except BaseException:
+            if uid is not None:
+                _kill_uid(python, uid)
+            raise
+        layers = tuple(report.get("layers", ()))
+        if uid is not None and "pidns" not in layers:
+            _kill_uid(python, uid)  # no PID namespace: kill(-1) as the sandbox uid ends what is left
+        if report.get("refused"):
+            raise SandboxUnavailable(f"{report['refused']} (notes: {report.get('notes')})")
+        return SandboxResult(
+            returncode=-signal.SIGKILL if status is None else os.waitstatus_to_exitcode(status),
+            stdout=_head(paths["stdout"], config.max_output_bytes),
+            stderr=_head(paths["stderr"], config.max_output_bytes),
+            timed_out=timed_out,
+            wall_s=wall,
+            layers=layers + (("privilege",) if _privileged_apart(layers) else ()),
+            notes=tuple(report.get("notes", ())),
+        )
+    finally:
+        for d in cgroup_dirs:
+            _remove_cgroup(d)
+        shutil.rmtree(outer, ignore_errors=True)
+        if uid is not None:
+            _UIDS.release(uid)
+
+
+def _privileged_apart(layers: tuple[str, ...]) -> bool:
+    """The program cannot act on the host as the caller's user (same rule as the launcher's)."""
+    return "uid" in layers or {"userns", "readonly_fs"} <= set(layers)
+
+
+def _plan(config: SandboxConfig, python: str, args: tuple[str, ...], uid: int | None, cgroup_dirs: list[str]) -> dict:
+    """What the launcher is to do (it runs with ``-I -S`` and takes this as JSON)."""
+    nproc = config.max_processes if uid is not None else _user_tasks(os.getuid()) + config.max_processes
+    return {
+        "caller_pid": os.getpid(),
+        "namespaces": config.namespaces,
+        "tmpfs_bytes": config.tmpfs_mb << 20,
+        "uid": uid,
+        "gid": uid,
+        "limits": {
+            "cpu_s": config.cpu_time_s,
+            "as_bytes": config.memory_mb << 20,
+            "fsize_bytes": config.max_file_mb << 20,
+            "nofile": config.max_open_files,
+            "nproc": nproc,
+        },
+        "cgroup_procs": [os.path.join(d, "cgroup.procs") for d in cgroup_dirs],
+        "require": list(config.require),
+        "argv": [python, *_PY_FLAGS, "main.py", *args],
+        "guard_argv": [python, *_PY_FLAGS, "-c", _SOCKET_GUARD, "main.py", *args],
+        "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": "/tmp", "PYTHONHASHSEED": "0"},
+    }
+
+
+def _launch(plan: dict, paths: dict[str, str], work: str, wall_time_s: float):
+    """Start the launcher, enforce the wall clock, kill what is left; ``(status, timed_out, wall, report)``."""
+    status_r, status_w = os.pipe()
+    proc = None
+    try:
+        t0 = time.monotonic()
+        try:
+            with open(paths["stdin"], "rb") as fin, open(paths["stdout"], "wb") as fout, \
+                    open(paths["stderr"], "wb") as ferr:
+                proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", "-B", _LAUNCHER, json.dumps(plan), str(status_w)],
+                    stdin=fin, stdout=fout, stderr=ferr, cwd=work, env={"PATH": "/usr/bin:/bin"},
+                    start_new_session=True, pass_fds=(status_w,), close_fds=True,
+                )
+        finally:
+            os.close(status_w)
+        timed_out = not _wait_exit(proc.pid, wall_time_s)
+        if timed_out:  # the launcher kills the program's tree and reaps it (no zombies for the host)
+            _signal(proc.pid, signal.SIGTERM)
+            _wait_exit(proc.pid, 2.0)
+        _signal(-proc.pid, signal.SIGKILL)  # the group; before reaping, so its id cannot be reused yet
+        proc.wait()
+        wall = time.monotonic() - t0
+    except BaseException:
+        if proc is not None:
+            _signal(-proc.pid, signal.SIGKILL)
+            proc.wait()
+        os.close(status_r)
+        raise
+    report, status = _read_report(status_r)
+    return status, timed_out, wall, report
+
+
+def probe(config: SandboxConfig = SandboxConfig()) -> tuple[str, ...]:
+    """The isolation layers a trivial run gets on this host (nothing is required)."""
+    cfg = dataclasses.replace(config, require=())
+    return run_python("pass", config=cfg).layers
+
+
+def _write_file(work: str, name: str, content: str | bytes) -> None:
+    path = os.path.normpath(os.path.join(work, name))
+    if os.path.isabs(name) or not path.startswith(work + os.sep):
+        raise ValueError(f"sandbox file names must be relative paths inside the work dir, got {name!r}")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(content.encode() if isinstance(content, str) else content)
+
+
+def _chown_tree(root_dir: str, uid: int) -> None:
+    for root, dirs, fnames in os.walk(root_dir):
+        for n in [root] + [os.path.join(root, x) for x in dirs + fnames]:
+            os.chown(n, uid, uid)
+
+
+class _UidPool:
+    """Fresh uids for concurrent runs of this process (random in the range, never two at once here)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._used: set[int] = set()
+
+    def acquire(self, uid_range: tuple[int, int]) -> int:
+        with self._lock:
+            for _ in range(1000):
+                uid = random.randrange(*uid_range)
+                if uid not in self._used:
+                    self._used.add(uid)
+                    return uid
+        raise RuntimeError("no free sandbox uid")
+
+    def release(self, uid: int) -> None:
+        with self._lock:
+            self._used.discard(uid)
+
+
+_UIDS = _UidPool()
+
+
+@lru_cache(maxsize=None)
+def _default_python(as_root: bool) -> str:
+    candidates = [sys.executable, getattr(sys, "_base_executable", sys.executable)]
+    candidates += [p for p in (shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin"),) if p]
+    for c in candidates:
+        if not as_root or _world_executable(c):
+            return os.path.realpath(c)
+    raise SandboxUnavailable(
+        f"no Python interpreter the sandbox uid may execute (tried {candidates}); set SandboxConfig.python"
+    )
+
+
+def _world_executable(path: str) -> bool:
+    """True when 'other' users can reach and run ``path`` (every parent searchable)."""
+    real = os.path.realpath(path)
+    try:
+        if not os.stat(real).st_mode & stat.S_IXOTH:
+            return False
+        parent = os.path.dirname(real)
+        while True:
+            if not os.stat(parent).st_mode & stat.S_IXOTH:
+                return False
+            if parent == "/":
+                return True
+            parent = os.path.dirname(parent)
+    except OSError:
+        return False
+
+
+def _wait_exit(pid: int, timeout: float) -> bool:
+    """Wait (without reaping) until ``pid`` exits; False on timeout."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is not None:
+        try:
+            return bool(select.select([fd], [], [], timeout)[0])
+        finally:
+            os.close(fd)
+    deadline, delay = time.monotonic() + timeout, 0.001
+    while True:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.02)
+
+
+def _signal(pid: int, sig: int) -> None:
+    """``kill(pid, sig)``; a negative pid is a process group. Gone already is fine."""
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill_uid(python: str, uid: int) -> None:
+    """Without a PID namespace: kill(-1) as the sandbox uid reaches exactly that uid's processes."""
+    code = "import os\ntry:\n    os.kill(-1, 9)\nexcept OSError:\n    pass"
+    subprocess.run([python, "-I", "-S", "-c", code], user=uid, group=uid, extra_groups=[], env={}, cwd="/",
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
+
+
+def _read_report(fd: int) -> tuple[dict, int | None]:
+    """The launcher's report of what held, and the program's raw wait status (None: killed first)."""
+    chunks = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    report, status = {"refused": "the launcher died before reporting"}, None
+    for line in b"".join(chunks).splitlines():
+        if line.strip():
+            obj = json.loads(line)
+            if "status" in obj:
+                status = obj["status"]
+            else:
+                report = obj
+    return report, status
+
+
+def _head(path: str, n: int) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(n)
+
+
+def _user_tasks(uid: int) -> int:
+    """Tasks (processes and threads) ``uid`` runs now: RLIMIT_NPROC counts them all for a normal user."""
+    n = 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    n += len(os.listdir(f"/proc/{pid}/task"))
+            except OSError:
+                pass
+    return n
+
+
+def _make_cgroups(config: SandboxConfig) -> list[str]:
+    """Fresh cgroup v1 memory and pids groups (best effort; [] where cgroups are not writable)."""
+    made = []
+    name = f"gspo-sandbox-{os.getpid()}-{random.randrange(1 << 30)}"
+    memory = (config.memory_mb + _LAUNCHER_OVERHEAD_MB) << 20  # the launcher and PID 1 are in it too
+    settings = {
+        "memory": {"memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory},
+        "pids": {"pids.max": config.max_processes + 2},
+    }
+    for controller, values in settings.items():
+        d = os.path.join("/sys/fs/cgroup", controller, name)
+        try:
+            os.mkdir(d)
+        except OSError:
+            continue
+        made.append(d)
+        for key, value in values.items():
+            try:
+                Path(d, key).write_text(str(value))
+            except OSError:
+                pass  # memsw absent without swap accounting
+    return made
+
+
+def _remove_cgroup(d: str) -> None:
+    for _ in range(50):
+        try:
+            os.rmdir(d)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)

@@ -1,0 +1,306 @@
+"""Reward functions, the registry, and the runner's failure handling."""
+
+from __future__ import annotations
+
+import textwrap
+import threading
+import time
+
+import pytest
+
+from gspo_mcore import rewards
+from gspo_mcore.rewards import RewardRunner, RewardRunnerConfig, registry
+from gspo_mcore.rewards.code import CodeRewardConfig, code_reward, parse_tests
+from gspo_mcore.rewards.extract import last_boxed, last_code_block
+from gspo_mcore.rewards.match import ExactMatchConfig, RegexMatchConfig, exact_match, regex_match
+from gspo_mcore.rewards.math import MathRewardConfig, math_reward, normalise
+from gspo_mcore.rewards.sandbox import SandboxConfig
+
+# ---------------------------------------------------------------------------------------------- extract
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (r"so \boxed{\frac{1}{2}}.", r"\frac{1}{2}"),
+        (r"\boxed{1} then \boxed{\sqrt{\frac{a}{b}}}", r"\sqrt{\frac{a}{b}}"),  # the last one, nested braces
+        (r"\boxed{\{1, 2\}}", r"\{1, 2\}"),  # escaped braces do not count
+        (r"\fbox{7}", "7"),
+        (r"$\boxed 5$", "5"),
+        (r"\boxed{3} and a truncated \boxed{\frac{1}{", None),  # unbalanced last box: no final answer
+        ("no box here", None),
+    ],
+)
+def test_last_boxed(text, expected):
+    assert last_boxed(text) == expected
+
+
+def test_last_code_block_prefers_python_then_untagged():
+    text = "```python\nx = 1\n```\ntext\n```bash\nls\n```\n```py\nx = 2\n```"
+    assert last_code_block(text) == "x = 2\n"
+    assert last_code_block("```\nprint(3)\n```\n```bash\nls\n```") == "print(3)\n"
+    assert last_code_block("no code") is None
+
+
+# ------------------------------------------------------------------------------------------------- math
+
+
+@pytest.mark.parametrize(
+    "response, answer, expected",
+    [
+        (r"The answer is \boxed{\frac{1}{2}}", "0.5", 1.0),
+        (r"\boxed{0.5}", r"\frac{1}{2}", 1.0),
+        (r"\boxed{\dfrac{\sqrt{2}}{2}}", r"\sqrt{2}/2", 1.0),
+        (r"\boxed{1+x}", "x + 1", 1.0),
+        (r"\boxed{42}", 42, 1.0),  # a numeric reference answer
+        (r"\boxed{2} ... final: \boxed{3}", "3", 1.0),  # the last box counts
+        (r"\boxed{3} ... final: \boxed{2}", "3", 0.0),
+        (r"\boxed{4}", "3", 0.0),
+        ("The answer is 0.5", "0.5", 0.0),  # no box: no credit by default
+        (r"\boxed{\text{(B)}}", "(B)", 1.0),  # normalised text comparison
+    ],
+)
+def test_math_reward(response, answer, expected):
+    assert math_reward(response, {"answer": answer}) == expected
+
+
+def test_math_reward_without_box_when_allowed():
+    cfg = MathRewardConfig(require_boxed=False)
+    assert math_reward("so the result is $\\frac{1}{2}$", {"answer": "0.5"}, config=cfg) == 1.0
+
+
+def test_math_reward_off_the_main_thread():
+    """math-verify's signal.alarm timeouts fail off the main thread; the reward must still work there."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(math_reward(r"\boxed{\frac{1}{2}}", {"answer": "0.5"})))
+    t.start()
+    t.join()
+    assert out == [1.0]
+
+
+def test_math_reward_needs_an_answer():
+    with pytest.raises(KeyError, match="answer"):
+        math_reward(r"\boxed{1}", {})
+
+
+def test_normalise():
+    assert normalise(r"$\left( 1, 2 \right).$") == "(1,2)"
+    assert normalise(r"\text{Yes}") == "yes"
+
+
+# ------------------------------------------------------------------------------------------------ match
+
+
+def test_exact_match():
+    assert exact_match("  Paris \n", {"answer": "Paris"}) == 1.0
+    assert exact_match(r"I think \boxed{Paris}", {"answer": "Paris"}) == 1.0
+    assert exact_match("paris", {"answer": "Paris"}) == 0.0
+    assert exact_match("paris", {"answer": "Paris"}, config=ExactMatchConfig(case_sensitive=False)) == 1.0
+    assert exact_match("Lyon", {"answer": ["Paris", "Lyon"]}) == 1.0
+    assert exact_match("new   york", {"answer": "new york"}) == 1.0
+
+
+def test_regex_match():
+    assert regex_match("The answer is 42.", {"pattern": r"\b42\b"}) == 1.0
+    assert regex_match("The answer is 420.", {"pattern": r"\b42\b"}) == 0.0
+    full = RegexMatchConfig(mode="fullmatch")
+    assert regex_match(" yes \n", {"pattern": "yes|no"}, config=full) == 1.0
+    assert regex_match("yes, no", {"pattern": "yes|no"}, config=full) == 0.0
+    assert regex_match("alpha beta", {"pattern": ["alpha", "gamma"]}) == 0.5  # partial credit
+    assert regex_match("YES", {"pattern": "yes"}, config=RegexMatchConfig(ignore_case=True)) == 1.0
+    with pytest.raises(KeyError, match="pattern"):
+        regex_match("x", {})
+
+
+# ------------------------------------------------------------------------------------------------- code
+
+FAST = CodeRewardConfig(sandbox=SandboxConfig(cpu_time_s=2, wall_time_s=20, memory_mb=256, max_processes=8))
+
+
+def fenced(code: str) -> str:
+    return f"Here you go:\n```python\n{textwrap.dedent(code).strip()}\n```\n"
+
+
+def test_code_reward_assert_tests_partial_credit():
+    response = fenced("def add(a, b):\n    return a + b")
+    tests = ["assert add(1, 2) == 3", "assert add(2, 2) == 5", "assert add(0, 0) == 0", "assert add(-1, 1) == 0"]
+    assert code_reward(response, {"tests": tests}, config=FAST) == 0.75
+    assert code_reward(response, {"tests": "assert add(1, 2) == 3"}, config=FAST) == 1.0
+
+
+def test_code_reward_humaneval_entry_point():
+    response = fenced("def inc(x):\n    return x + 1")
+    meta = {"tests": "def check(candidate):\n    assert candidate(1) == 2", "entry_point": "inc"}
+    assert code_reward(response, meta, config=FAST) == 1.0
+
+
+def test_code_reward_stdio_tests():
+    response = fenced("a, b = map(int, input().split())\nprint(a + b)")
+    cases = [{"input": "1 2\n", "output": "3\n"}, {"input": "5 5", "output": "10"}, {"input": "1 1", "output": "3"}]
+    assert code_reward(response, {"tests": cases}, config=FAST) == pytest.approx(2 / 3)
+    apps_style = '{"inputs": ["2 3\\n"], "outputs": ["5\\n"]}'
+    assert code_reward(response, {"tests": apps_style}, config=FAST) == 1.0
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import os\nos._exit(0)",                 # leave before the tests run
+        "import sys\nsys.exit(0)",
+        "print('0 0 1')\nprint('x 0 1')",        # forged verdict lines without the nonce
+        "raise SystemExit(0)",
+        "def add(a, b):\n    while True:\n        pass",  # a test that never ends
+    ],
+)
+def test_code_reward_cannot_be_gamed_by_exiting_or_printing(code):
+    cfg = CodeRewardConfig(sandbox=FAST.sandbox, test_timeout_s=0.5)
+    assert code_reward(fenced(code), {"tests": ["assert add(1, 2) == 3"]}, config=cfg) == 0.0
+
+
+def test_code_reward_without_code_block_is_zero():
+    assert code_reward("I don't know", {"tests": "assert True"}, config=FAST) == 0.0
+
+
+def test_parse_tests_rejects_mixed_lists():
+    with pytest.raises(ValueError, match="only strings"):
+        parse_tests(["assert True", {"input": "", "output": ""}])
+    assert parse_tests("assert f(1)", entry_point=None) == ("assert", ["assert f(1)"])
+
+
+# --------------------------------------------------------------------------------------------- registry
+
+
+def test_registry_builtins_and_register():
+    assert {"math", "exact", "regex", "code"} <= set(registry.names())
+    assert registry.get("exact") is exact_match
+
+    def always_half(response, metadata):
+        return 0.5
+
+    rewards.register("test_half", always_half)
+    try:
+        assert rewards.get("test_half") is always_half
+        with pytest.raises(ValueError, match="already registered"):
+            rewards.register("test_half", always_half)
+        with pytest.raises(ValueError, match="already registered"):
+            rewards.register("math", always_half)
+    finally:
+        rewards.unregister("test_half")
+    with pytest.raises(KeyError, match="unknown reward"):
+        rewards.get("test_half")
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    pkg = tmp_path / "my_rewards_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "scoring.py").write_text(
+        "def length_bonus(response, metadata):\n    return min(len(response) / metadata['target_len'], 1.0)\n"
+        "class Holder:\n    @staticmethod\n    def one(response, metadata):\n        return 1\n"
+        "NOT_CALLABLE = 3\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "my_rewards_pkg.scoring"
+
+
+def test_dotted_path_user_functions(user_module):
+    fn = rewards.get(f"{user_module}:length_bonus")
+    assert fn("abcd", {"target_len": 8}) == 0.5
+    assert rewards.get(f"{user_module}.length_bonus") is fn
+    assert rewards.get(f"{user_module}:Holder.one")("x", {}) == 1
+    with pytest.raises(TypeError, match="not callable"):
+        rewards.get(f"{user_module}:NOT_CALLABLE")
+    with pytest.raises(AttributeError, match="no attribute"):
+        rewards.get(f"{user_module}:missing")
+    with pytest.raises(ImportError, match="cannot import"):
+        rewards.get("no_such_module_xyz:fn")
+
+
+# ----------------------------------------------------------------------------------------------- runner
+
+
+def _hangs(response, metadata):
+    time.sleep(20)
+    return 1.0
+
+
+def _throws(response, metadata):
+    raise RuntimeError("reward bug")
+
+
+def _nan(response, metadata):
+    return float("nan")
+
+
+def _slow_one(response, metadata):
+    time.sleep(1.0)
+    return 1.0
+
+
+@pytest.fixture
+def test_rewards():
+    names = {"t_hangs": _hangs, "t_throws": _throws, "t_nan": _nan, "t_slow": _slow_one}
+    for name, fn in names.items():
+        rewards.register(name, fn, overwrite=True)
+    yield
+    for name in names:
+        rewards.unregister(name)
+
+
+def test_runner_hanging_and_throwing_rewards_give_zero_and_are_counted(test_rewards):
+    runner = RewardRunner(RewardRunnerConfig(reward="exact", timeout_s=0.5, max_workers=4))
+    responses = ["Paris", "x", "x", "x", "x", r"\boxed{\frac{1}{2}}"]
+    metadata = [
+        {"answer": "Paris"},
+        {"reward_fn": "t_hangs"},
+        {"reward_fn": "t_throws"},
+        {"reward_fn": "t_nan"},
+        {"reward_fn": "no_such_reward"},
+        {"reward_fn": "math", "answer": "0.5"},
+    ]
+    t0 = time.monotonic()
+    scores = runner.score(responses, metadata)
+    assert time.monotonic() - t0 < 10  # the hanging call (20 s) was abandoned at its timeout
+    assert scores == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert runner.metrics() == {"reward_calls": 6.0, "reward_errors": 3.0, "reward_timeouts": 1.0}
+    assert runner.metrics() == {"reward_calls": 0.0, "reward_errors": 0.0, "reward_timeouts": 0.0}  # reset
+
+
+def test_runner_runs_calls_concurrently(test_rewards):
+    runner = RewardRunner(RewardRunnerConfig(reward="t_slow", max_workers=8, timeout_s=5))
+    t0 = time.monotonic()
+    assert runner.score(["x"] * 8, [{}] * 8) == [1.0] * 8
+    assert time.monotonic() - t0 < 5  # 8 x 1 s one after another would take 8 s
+
+
+def test_runner_mixed_code_batch_with_attacks_keeps_going():
+    """Malicious code in a batch scores 0 and does not disturb the honest sample or the caller."""
+    code_cfg = CodeRewardConfig(sandbox=SandboxConfig(cpu_time_s=1, wall_time_s=10, memory_mb=256, max_processes=8),
+                                test_timeout_s=5.0)
+    rewards.register("t_code", lambda r, m: code_reward(r, m, config=code_cfg), overwrite=True)
+    try:
+        runner = RewardRunner(RewardRunnerConfig(reward="t_code", max_workers=4, timeout_s=60))
+        attacks = [
+            "while True:\n    pass",
+            "x = bytearray(16 << 30)",
+            "import os, time\nfor _ in range(100):\n    try:\n        os.fork()\n    except OSError:\n        pass\ntime.sleep(1)",
+            "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)",
+            "import os\nos.kill(-1, 9)",
+        ]
+        honest = fenced("def add(a, b):\n    return a + b")
+        responses = [honest] + [fenced(a) for a in attacks]
+        scores = runner.score(responses, [{"tests": ["assert add(1, 2) == 3"]}] * len(responses))
+        assert scores == [1.0] + [0.0] * len(attacks)
+        assert runner.metrics()["reward_timeouts"] == 0.0
+    finally:
+        rewards.unregister("t_code")
+
+
+def test_runner_config_validation():
+    with pytest.raises(ValueError, match="max_workers"):
+        RewardRunnerConfig(max_workers=0)
+    with pytest.raises(ValueError, match="timeout_s"):
+        RewardRunnerConfig(timeout_s=float("inf"))
+    with pytest.raises(ValueError, match="responses"):
+        RewardRunner().score(["a"], [])
