@@ -73,24 +73,33 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     nonfinite = ops.segment_sum((~torch.isfinite(log_ratio.detach())).float(), cu_seqlens, mask)
     seq_sum, counts, nonfinite = ops.all_reduce_sum(seq_sum, counts, nonfinite, group=cp_group)
     valid = counts > 0
+    # A counted token whose log-ratio is not finite makes its sequence's term NaN, as documented: exp()
+    # alone would turn -inf into a silently finite ratio of 0, and +inf into a clipped (finite) term.
+    poison = torch.where(nonfinite > 0, math.nan, 0.0)  # (B,)  0 or NaN, constant
 
     if variant == "gspo":
-        term, ratio, clipped, _ = ops.gspo_sequence_terms(seq_sum, counts, advantages.float(), eps_low, eps_high)
+        term, ratio, clipped, _ = ops.gspo_sequence_terms(seq_sum + poison, counts, advantages.float(), eps_low,
+                                                          eps_high)
         loss = term.sum() * inv_n
         clipped_tokens = (clipped * counts).sum()
         clipped_seqs = clipped.sum()
         ratio_stats = _masked_stats(ratio, valid)
     else:
+        # Masked-out tokens are zeroed BEFORE any per-token arithmetic: their terms are dropped by the
+        # segment sums, but a NaN there would still turn the zero gradient into 0 * NaN = NaN.
+        counted = mask != 0
         if variant == "gspo_token":
             # s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)]: value s_i, gradient s_i * grad logp_t
             s_seq = torch.where(valid, torch.exp(seq_sum.detach() / counts.clamp(min=1.0)), 1.0)  # (B,)
-            ratio_tok = _expand(s_seq, cu_seqlens, T) * torch.exp(logp.float() - logp.detach().float())
+            own = torch.where(counted, logp.float() - logp.detach().float(), 0.0)  # (T,) value 0
+            ratio_tok = _expand(s_seq, cu_seqlens, T) * torch.exp(own)
             # a [T] tensor is per token (it wins if T == B); a [B] tensor is broadcast over each sequence
             per_token = advantages.shape[0] == T
             adv_tok = advantages.float() if per_token else _expand(advantages.float(), cu_seqlens, T)
         else:  # grpo: token ratio w_i,t = exp(logp - old_logp)
-            ratio_tok = torch.exp(log_ratio)
+            ratio_tok = torch.exp(torch.where(counted, log_ratio, 0.0))
             adv_tok = _expand(advantages.float(), cu_seqlens, T)
+        adv_tok = torch.where(counted, adv_tok, 0.0)
         tok_term, tok_clipped = _clipped_token_terms(ratio_tok, adv_tok, eps_low, eps_high)
         seq_term = ops.segment_sum(tok_term, cu_seqlens, mask)  # partial per-sequence sums
         seq_clipped = ops.segment_sum(tok_clipped, cu_seqlens, mask)
@@ -99,6 +108,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
             seq_term, seq_clipped, ratio_sum = ops.all_reduce_sum(seq_term, seq_clipped, ratio_sum, group=cp_group)
         else:
             seq_term, seq_clipped = ops.all_reduce_sum(seq_term, seq_clipped, group=cp_group)
+        seq_term = seq_term + poison
         loss = torch.where(valid, seq_term / counts.clamp(min=1.0), 0.0).sum() * inv_n
         clipped_tokens = seq_clipped.sum()
         clipped_seqs = (seq_clipped > 0).float().sum()

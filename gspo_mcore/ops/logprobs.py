@@ -36,8 +36,10 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, vocab_start: 
         ``logp`` ``[T]`` float32, or ``(logp, entropy)``. Differentiable with respect to ``logits``.
 
     Raises ``ValueError``/``TypeError`` naming the argument for bad shapes, dtypes, devices, a
-    temperature that is not positive, or targets outside the vocabulary. NaN or inf in a row of logits
-    gives NaN for that token (never a silently finite number).
+    temperature that is not positive, or targets outside the vocabulary. NaN or +inf in a row of logits
+    gives NaN for that token (never a silently finite number). ``-inf`` entries are tokens of probability 0,
+    as in ``torch.log_softmax``: the other tokens' log-probs stay finite (a row of only ``-inf`` gives NaN),
+    but the entropy of such a row (and its gradient) is NaN (``0 * -inf``, as in the reference).
     """
     check_tensor("logits", logits, dim=2, dtypes=_LOGIT_DTYPES)
     check_tensor("targets", targets, dim=1, dtypes=(torch.int64,), device=logits.device)
@@ -80,6 +82,9 @@ def combine_stats(stats: torch.Tensor):
 class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, vocab_start, inv_temperature, tp_group, with_entropy):
+        # An output the loss does not use gets grad None (not zeros): an entropy returned only for logging
+        # then costs nothing in the backward, and cannot turn d logp into 0 * NaN where it is NaN.
+        ctx.set_materialize_grads(False)
         stats = _backend.op("token_logprob_stats")(logits, targets, vocab_start, inv_temperature, with_entropy)
         if tp_group is not None and dist.get_world_size(tp_group) > 1:
             # One all-reduce: rank r writes its statistics into slot r of a zeroed buffer.

@@ -16,8 +16,13 @@ NUM_STATS = 5
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
                    return_entropy: bool = False):
-    """``log softmax(logits / temperature)[t, targets[t]]`` in float32 (and the entropy), by autograd."""
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # (T, V)
+    """``log softmax(logits / temperature)[t, targets[t]]`` in float32 (and the entropy), by autograd.
+
+    float64 logits are kept in float64 (tests use that as the high-precision reference); every other
+    dtype is computed in float32, as the op does.
+    """
+    z = logits.double() if logits.dtype == torch.float64 else logits.float()
+    logp_all = torch.log_softmax(z / temperature, dim=-1)  # (T, V)
     logp = logp_all.gather(1, targets[:, None]).squeeze(1)  # (T,)
     if not return_entropy:
         return logp
@@ -81,7 +86,8 @@ def gspo_sequence_terms(seq_logratio_sum, seq_token_count, advantages, eps_low: 
     term = torch.where(clipped, -ratio.clamp(lo, hi) * a, unclipped_term)
     term = torch.where(valid, term, 0.0)
     coef = torch.where(clipped | ~valid, 0.0, -a * ratio / cnt)
-    return term, ratio, clipped.float(), coef
+    # as the op: only `term` is differentiable (ratio, clipped and coef are metrics / coefficients)
+    return term, ratio.detach(), clipped.float(), coef.detach()
 
 
 def _segment_ids(cu_seqlens, num_tokens: int):

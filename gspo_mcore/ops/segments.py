@@ -54,8 +54,8 @@ def all_reduce_sum(*partials: torch.Tensor, group=None):
 def _as_mask(mask, values):
     if mask is None:
         return torch.ones_like(values, dtype=torch.float32)
-    check_tensor("loss_mask", mask, dim=1, device=values.device)
-    check_length("loss_mask", mask, values.shape[0], "the token dimension (T)")
+    check_tensor("mask", mask, dim=1, device=values.device)
+    check_length("mask", mask, values.shape[0], "the token dimension (T)")
     return mask.to(torch.float32).contiguous()
 
 
