@@ -16,8 +16,9 @@ from gspo_mcore.data.dataset import PromptSample
 
 @dataclass(frozen=True, kw_only=True)
 class TemplateConfig:
-    tokenizer_dir: str
-    """Local directory with the tokenizer files (``tokenizer.json``, ``tokenizer_config.json``, ...)."""
+    tokenizer_dir: str = ""
+    """Local directory with the tokenizer files (``tokenizer.json``, ``tokenizer_config.json``, ...);
+    empty: the trainer uses the model's directory."""
     use_chat_template: bool = True
     """Wrap prompt strings in the chat template when the tokenizer has one."""
     add_generation_prompt: bool = True
@@ -29,8 +30,6 @@ class TemplateConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "tokenizer_dir", os.fspath(self.tokenizer_dir))
-        if not self.tokenizer_dir:
-            raise ValueError("TemplateConfig.tokenizer_dir must be set")
 
 
 def load_tokenizer(tokenizer_dir: str) -> Any:

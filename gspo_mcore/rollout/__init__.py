@@ -2,9 +2,11 @@
 
 ``types`` holds the engine-independent interface (and the log-prob/temperature convention);
 ``sglang_api`` every detail of SGLang's HTTP wire format (pinned to ``SGLANG_VERSION``);
+``inprocess`` the embedded engine that samples from the learner's own model;
 ``sglang`` the client engine (concurrency, retries, weight sync); ``sglang_server`` the launcher.
 """
 
+from gspo_mcore.rollout.inprocess import InProcessEngine
 from gspo_mcore.rollout.sglang import SGLangClientConfig, SGLangEngine
 from gspo_mcore.rollout.sglang_api import SGLANG_VERSION
 from gspo_mcore.rollout.sglang_server import RouterConfig, ServerLaunchError, SGLangServerConfig
@@ -19,6 +21,7 @@ from gspo_mcore.rollout.types import (
 
 __all__ = [
     "SGLANG_VERSION",
+    "InProcessEngine",
     "RolloutEngine",
     "RolloutError",
     "RouterConfig",

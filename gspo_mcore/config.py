@@ -1,0 +1,163 @@
+"""Typed configuration from YAML plus ``key=value`` overrides, for trees of frozen dataclasses.
+
+Every component owns a small frozen dataclass (validated in its ``__post_init__``); the trainer's config
+is a dataclass whose fields are those components. This module only builds such trees from plain
+data, refuses unknown keys (suggesting the closest valid one), and writes a tree back as YAML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the key (dotted path) at fault."""
+
+
+def load_yaml(path: str | os.PathLike) -> dict:
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``a.b.c=value`` overrides (values parsed as YAML scalars/lists) to a nested dict copy."""
+    out = _deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.path=value")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError(f"override {item!r}: empty key component")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {key}: cannot parse value {raw!r}: {exc}") from None
+        node = out
+        for p in parts[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {key}: {p} is not a section")
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def from_dict(cls: type, data: Any, path: str = ""):
+    """Build dataclass ``cls`` from nested plain data, checking keys and basic types."""
+    where = path or cls.__name__
+    if data is None:
+        data = {}
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of {cls.__name__} fields, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            near = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"; did you mean {_join(path, near[0])!r}?" if near else f"; valid keys: {', '.join(fields)}"
+            raise ConfigError(f"unknown config key {_join(path, key)!r}{hint}")
+        kwargs[key] = _convert(hints[key], value, _join(path, key))
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def to_dict(obj) -> Any:
+    """Plain data (dicts, lists, scalars) for a dataclass tree."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def save_yaml(obj, path: str | os.PathLike) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        yaml.safe_dump(to_dict(obj), f, sort_keys=False)
+    os.replace(tmp, path)
+
+
+def _convert(hint, value, path):
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _convert(a, value, path)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{path}: {value!r} does not match {hint}")
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value, path)
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        args = typing.get_args(hint)
+        item = args[0] if args else Any
+        seq = [_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return tuple(seq) if origin is tuple else seq
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return dict(value)
+    if hint is Any or origin is typing.Literal:
+        if origin is typing.Literal and value not in typing.get_args(hint):
+            raise ConfigError(f"{path}: must be one of {typing.get_args(hint)}, got {value!r}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true/false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{path}: expected a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def _join(path, key):
+    return f"{path}.{key}" if path else str(key)
+
+
+def _deepcopy(d):
+    return {k: _deepcopy(v) if isinstance(v, dict) else v for k, v in d.items()}

@@ -1,0 +1,44 @@
+"""Entry point: ``torchrun [...] -m gspo_mcore.train --config run.yaml [key.path=value ...]`` (or ``gspo-train``).
+
+The YAML maps onto :class:`gspo_mcore.trainer.TrainConfig`; overrides use dotted keys
+(``optim.lr=1e-5 rollout.group_size=16``). Unknown keys are refused with the closest valid key suggested.
+The resolved configuration is saved as ``<log.output_dir>/config.yaml``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from gspo_mcore.config import ConfigError, apply_overrides, from_dict, load_yaml
+
+
+def parse_config(argv: list[str] | None = None):
+    parser = argparse.ArgumentParser(prog="gspo-train", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="YAML file (see examples/)")
+    parser.add_argument("overrides", nargs="*", help="key.path=value overrides")
+    args = parser.parse_args(argv)
+    from gspo_mcore.trainer import TrainConfig
+
+    return from_dict(TrainConfig, apply_overrides(load_yaml(args.config), args.overrides))
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = parse_config(argv)
+    except ConfigError as exc:
+        print(f"gspo-train: config error: {exc}", file=sys.stderr)
+        return 2
+    from gspo_mcore.trainer import run
+
+    history = run(cfg)
+    if history and os.environ.get("RANK", "0") == "0":
+        first, last = history[0], history[-1]
+        print(f"gspo-train: {len(history)} steps; reward_mean {first['reward_mean']:.3f} -> {last['reward_mean']:.3f}; "
+              f"metrics in {cfg.log.output_dir}/metrics.jsonl", flush=True)
+    return 0
+
+
+if __name__ == "__main__":  # guarded: Megatron's async checkpoint writer re-imports the main module
+    sys.exit(main())
