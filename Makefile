@@ -1,11 +1,14 @@
-# Two commands on a fresh machine: `make test` and (once the trainer lands) `make demo`.
+# Two commands on a fresh machine: `make demo` (the tiny GSPO job) and `make test`.
 # Both create or reuse .venv/; `make install` does the set-up alone.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 EXT_SOURCES := setup.py pyproject.toml $(shell find csrc -name '*.cpp' -o -name '*.cu' -o -name '*.h' 2>/dev/null)
 
-.PHONY: install test bench clean
+.PHONY: install test bench demo clean
+
+DEMO_OUT ?= runs/tiny
+NPROC    ?= 2
 
 install: $(VENV)/.ext-stamp
 
@@ -26,6 +29,14 @@ $(VENV)/.ext-stamp: $(VENV)/.deps-stamp $(EXT_SOURCES)
 
 test: install
 	$(PY) -m pytest -q tests
+
+# The main job: the tiny GSPO run on 2 CPU ranks with the in-process engine, then its PNG curves.
+demo: install
+	$(PY) -m examples.tiny.prepare --out $(DEMO_OUT)
+	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) \
+	  -m gspo_mcore.train --config examples/tiny/config.yaml log.output_dir=$(DEMO_OUT) \
+	  model.hf_dir=$(DEMO_OUT)/model 'data.paths=[$(DEMO_OUT)/prompts.jsonl]'
+	$(PY) tools/plot_metrics.py $(DEMO_OUT)/metrics.jsonl --title "tiny GSPO job (2 CPU ranks)"
 
 bench: install
 	$(PY) tools/bench_logprobs.py

@@ -1,0 +1,93 @@
+#!/usr/bin/env python
+"""PNG curves from a run's metrics file: ``python tools/plot_metrics.py runs/tiny/metrics.jsonl [--out F.png]``.
+
+Plots reward (mean +- std), clip fractions, sequence ratio range, entropy and response length against
+the step. Keys missing from the file are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+PANELS = [
+    ("reward", ["reward_mean"], "reward_std"),
+    ("clipping", ["clip_fraction", "clipped_sequence_fraction"], None),
+    ("ratio s_i", ["ratio_min", "ratio_mean", "ratio_max"], None),
+    ("entropy", ["entropy"], None),
+    ("response length", ["response_length_mean"], None),
+    ("grad norm", ["grad_norm"], None),
+]
+
+
+def read_metrics(path: str) -> list[dict]:
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise SystemExit(f"{path}:{n}: not a JSON object ({exc.msg})") from None
+    if not rows:
+        raise SystemExit(f"{path}: no metrics")
+    return rows
+
+
+def _series(rows, key):
+    pts = [(r["step"], float(r[key])) for r in rows if key in r and isinstance(r[key], (int, float))]
+    return [p for p in pts if math.isfinite(p[1])]
+
+
+def plot(rows: list[dict], out: str, title: str = "") -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [p for p in PANELS if any(_series(rows, k) for k in p[1])]
+    cols = 3
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows), squeeze=False)
+    for ax, (name, keys, band) in zip(axes.flat, panels):
+        for k in keys:
+            pts = _series(rows, k)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=k, lw=1.2)
+        if band:
+            mean, std = dict(_series(rows, keys[0])), dict(_series(rows, band))
+            steps = sorted(set(mean) & set(std))
+            ax.fill_between(steps, [mean[s] - std[s] for s in steps], [mean[s] + std[s] for s in steps], alpha=0.2)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if len(keys) > 1:
+            ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("metrics", help="metrics.jsonl written by gspo-train")
+    parser.add_argument("--out", help="PNG path (default: metrics.png beside the metrics file)")
+    parser.add_argument("--title", default="")
+    args = parser.parse_args(argv)
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.metrics)), "metrics.png")
+    print(plot(read_metrics(args.metrics), out, args.title))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
