@@ -1,0 +1,219 @@
+"""The learner's batch format and its packing into micro-batches by token budget.
+
+A :class:`Sample` is one rollout: ``tokens`` (prompt + response ids), ``loss_mask`` (1 on response tokens),
+a scalar ``advantage`` and optionally ``old_logprobs``. The learner scores positions ``0..L-2``: position
+``t`` predicts ``tokens[t+1]``, so a sample's log-probs, old log-probs and counted positions are all
+aligned with ``tokens[1:]`` (length ``L-1``), and position ``t`` counts when ``loss_mask[t+1] == 1``.
+
+Planning (:func:`plan_microbatches`): samples are spread over data-parallel ranks (balancing tokens),
+then packed first-fit-decreasing into micro-batches of at most ``max_tokens`` tokens (padding included).
+A sample is never split (a sample longer than the budget gets a micro-batch of its own), and every DP
+rank gets the same number of micro-batches (bins are split, or an empty micro-batch is added, to even
+the count).
+
+A :class:`MicroBatch` lays its samples out one of three ways (``packing``): on GPU with Transformer
+Engine, back to back in one ``[1, T]`` THD packed sequence (``PackedSeqParams`` with ``cu_seqlens``); on
+CPU either one right-padded row per sample (``"padded"``, the default: attention costs ``sum L_i^2``)
+or back to back in one row with a block-diagonal causal mask (``"block_diagonal"``: no padding, but
+attention costs ``T^2``). Either way the loss sees the flattened positions, with ``cu_seqlens``
+delimiting the samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One rollout sample (see the module docstring for the alignment of the per-token fields)."""
+
+    tokens: torch.Tensor
+    """``[L]`` int64: prompt + response token ids, ``L >= 2``."""
+    loss_mask: torch.Tensor
+    """``[L]``: 1 on response tokens (the tokens the policy generated), 0 on prompt/tool tokens."""
+    advantage: float
+    """The sequence advantage ``A_i``."""
+    old_logprobs: torch.Tensor | None = None
+    """``[L-1]`` float32: log-prob of ``tokens[1:]`` under the behaviour policy (``None``: the learner
+    recomputes it before the first update)."""
+
+    def __post_init__(self):
+        if not isinstance(self.tokens, torch.Tensor) or self.tokens.dim() != 1 or self.tokens.dtype != torch.int64:
+            raise ValueError("Sample.tokens must be a 1-D int64 tensor")
+        if self.tokens.shape[0] < 2:
+            raise ValueError(f"Sample.tokens needs at least 2 tokens (prompt and response), got {self.tokens.shape[0]}")
+        if not isinstance(self.loss_mask, torch.Tensor) or self.loss_mask.shape != self.tokens.shape:
+            raise ValueError(f"Sample.loss_mask must have the shape of tokens {tuple(self.tokens.shape)}")
+        if self.old_logprobs is not None and (not isinstance(self.old_logprobs, torch.Tensor)
+                                              or self.old_logprobs.shape != (self.tokens.shape[0] - 1,)):
+            raise ValueError(f"Sample.old_logprobs must be [L-1] = [{self.tokens.shape[0] - 1}] (aligned with "
+                             "tokens[1:])")
+
+    @property
+    def length(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def num_response_tokens(self) -> int:
+        return int(self.loss_mask[1:].count_nonzero())
+
+
+def count_sequences(samples) -> int:
+    """``N``: the number of samples with at least one counted (response) token."""
+    return sum(1 for s in samples if s.num_response_tokens > 0)
+
+
+def split_minibatches(num_samples: int, num_minibatches: int) -> list[range]:
+    """Split ``range(num_samples)`` into ``num_minibatches`` contiguous, near-equal mini-batches."""
+    if num_minibatches < 1 or num_minibatches > num_samples:
+        raise ValueError(f"num_minibatches must be in [1, {num_samples}] (the number of samples), "
+                         f"got {num_minibatches}")
+    base, extra = divmod(num_samples, num_minibatches)
+    out, start = [], 0
+    for i in range(num_minibatches):
+        size = base + (i < extra)
+        out.append(range(start, start + size))
+        start += size
+    return out
+
+
+PACKINGS = ("padded", "block_diagonal", "thd")
+
+
+def plan_microbatches(lengths: list[int], *, dp_size: int, max_tokens: int,
+                      padded: bool = False) -> list[list[list[int]]]:
+    """Per DP rank, a list of micro-batches, each a list of sample indices; equal counts on all ranks.
+
+    A micro-batch costs the sum of its lengths, or (``padded``) its size times its longest length, and
+    holds at most ``max_tokens`` unless one sample alone is longer. Deterministic, so every rank computes
+    the same plan without communicating.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    per_rank: list[list[int]] = [[] for _ in range(dp_size)]
+    load = [0] * dp_size
+    for i in order:  # longest first to the least loaded rank
+        r = min(range(dp_size), key=lambda k: (load[k], k))
+        per_rank[r].append(i)
+        load[r] += lengths[i]
+    plans = [_first_fit_decreasing(idx, lengths, max_tokens, padded) for idx in per_rank]
+    target = max(len(p) for p in plans)
+    for plan in plans:
+        while len(plan) < target:
+            splittable = [b for b in range(len(plan)) if len(plan[b]) > 1]
+            if not splittable:
+                plan.append([])  # an empty micro-batch: a masked dummy row
+                continue
+            b = max(splittable, key=lambda k: (sum(lengths[i] for i in plan[k]), -k))
+            bin_ = plan.pop(b)
+            half = len(bin_) // 2
+            plan[b:b] = [bin_[:half], bin_[half:]]
+    return plans
+
+
+def _first_fit_decreasing(indices, lengths, max_tokens, padded):
+    bins: list[list[int]] = []
+    for i in sorted(indices, key=lambda i: (-lengths[i], i)):
+        for b in bins:  # samples arrive longest first: a bin's first sample is its longest
+            cost = (len(b) + 1) * lengths[b[0]] if padded else sum(lengths[j] for j in b) + lengths[i]
+            if cost <= max_tokens:
+                b.append(i)
+                break
+        else:
+            bins.append([i])
+    return bins
+
+
+@dataclass
+class MicroBatch:
+    """Samples of one micro-batch as ``[R, S]`` rows, and their flattened ``[R*S]`` positions for the loss.
+
+    ``"padded"``: one row per sample, right-padded to the longest (causal attention needs no mask: real
+    tokens never see the padding). ``"block_diagonal"``: one row, samples back to back, a block-diagonal
+    causal mask. ``"thd"``: one row as a Transformer Engine packed sequence. In the flattened positions,
+    sample ``k`` starts at ``cu_seqlens[k]``; positions past a sample's end are never counted.
+    """
+
+    tokens: torch.Tensor  # (R, S) int64
+    position_ids: torch.Tensor  # (R, S) int64, restarting at 0 in every sample
+    attention_mask: torch.Tensor | None  # (1, 1, S, S) bool, True = masked out ("block_diagonal" only)
+    packed_seq_params: object | None  # Megatron PackedSeqParams ("thd" only)
+    targets: torch.Tensor  # (T,) int64: the next token within each sample (0 where nothing follows)
+    loss_mask: torch.Tensor  # (T,) float32
+    old_logprobs: torch.Tensor  # (T,) float32 (0 where unknown or not counted)
+    advantages: torch.Tensor  # (B,) float32
+    cu_seqlens: torch.Tensor  # (B+1,) int64 offsets of the samples in [0, T)
+    sample_indices: list[int] = field(default_factory=list)
+    """Indices of the samples (in the list given to :func:`build_microbatch`), in order."""
+
+    @property
+    def num_tokens(self) -> int:
+        """``T``: the flattened positions the loss sees (the first ``T`` of the ``R*S`` row positions)."""
+        return int(self.targets.shape[0])
+
+
+def build_microbatch(samples, indices: list[int], *, packing: str = "padded", pad_multiple: int = 1,
+                     device: torch.device | str = "cpu") -> MicroBatch:
+    """Lay out ``samples[i] for i in indices`` as one micro-batch; empty ``indices`` give a masked dummy.
+
+    ``pad_multiple``: the row length is padded to a multiple of it (sequence parallelism needs TP).
+    """
+    if packing not in PACKINGS:
+        raise ValueError(f"packing must be one of {PACKINGS}, got {packing!r}")
+    chosen = [samples[i] for i in indices]
+    if chosen:
+        seqs = [(s.tokens, s.loss_mask[1:].float(), s.old_logprobs, float(s.advantage)) for s in chosen]
+    else:
+        seqs = [(torch.zeros(2, dtype=torch.int64), torch.zeros(1), None, 0.0)]
+    lengths = [t.shape[0] for t, *_ in seqs]
+    # per sample, its positions: target = next token, mask/old log-prob of that token, 0 at the end
+    targets = [torch.cat([t[1:], t.new_zeros(1)]) for t, *_ in seqs]
+    masks = [torch.cat([m, torch.zeros(1)]) for _, m, _, _ in seqs]
+    olds = [torch.cat([o.float() if o is not None else torch.zeros(n - 1), torch.zeros(1)]) * (m > 0)
+            for (_, _, o, _), n, m in zip(seqs, lengths, masks)]
+    advantages = torch.tensor([a for *_, a in seqs], dtype=torch.float32)
+    attention_mask = packed = None
+    if packing == "padded":
+        width = _round_up(max(lengths), pad_multiple)
+        pad = [width - n for n in lengths]
+        tokens = torch.stack([torch.cat([t, t.new_zeros(p)]) for (t, *_), p in zip(seqs, pad)])  # (R, S)
+        position_ids = torch.arange(width).expand(len(seqs), width)
+        targets, masks, olds = ([torch.cat([x, x.new_zeros(p)]) for x, p in zip(xs, pad)]
+                                for xs in (targets, masks, olds))
+        cu = torch.arange(len(seqs) + 1, dtype=torch.int64) * width
+    else:
+        total = sum(lengths)
+        pad = _round_up(total, pad_multiple) - total
+        seg_lengths = lengths + ([pad] if pad else [])
+        tokens = torch.cat([t for t, *_ in seqs] + [torch.zeros(pad, dtype=torch.int64)])[None]  # (1, S)
+        position_ids = torch.cat([torch.arange(n) for n in seg_lengths])[None]
+        cu = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0)
+        if packing == "thd":
+            from megatron.core.packed_seq_params import PackedSeqParams
+
+            cu32 = torch.tensor([0] + seg_lengths, dtype=torch.int64).cumsum(0).to(device=device, dtype=torch.int32)
+            packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu32, cu_seqlens_kv=cu32,
+                                     max_seqlen_q=max(seg_lengths), max_seqlen_kv=max(seg_lengths))
+        else:
+            attention_mask = block_causal_mask(seg_lengths).to(device)
+    return MicroBatch(
+        tokens=tokens.contiguous().to(device), position_ids=position_ids.contiguous().to(device),
+        attention_mask=attention_mask, packed_seq_params=packed, targets=torch.cat(targets).to(device),
+        loss_mask=torch.cat(masks).to(device), old_logprobs=torch.cat(olds).to(device),
+        advantages=advantages.to(device), cu_seqlens=cu.to(device), sample_indices=list(indices))
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def block_causal_mask(seg_lengths: list[int]) -> torch.Tensor:
+    """``[1, 1, T, T]`` bool, True where attention is NOT allowed: causal within each segment only."""
+    seg = torch.repeat_interleave(torch.arange(len(seg_lengths)), torch.tensor(seg_lengths))  # (T,)
+    pos = torch.arange(seg.shape[0])
+    allowed = (seg[:, None] == seg[None, :]) & (pos[None, :] <= pos[:, None])
+    return (~allowed)[None, None]

@@ -1,0 +1,149 @@
+"""Build the Megatron-Core ``GPTModel`` (Qwen3 / Qwen3-MoE) for this rank's stage, wrapped in Megatron DDP.
+
+The Transformer Engine layer spec is used when ``transformer_engine`` imports on a GPU host, the local
+(pure Megatron-Core) spec otherwise. :func:`init_weights` fills the parameters from a seed in a way that
+does not depend on the parallel layout (every global tensor is drawn from its own generator, keyed by its
+checkpoint name, and this rank copies its shard), so 1 rank, TP, PP, EP and DP runs start identical.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from gspo_mcore.learner.model_config import ModelShape, transformer_config
+from gspo_mcore.learner.parallel import ParallelConfig
+
+
+def have_transformer_engine() -> bool:
+    """Whether the Transformer Engine layer spec can be used (TE importable and a GPU present)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelOptions:
+    """How to build the model (the shape itself comes from ``config.json``)."""
+
+    use_te: bool | None = None
+    """Transformer Engine spec: ``None`` picks it when available (GPU + TE), ``False`` forces the local spec."""
+    recompute: bool = False
+    """Full activation recomputation (saves memory on big models)."""
+    grad_reduce_in_fp32: bool = True
+    """Accumulate and all-reduce gradients in fp32 (Megatron DDP buffers) even for bf16 parameters."""
+
+    def __post_init__(self):
+        if self.use_te and not have_transformer_engine():
+            raise ValueError("use_te=True needs a GPU and an importable transformer_engine")
+
+
+def build_model(shape: ModelShape, parallel: ParallelConfig, options: ModelOptions = ModelOptions(), *,
+                seed: int | None = 1234, use_distributed_optimizer: bool = False):
+    """This rank's model chunk, wrapped in Megatron DDP, in a one-element list (Megatron's convention).
+
+    Call after :func:`gspo_mcore.learner.parallel.init_parallel`. ``use_distributed_optimizer`` must match
+    the :class:`~gspo_mcore.learner.optimizer.OptimConfig` (the gradient buffers are laid out for it).
+    With ``seed`` the weights are filled by :func:`init_weights` (layout independent); ``seed=None`` keeps
+    Megatron's own initialisation (e.g. before loading a checkpoint).
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    on_gpu = torch.cuda.is_available()
+    use_te = have_transformer_engine() if options.use_te is None else options.use_te
+    config = transformer_config(shape, tensor=parallel.tensor, pipeline=parallel.pipeline, expert=parallel.expert,
+                                expert_tensor=parallel.expert_tensor_size, context=parallel.context,
+                                sequence_parallel=parallel.use_sequence_parallel(shape), on_gpu=on_gpu,
+                                recompute=options.recompute)
+    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=use_te)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=shape.vocab_size,
+        max_sequence_length=shape.max_position_embeddings,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        parallel_output=True,  # vocabulary-parallel logits: never gathered
+        share_embeddings_and_output_weights=shape.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(shape.rope_theta),
+    )
+    if on_gpu:
+        model.cuda(torch.cuda.current_device())
+    if seed is not None:
+        init_weights(model, seed=seed, std=shape.initializer_range)
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=options.grad_reduce_in_fp32,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=use_distributed_optimizer,
+        check_for_nan_in_grad=False,
+        bucket_size=None,
+    )
+    return [DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)]
+
+
+def unwrap(model_chunk):
+    """The ``GPTModel`` inside a DDP wrapper."""
+    while hasattr(model_chunk, "module"):
+        model_chunk = model_chunk.module
+    return model_chunk
+
+
+@torch.no_grad()
+def init_weights(model, *, seed: int, std: float = 0.02) -> None:
+    """Fill every parameter from ``seed``, identically for any parallel layout.
+
+    Each global tensor (as named in Megatron's sharded state dict, with its global shape: layers and
+    experts are leading axes) is drawn from a generator seeded by ``seed`` and the tensor's name; the
+    rank copies the slice it holds. Matrices and embeddings get ``N(0, std)``, vectors (norm weights and
+    biases) ``1 + N(0, 0.1)`` / ``N(0, 0.1)``. For tests and benchmarks; real runs load checkpoints.
+    """
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+    model = unwrap(model)
+    written = {}
+    for sh in _flatten(model.sharded_state_dict(), ShardedTensorFactory):
+        if not isinstance(sh, ShardedTensor) or not torch.is_tensor(sh.data) or sh.key.endswith("_extra_state"):
+            continue
+        if not sh.data.is_floating_point():
+            continue
+        gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(sh.key.encode())) % (2**63))
+        full = torch.randn(sh.global_shape, generator=gen, dtype=torch.float32)
+        n_prepend = sh.prepend_axis_num
+        if len(sh.global_shape) - n_prepend == 1:
+            full = (1.0 if "norm" in sh.key else 0.0) + 0.1 * full
+        else:
+            full = full * std
+        local_shape = tuple(sh.local_shape)
+        if len(local_shape) == len(sh.global_shape) - n_prepend:
+            local_shape = (1,) * n_prepend + local_shape
+        index = tuple(slice(o, o + n) for o, n in zip(sh.global_offset, local_shape))
+        local = full[index].reshape(sh.data.shape)
+        sh.data.copy_(local.to(sh.data.dtype))
+        written[id(sh.data)] = sh.data  # (keeps views alive so that ids stay unique)
+    written_storage = {t.untyped_storage().data_ptr() for t in written.values()}
+    missed = [n for n, p in model.named_parameters() if p.untyped_storage().data_ptr() not in written_storage]
+    if missed:
+        raise RuntimeError(f"init_weights: parameters missing from the sharded state dict: {missed}")
+
+
+def _flatten(tree, factory_type):
+    if isinstance(tree, dict):
+        for v in tree.values():
+            yield from _flatten(v, factory_type)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            yield from _flatten(v, factory_type)
+    elif isinstance(tree, factory_type):
+        yield from _flatten(tree.build(), factory_type)
+    else:
+        yield tree

@@ -1,0 +1,186 @@
+"""Model shape from a Hugging Face ``config.json`` (Qwen3 and Qwen3-MoE), and its Megatron-Core config.
+
+The shape is read from the same ``config.json`` that converted checkpoints and SGLang use, so the three
+always agree on it. :func:`transformer_config` maps it to a ``TransformerConfig``: RMSNorm, SwiGLU,
+RoPE (``rope_theta``), grouped-query attention, QK-norm, no linear biases (``attention_bias`` is honoured
+for the QKV projection), and for Qwen3-MoE top-k softmax routing with normalised top-k probabilities.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelShape:
+    """The architecture fields of a Qwen3 / Qwen3-MoE ``config.json`` that the learner uses."""
+
+    model_type: str
+    """``"qwen3"`` (dense) or ``"qwen3_moe"``."""
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    """Dense MLP width (SwiGLU); used by dense layers of a MoE model too."""
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    """Grouped-query attention: query heads share ``num_attention_heads / num_key_value_heads`` KV heads."""
+    head_dim: int
+    max_position_embeddings: int = 32768
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    initializer_range: float = 0.02
+    # Qwen3-MoE
+    num_experts: int = 0
+    """Routed experts per MoE layer (0: dense model)."""
+    num_experts_per_tok: int = 0
+    """Top-k."""
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    """Renormalise the top-k routing probabilities (softmax over the chosen experts)."""
+    router_aux_loss_coef: float = 0.0
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = field(default_factory=tuple)
+    """Layers (0-based) that use the dense MLP in a MoE model."""
+
+    def __post_init__(self):
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"model_type must be one of {SUPPORTED_MODEL_TYPES}, got {self.model_type!r}")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads={self.num_attention_heads} must be a multiple of "
+                             f"num_key_value_heads={self.num_key_value_heads} (grouped-query attention)")
+        if self.is_moe:
+            if not 0 < self.num_experts_per_tok <= self.num_experts:
+                raise ValueError(f"num_experts_per_tok must be in [1, num_experts={self.num_experts}], "
+                                 f"got {self.num_experts_per_tok}")
+            if self.moe_intermediate_size <= 0:
+                raise ValueError(f"moe_intermediate_size must be > 0 for a MoE model, got {self.moe_intermediate_size}")
+            if self.decoder_sparse_step <= 0:
+                raise ValueError(f"decoder_sparse_step must be >= 1, got {self.decoder_sparse_step}")
+            if self.router_aux_loss_coef < 0:
+                raise ValueError(f"router_aux_loss_coef must be >= 0, got {self.router_aux_loss_coef}")
+            bad = [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]
+            if bad:
+                raise ValueError(f"mlp_only_layers {bad} are outside [0, {self.num_hidden_layers})")
+        elif self.model_type == "qwen3_moe":
+            raise ValueError("a qwen3_moe config needs num_experts > 0")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def moe_layer_pattern(self) -> list[int]:
+        """1 for a MoE layer, 0 for a dense layer (Qwen3-MoE's ``decoder_sparse_step``/``mlp_only_layers``)."""
+        return [int(self.is_moe and i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0)
+                for i in range(self.num_hidden_layers)]
+
+
+def load_hf_config(source: str | os.PathLike | dict) -> ModelShape:
+    """A :class:`ModelShape` from a ``config.json`` path, a checkpoint folder holding one, or a dict."""
+    if isinstance(source, dict):
+        raw = dict(source)
+    else:
+        path = os.fspath(source)
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        with open(path) as f:
+            raw = json.load(f)
+    model_type = raw.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"unsupported model_type {model_type!r} in config.json; supported: {SUPPORTED_MODEL_TYPES}")
+    if raw.get("rope_scaling"):
+        raise ValueError(f"rope_scaling={raw['rope_scaling']!r} is not supported (plain RoPE only)")
+    if raw.get("use_sliding_window"):
+        raise ValueError("use_sliding_window=true is not supported")
+    names = {f.name for f in dataclasses.fields(ModelShape)}
+    kwargs = {k: v for k, v in raw.items() if k in names}
+    if "head_dim" not in kwargs and "hidden_size" in raw and "num_attention_heads" in raw:
+        kwargs["head_dim"] = raw["hidden_size"] // raw["num_attention_heads"]
+    if "num_key_value_heads" not in kwargs and "num_attention_heads" in raw:
+        kwargs["num_key_value_heads"] = raw["num_attention_heads"]
+    if "mlp_only_layers" in kwargs:
+        kwargs["mlp_only_layers"] = tuple(kwargs["mlp_only_layers"])
+    if model_type == "qwen3":
+        for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+            kwargs.pop(k, None)
+    return ModelShape(**kwargs)
+
+
+def transformer_config(shape: ModelShape, *, tensor: int = 1, pipeline: int = 1, expert: int = 1,
+                       expert_tensor: int | None = None, context: int = 1, sequence_parallel: bool = False,
+                       on_gpu: bool, recompute: bool = False):
+    """The Megatron-Core ``TransformerConfig`` for ``shape`` under a parallel layout.
+
+    ``on_gpu``: bf16 parameters (and the bias-dropout fusion); otherwise fp32 with every CUDA-only fusion off.
+    """
+    from megatron.core.transformer import TransformerConfig
+
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    kwargs = dict(
+        num_layers=shape.num_hidden_layers,
+        hidden_size=shape.hidden_size,
+        ffn_hidden_size=shape.intermediate_size,
+        num_attention_heads=shape.num_attention_heads,
+        num_query_groups=shape.num_key_value_heads,
+        kv_channels=shape.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=shape.rms_norm_eps,
+        qk_layernorm=True,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        add_qkv_bias=shape.attention_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=shape.initializer_range,
+        tensor_model_parallel_size=tensor,
+        pipeline_model_parallel_size=pipeline,
+        expert_model_parallel_size=expert,
+        expert_tensor_parallel_size=expert_tensor,
+        context_parallel_size=context,
+        sequence_parallel=sequence_parallel,
+        pipeline_dtype=dtype,
+        params_dtype=dtype,
+        bf16=on_gpu,
+        use_cpu_initialization=not on_gpu,
+        variable_seq_lengths=True,  # packed micro-batches differ in length
+        moe_token_dispatcher_type="alltoall",  # the only dispatcher that allows variable lengths
+        gradient_accumulation_fusion=False,
+        bias_dropout_fusion=on_gpu,
+        apply_rope_fusion=False,
+        masked_softmax_fusion=False,  # its CUDA kernel is optional (apex); TE attention does not use it
+        persist_layer_norm=False,
+        deallocate_pipeline_outputs=on_gpu,
+    )
+    if recompute:
+        kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    if shape.is_moe:
+        pattern = shape.moe_layer_pattern()
+        kwargs.update(
+            num_moe_experts=shape.num_experts,
+            moe_router_topk=shape.num_experts_per_tok,
+            moe_ffn_hidden_size=shape.moe_intermediate_size,
+            moe_layer_freq=pattern if not all(pattern) else 1,
+            moe_router_score_function="softmax",
+            # top-k then softmax over the chosen experts == softmax, top-k, renormalise (norm_topk_prob)
+            moe_router_pre_softmax=not shape.norm_topk_prob,
+            moe_router_load_balancing_type="aux_loss" if shape.router_aux_loss_coef > 0 else "none",
+            moe_aux_loss_coeff=shape.router_aux_loss_coef,
+            moe_grouped_gemm=False,
+            moe_router_dtype="fp32",
+        )
+    return TransformerConfig(**kwargs)

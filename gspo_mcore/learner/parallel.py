@@ -1,0 +1,213 @@
+"""Parallel layout: tensor (TP), pipeline (PP), expert (EP, expert-TP), context (CP) and data (DP) sizes.
+
+DP is derived: ``world_size / (TP * PP * CP)``. :func:`validate_layout` refuses an impossible layout with a
+clear ``ValueError`` before any process group or model is built; :func:`init_parallel` creates the
+process groups (NCCL on GPU, gloo on CPU) and seeds the RNGs; :func:`destroy_parallel` tears them down.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from gspo_mcore.learner.model_config import ModelShape
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    """Model-parallel sizes; the data-parallel size is whatever the world size leaves."""
+
+    tensor: int = 1
+    """Tensor parallel (TP): attention heads, MLP width and vocabulary split across ranks."""
+    pipeline: int = 1
+    """Pipeline parallel (PP): layers split into stages."""
+    expert: int = 1
+    """Expert parallel (EP): MoE experts split across ranks (within the data-parallel ranks)."""
+    expert_tensor: int | None = None
+    """Expert tensor parallel: each expert's MLP split across ranks (default: 1 with EP > 1, else TP)."""
+    context: int = 1
+    """Context parallel (CP): sequences split across ranks (GPU with Transformer Engine only)."""
+    sequence_parallel: bool | None = None
+    """Sequence parallelism with TP (default: on when TP > 1 and the model is MoE; needs a GPU/TE)."""
+
+    def __post_init__(self):
+        for name in ("tensor", "pipeline", "expert", "context"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ParallelConfig.{name} must be an int >= 1, got {value!r}")
+        et = self.expert_tensor
+        if et is not None and (isinstance(et, bool) or not isinstance(et, int) or et < 1):
+            raise ValueError(f"ParallelConfig.expert_tensor must be an int >= 1 or None, got {et!r}")
+
+    @property
+    def expert_tensor_size(self) -> int:
+        if self.expert_tensor is not None:
+            return self.expert_tensor
+        return 1 if self.expert > 1 else self.tensor
+
+    def model_parallel_size(self) -> int:
+        return self.tensor * self.pipeline * self.context
+
+    def data_parallel_size(self, world_size: int) -> int:
+        return world_size // self.model_parallel_size()
+
+    def use_sequence_parallel(self, shape: ModelShape) -> bool:
+        if self.sequence_parallel is not None:
+            return self.sequence_parallel and self.tensor > 1
+        return self.tensor > 1 and shape.is_moe
+
+
+@dataclass(frozen=True)
+class Layout:
+    """This rank's place in the layout, with the process groups the learner passes around."""
+
+    world_size: int
+    rank: int
+    tp_size: int
+    tp_rank: int
+    pp_size: int
+    pp_rank: int
+    dp_size: int
+    dp_rank: int
+    ep_size: int
+    cp_size: int
+    tp_group: object
+    pp_group: object
+    dp_group: object
+    device: torch.device
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
+
+
+def validate_layout(cfg: ParallelConfig, world_size: int, shape: ModelShape, *, on_gpu: bool) -> int:
+    """Raise ``ValueError`` naming the problem if ``cfg`` cannot run ``shape`` on ``world_size`` ranks.
+
+    Returns the data-parallel size.
+    """
+    tp, pp, ep, cp, etp = cfg.tensor, cfg.pipeline, cfg.expert, cfg.context, cfg.expert_tensor_size
+    errors = []
+    if world_size % (tp * pp * cp):
+        errors.append(f"world size {world_size} is not divisible by TP*PP*CP = {tp}*{pp}*{cp} = {tp * pp * cp}")
+    if shape.num_attention_heads % tp:
+        errors.append(f"TP={tp} does not divide num_attention_heads={shape.num_attention_heads}")
+    if shape.num_key_value_heads % tp:
+        errors.append(f"TP={tp} does not divide num_key_value_heads={shape.num_key_value_heads}")
+    if shape.vocab_size % tp:
+        errors.append(f"TP={tp} does not divide vocab_size={shape.vocab_size} (the vocabulary is split over TP)")
+    if shape.intermediate_size % tp:
+        errors.append(f"TP={tp} does not divide intermediate_size={shape.intermediate_size}")
+    if shape.num_hidden_layers % pp:
+        errors.append(f"PP={pp} does not divide num_hidden_layers={shape.num_hidden_layers}")
+    if ep > 1 or etp != tp:
+        if not shape.is_moe:
+            errors.append(f"EP={ep}, expert-TP={etp} need a MoE model, but model_type={shape.model_type!r} is dense")
+    if shape.is_moe:
+        if shape.num_experts % ep:
+            errors.append(f"EP={ep} does not divide num_experts={shape.num_experts}")
+        if shape.moe_intermediate_size % etp:
+            errors.append(f"expert-TP={etp} does not divide moe_intermediate_size={shape.moe_intermediate_size}")
+        if world_size % pp == 0 and (world_size // pp) % (ep * etp):
+            errors.append(f"EP*expert-TP = {ep}*{etp} does not divide the ranks of one pipeline stage "
+                          f"(world size {world_size} / PP {pp} = {world_size // pp})")
+    if not on_gpu:
+        if cp > 1:
+            errors.append(f"CP={cp}: context parallelism needs a GPU with Transformer Engine")
+        if cfg.use_sequence_parallel(shape):
+            errors.append(f"sequence parallelism (TP={tp} with a MoE model needs it) needs a GPU: the CPU "
+                          "(local, non-Transformer-Engine) norm refuses it; on CPU split MoE models with EP, "
+                          "not TP")
+    if errors:
+        raise ValueError("impossible parallel layout: " + "; ".join(errors))
+    return world_size // (tp * pp * cp)
+
+
+def init_parallel(cfg: ParallelConfig, shape: ModelShape, *, seed: int = 1234, timeout_minutes: int = 10) -> Layout:
+    """Initialise torch.distributed (from the torchrun environment when needed) and Megatron's groups.
+
+    NCCL on a host with a GPU, gloo otherwise. The layout is validated before anything is created.
+    """
+    on_gpu = torch.cuda.is_available()
+    if not dist.is_initialized():
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    else:
+        world_size = dist.get_world_size()
+    validate_layout(cfg, world_size, shape, on_gpu=on_gpu)
+    if not on_gpu:
+        from gspo_mcore.platform import megatron_cpu
+
+        megatron_cpu.apply()
+    if not dist.is_initialized():
+        if "MASTER_ADDR" not in os.environ:  # a single process without torchrun
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            os.environ.setdefault("RANK", "0")
+            os.environ.setdefault("WORLD_SIZE", "1")
+        if on_gpu:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend="nccl" if on_gpu else "gloo",
+                                timeout=datetime.timedelta(minutes=timeout_minutes))
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=cfg.tensor,
+        pipeline_model_parallel_size=cfg.pipeline,
+        context_parallel_size=cfg.context,
+        expert_model_parallel_size=cfg.expert,
+        expert_tensor_parallel_size=cfg.expert_tensor_size,
+        distributed_timeout_minutes=timeout_minutes,
+    )
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    return current_layout()
+
+
+def current_layout() -> Layout:
+    from megatron.core import parallel_state as ps
+
+    return Layout(
+        world_size=dist.get_world_size(),
+        rank=dist.get_rank(),
+        tp_size=ps.get_tensor_model_parallel_world_size(),
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+        pp_size=ps.get_pipeline_model_parallel_world_size(),
+        pp_rank=ps.get_pipeline_model_parallel_rank(),
+        dp_size=ps.get_data_parallel_world_size(),
+        dp_rank=ps.get_data_parallel_rank(),
+        ep_size=ps.get_expert_model_parallel_world_size(),
+        cp_size=ps.get_context_parallel_world_size(),
+        tp_group=ps.get_tensor_model_parallel_group(),
+        pp_group=ps.get_pipeline_model_parallel_group(),
+        dp_group=ps.get_data_parallel_group(),
+        device=torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"),
+    )
+
+
+def destroy_parallel() -> None:
+    """Tear down Megatron's groups and the default process group."""
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

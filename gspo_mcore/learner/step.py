@@ -1,0 +1,288 @@
+"""The training step and forward-only log-probs, through Megatron's ``get_forward_backward_func``.
+
+Every pipeline schedule runs the same ``forward_step``: the model's output on the last stage is this
+rank's vocabulary slice of the logits, ``[R, S, V/TP]`` (flattened to the micro-batch's ``T`` positions); :func:`gspo_mcore.ops.token_logprobs` turns it
+into per-token log-probs with one all-reduce over the TP group (full logits are never gathered), and
+:func:`gspo_mcore.algo.policy_loss` turns those into the loss with ``N`` = the number of sequences in the
+whole mini-batch (all micro-batches, all DP ranks).
+
+Megatron divides each micro-batch's loss by the number of micro-batches and averages gradients over DP
+ranks; our loss already carries the global ``1/N``, so the loss function multiplies by
+``num_microbatches * dp_size`` and the mini-batch gradient is the exact sum of the micro-batch terms.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import partial
+
+import torch
+import torch.distributed as dist
+
+from gspo_mcore import algo, ops
+from gspo_mcore.learner.batching import (MicroBatch, Sample, build_microbatch, count_sequences,
+                                         plan_microbatches, split_minibatches)
+from gspo_mcore.learner.optimizer import current_lr, optimizer_step, zero_grads
+from gspo_mcore.learner.parallel import Layout
+
+CPU_PACKINGS = ("padded", "block_diagonal")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossConfig:
+    """The policy loss and how log-probs are defined."""
+
+    variant: str = "gspo"
+    """``"gspo"``, ``"gspo_token"`` or ``"grpo"``."""
+    eps_low: float | None = None
+    """Clip range ``[1 - eps_low, 1 + eps_high]``; ``None``: the variant's paper default."""
+    eps_high: float | None = None
+    temperature: float = 1.0
+    """Rollout sampling temperature: the policy is ``softmax(logits / temperature)`` (top-p/top-k ignored)."""
+    compute_entropy: bool = True
+    """Report the mean entropy of the counted tokens."""
+    recompute_old_logprobs: bool = False
+    """Recompute ``old_logprobs`` with the learner even when the samples carry the rollout engine's (and
+    report ``rollout_logprob_abs_diff``, the train/inference mismatch); missing ones are always recomputed."""
+
+    def __post_init__(self):
+        if self.variant not in algo.VARIANTS:
+            raise ValueError(f"LossConfig.variant must be one of {algo.VARIANTS}, got {self.variant!r}")
+        t = self.temperature
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+            raise ValueError(f"LossConfig.temperature must be a finite number > 0, got {self.temperature!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchConfig:
+    """How a rollout batch is cut: mini-batches (one optimizer step each) and micro-batches (by tokens)."""
+
+    num_minibatches: int = 4
+    """Mini-batches per rollout batch, i.e. optimizer steps per rollout batch (the paper uses 4)."""
+    max_tokens_per_microbatch: int = 8192
+    """Token budget of one micro-batch on one DP rank, padding included (a longer sample gets a
+    micro-batch of its own)."""
+    packing: str = "padded"
+    """Without Transformer Engine: ``"padded"`` (a row per sample) or ``"block_diagonal"`` (samples back
+    to back, block-diagonal mask). With Transformer Engine micro-batches are always THD packed."""
+
+    def __post_init__(self):
+        if self.num_minibatches < 1:
+            raise ValueError(f"BatchConfig.num_minibatches must be >= 1, got {self.num_minibatches}")
+        if self.max_tokens_per_microbatch < 2:
+            raise ValueError(f"BatchConfig.max_tokens_per_microbatch must be >= 2, "
+                             f"got {self.max_tokens_per_microbatch}")
+        if self.packing not in CPU_PACKINGS:
+            raise ValueError(f"BatchConfig.packing must be one of {CPU_PACKINGS}, got {self.packing!r}")
+
+
+# Layout of the per-micro-batch statistics vector (summed over micro-batches and ranks).
+_SUMS = ("loss", "clipped_tokens", "clipped_sequences", "ratio_sum", "ratio_weight", "nonfinite_tokens",
+         "num_tokens", "num_sequences", "entropy_sum")
+_MAXES = ("neg_ratio_min", "ratio_max")
+
+
+def uses_transformer_engine(model) -> bool:
+    """Whether the model was built with the Transformer Engine spec (then micro-batches are THD-packed)."""
+    from gspo_mcore.learner.model import unwrap
+
+    for module in unwrap(model[0]).modules():
+        if type(module).__module__.startswith("megatron.core.extensions.transformer_engine"):
+            return True
+    return False
+
+
+def microbatches_for_rank(samples, layout: Layout, max_tokens: int, *, model,
+                          packing: str = "padded") -> list[MicroBatch]:
+    """This DP rank's micro-batches of ``samples`` (the same list on every rank).
+
+    ``packing`` (``"padded"`` or ``"block_diagonal"``) applies without Transformer Engine; with it the
+    micro-batches are THD packed sequences.
+    """
+    if layout.cp_size > 1:
+        raise NotImplementedError("context parallelism (CP > 1) is not implemented in the training step yet")
+    if packing not in CPU_PACKINGS:
+        raise ValueError(f"packing must be one of {CPU_PACKINGS}, got {packing!r}")
+    if uses_transformer_engine(model):
+        packing = "thd"
+    config = model[0].config
+    plans = plan_microbatches([s.length for s in samples], dp_size=layout.dp_size, max_tokens=max_tokens,
+                              padded=packing == "padded")
+    pad_multiple = layout.tp_size if config.sequence_parallel else 1
+    return [build_microbatch(samples, idx, packing=packing, pad_multiple=pad_multiple, device=layout.device)
+            for idx in plans[layout.dp_rank]]
+
+
+def _forward_step(loss_func, data_iterator, model):
+    mb: MicroBatch = next(data_iterator)
+    output = model(mb.tokens, mb.position_ids, mb.attention_mask, packed_seq_params=mb.packed_seq_params)
+    return output, partial(loss_func, mb)
+
+
+def _token_logprobs(mb: MicroBatch, logits: torch.Tensor, layout: Layout, loss_cfg: LossConfig, entropy: bool):
+    logits = logits.reshape(-1, logits.shape[-1])[: mb.num_tokens]  # (R, S, V/TP) -> (T, V/TP)
+    tp = layout.tp_group if layout.tp_size > 1 else None
+    return ops.token_logprobs(logits, mb.targets, vocab_start=layout.tp_rank * logits.shape[-1], tp_group=tp,
+                              return_entropy=entropy, temperature=loss_cfg.temperature)
+
+
+def _policy_loss_func(layout, loss_cfg, num_sequences, scale, mb, logits):
+    out = _token_logprobs(mb, logits, layout, loss_cfg, loss_cfg.compute_entropy)
+    logp, entropy = out if loss_cfg.compute_entropy else (out, None)
+    loss, m = algo.policy_loss(logp, mb.old_logprobs, mb.advantages, mb.cu_seqlens, mb.loss_mask,
+                               variant=loss_cfg.variant, eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
+                               num_sequences=num_sequences)
+    weight = m["num_tokens"] if loss_cfg.variant == "grpo" else m["num_sequences"]
+    none = weight == 0
+    entropy_sum = (entropy.detach() * mb.loss_mask).sum() if entropy is not None else loss.new_zeros(())
+    sums = torch.stack([loss.detach(), m["clip_fraction"] * m["num_tokens"],
+                        m["clipped_sequence_fraction"] * m["num_sequences"], m["ratio_mean"] * weight, weight,
+                        m["nonfinite_tokens"], m["num_tokens"], m["num_sequences"], entropy_sum])
+    maxes = torch.stack([torch.where(none, -math.inf, -m["ratio_min"]), torch.where(none, -math.inf, m["ratio_max"])])
+    return loss * scale, {"sums": sums, "maxes": maxes}
+
+
+def _configure(model) -> None:
+    from megatron.core.distributed import finalize_model_grads
+
+    config = model[0].config
+    config.finalize_model_grads_func = finalize_model_grads
+    config.no_sync_func = model[0].no_sync if len(model) == 1 else [m.no_sync for m in model]
+
+
+def _run_schedule(model, microbatches, loss_func, *, forward_only: bool):
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    _configure(model)
+    for chunk in model:
+        chunk.train()
+    fb = get_forward_backward_func()
+    max_len = max(int(mb.tokens.shape[1]) for mb in microbatches)
+    return fb(forward_step_func=partial(_forward_step, loss_func), data_iterator=iter(microbatches), model=model,
+              num_microbatches=len(microbatches), seq_length=max_len, micro_batch_size=1,
+              forward_only=forward_only)
+
+
+def forward_backward(model, samples: list[Sample], layout: Layout, loss_cfg: LossConfig, *, max_tokens: int,
+                     packing: str = "padded", num_sequences: int | None = None) -> dict[str, float]:
+    """Accumulate the policy-loss gradient of ``samples`` into the model's gradient buffers (no step).
+
+    ``samples``: the whole mini-batch, identical on all ranks, each with ``old_logprobs``.
+    ``num_sequences``: the normaliser ``N`` (default: the samples with at least one counted token).
+    Returns the metrics of :func:`train_minibatch` except the optimizer's.
+    """
+    if any(s.old_logprobs is None for s in samples):
+        raise ValueError("the policy loss needs old_logprobs on every sample (see train_step / forward_logprobs)")
+    n = count_sequences(samples) if num_sequences is None else num_sequences
+    mbs = microbatches_for_rank(samples, layout, max_tokens, model=model, packing=packing)
+    scale = float(len(mbs) * layout.dp_size)
+    loss_func = partial(_policy_loss_func, layout, loss_cfg, max(n, 1), scale)
+    store = _run_schedule(model, mbs, loss_func, forward_only=False)
+    metrics = _reduce_metrics(store, layout)
+    metrics["num_microbatches"] = float(len(mbs))
+    return metrics
+
+
+def train_minibatch(model, optimizer, scheduler, samples: list[Sample], layout: Layout, loss_cfg: LossConfig, *,
+                    max_tokens: int, packing: str = "padded") -> dict[str, float]:
+    """One optimizer step on one mini-batch (``samples``: the whole mini-batch, identical on all ranks).
+
+    Every sample must carry ``old_logprobs``. Returns the mini-batch's metrics, reduced over DP and
+    available on every rank: ``loss``, ``grad_norm``, ``lr``, ``update_successful``, ``clip_fraction``,
+    ``clipped_sequence_fraction``, ``ratio_mean/min/max``, ``nonfinite_tokens``, ``num_tokens``,
+    ``num_sequences``, ``entropy`` (mean over counted tokens), ``num_microbatches`` (per DP rank).
+    """
+    zero_grads(model, optimizer)
+    metrics = forward_backward(model, samples, layout, loss_cfg, max_tokens=max_tokens, packing=packing)
+    lr = current_lr(optimizer)
+    ok, grad_norm = optimizer_step(optimizer, scheduler)
+    metrics.update(grad_norm=grad_norm, update_successful=float(ok), lr=lr)
+    return metrics
+
+
+def _reduce_metrics(store, layout: Layout) -> dict[str, float]:
+    sums = torch.zeros(len(_SUMS), dtype=torch.float32, device=layout.device)
+    maxes = torch.full((len(_MAXES),), -math.inf, dtype=torch.float32, device=layout.device)
+    for item in store if layout.is_last_stage else []:
+        sums += item["sums"].float()
+        maxes = torch.maximum(maxes, item["maxes"].float())
+    for group, size in ((layout.pp_group, layout.pp_size), (layout.dp_group, layout.dp_size)):
+        if size > 1:
+            dist.all_reduce(sums, group=group)
+            dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=group)
+    s = dict(zip(_SUMS, sums.tolist()))
+    mx = dict(zip(_MAXES, maxes.tolist()))
+    ratio_known = s["ratio_weight"] > 0
+    return {
+        "loss": s["loss"],
+        "clip_fraction": s["clipped_tokens"] / max(s["num_tokens"], 1.0),
+        "clipped_sequence_fraction": s["clipped_sequences"] / max(s["num_sequences"], 1.0),
+        "ratio_mean": s["ratio_sum"] / s["ratio_weight"] if ratio_known else 1.0,
+        "ratio_min": -mx["neg_ratio_min"] if ratio_known else 1.0,
+        "ratio_max": mx["ratio_max"] if ratio_known else 1.0,
+        "nonfinite_tokens": s["nonfinite_tokens"],
+        "num_tokens": s["num_tokens"],
+        "num_sequences": s["num_sequences"],
+        "entropy": s["entropy_sum"] / max(s["num_tokens"], 1.0),
+    }
+
+
+def _logprob_func(layout, loss_cfg, mb, logits):
+    logp = _token_logprobs(mb, logits, layout, loss_cfg, False)
+    return logits.new_zeros(()), {"logp": logp.detach().float(), "mb": mb}
+
+
+@torch.no_grad()
+def forward_logprobs(model, samples: list[Sample], layout: Layout, *, max_tokens: int, packing: str = "padded",
+                     temperature: float = 1.0) -> list[torch.Tensor]:
+    """Log-probs of ``tokens[1:]`` for every sample (``[L-1]`` float32 each, on the CPU, on every rank).
+
+    Runs forward only through the same schedule and micro-batching as training (old-policy or reference
+    log-probs). ``samples`` is the same list on every rank.
+    """
+    loss_cfg = LossConfig(temperature=temperature, compute_entropy=False)
+    mbs = microbatches_for_rank(samples, layout, max_tokens, model=model, packing=packing)
+    store = _run_schedule(model, mbs, partial(_logprob_func, layout, loss_cfg), forward_only=True)
+    sizes = [s.length - 1 for s in samples]
+    offsets = [0]
+    for n in sizes:
+        offsets.append(offsets[-1] + n)
+    flat = torch.zeros(offsets[-1], dtype=torch.float32, device=layout.device)
+    for item in store if layout.is_last_stage else []:
+        mb, logp = item["mb"], item["logp"]
+        cu = mb.cu_seqlens.tolist()
+        for k, i in enumerate(mb.sample_indices):
+            flat[offsets[i]: offsets[i + 1]] = logp[cu[k]: cu[k] + sizes[i]]
+    for group, size in ((layout.pp_group, layout.pp_size), (layout.dp_group, layout.dp_size)):
+        if size > 1:
+            dist.all_reduce(flat, group=group)
+    flat = flat.cpu()
+    return [flat[offsets[i]: offsets[i + 1]].clone() for i in range(len(samples))]
+
+
+def train_step(model, optimizer, scheduler, samples: list[Sample], layout: Layout, loss_cfg: LossConfig,
+               batch_cfg: BatchConfig) -> list[dict[str, float]]:
+    """One rollout batch: old log-probs where needed, then one optimizer step per mini-batch.
+
+    ``samples`` is the whole rollout batch, identical on every rank. Samples without ``old_logprobs``
+    (all of them with ``loss_cfg.recompute_old_logprobs``) get them from a forward pass of the current,
+    pre-update policy. Returns one metrics dict per mini-batch (see :func:`train_minibatch`); when
+    rollout log-probs were replaced, each also has ``rollout_logprob_abs_diff`` (mean over counted tokens
+    of ``|recomputed - rollout|``).
+    """
+    extra = {}
+    if loss_cfg.recompute_old_logprobs or any(s.old_logprobs is None for s in samples):
+        old = forward_logprobs(model, samples, layout, max_tokens=batch_cfg.max_tokens_per_microbatch,
+                               packing=batch_cfg.packing, temperature=loss_cfg.temperature)
+        rollout = [(s, lp) for s, lp in zip(samples, old) if s.old_logprobs is not None]
+        if rollout:
+            diff = sum(float(((lp - s.old_logprobs.float()).abs() * s.loss_mask[1:].float()).sum())
+                       for s, lp in rollout)
+            count = sum(s.num_response_tokens for s, _ in rollout)
+            extra["rollout_logprob_abs_diff"] = diff / max(count, 1)
+        samples = [replace(s, old_logprobs=lp) if loss_cfg.recompute_old_logprobs or s.old_logprobs is None else s
+                   for s, lp in zip(samples, old)]
+    return [dict(train_minibatch(model, optimizer, scheduler, [samples[i] for i in part], layout, loss_cfg,
+                                 max_tokens=batch_cfg.max_tokens_per_microbatch, packing=batch_cfg.packing), **extra)
+            for part in split_minibatches(len(samples), batch_cfg.num_minibatches)]

@@ -1,0 +1,1 @@
+"""Adapters of third-party libraries to the host (see megatron_cpu)."""

@@ -1,0 +1,295 @@
+"""Adapt Megatron-Core to a CPU-only host (gloo, fp32). The ONLY place the project redirects megatron.
+
+Megatron-Core calls CUDA unconditionally in a few places (see ../shared/notes/megatron-on-cpu.md). On a
+host without a usable GPU, :func:`apply` redirects exactly those calls, once, and only for megatron:
+
+1. megatron modules see a ``torch`` whose ``torch.cuda`` is a CPU stand-in (``current_device()`` is the
+   CPU, streams/events are no-ops, the "CUDA" RNG is the default CPU generator) and whose tensor
+   factories map ``device="cuda"`` to the CPU. The real ``torch`` module is never modified.
+2. megatron's CUDA RNG state helpers (``_get_cuda_rng_state``/``_set_cuda_rng_state``) use the CPU
+   generator, so ``model_parallel_cuda_manual_seed`` and the RNG tracker's ``fork()`` work.
+3. Three functions that demand ``torch.cuda.FloatTensor`` type names or call ``Tensor.cuda()`` run under
+   a torch-function mode that reports CPU float tensors by their CUDA names and makes ``.cuda()`` a
+   no-op: the distributed optimizer's constructor, fp32 gradient clipping, and the tied-embedding set-up.
+4. MoE: 0.16.1 references ``te_general_gemm`` without Transformer Engine (a NameError; fixed in 0.19),
+   and the all-to-all token dispatcher needs its split sizes as host arrays, which it only produces for
+   CUDA tensors.
+
+:func:`apply` is idempotent, a no-op when ``torch.cuda.is_available()``, and warns on a megatron-core
+version other than those it was checked on (:data:`CHECKED_VERSIONS`). Everything else the CPU needs
+is configuration (fp32, fusions off), chosen by the learner, not patched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import sys
+import types
+import warnings
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+CHECKED_VERSIONS = ("0.16.1",)
+"""megatron-core versions this adapter was checked on (every learner test passed with it)."""
+
+# The megatron modules imported before patching, so that every module on the learner's path sees the
+# CPU ``torch`` (modules imported later are patched by a second call to ``apply``).
+_MODULES = (
+    "megatron.core.parallel_state",
+    "megatron.core.tensor_parallel",
+    "megatron.core.tensor_parallel.random",
+    "megatron.core.tensor_parallel.mappings",
+    "megatron.core.tensor_parallel.layers",
+    "megatron.core.models.gpt.gpt_model",
+    "megatron.core.models.gpt.gpt_layer_specs",
+    "megatron.core.models.common.language_module.language_module",
+    "megatron.core.models.common.embeddings.rotary_pos_embedding",
+    "megatron.core.transformer.moe.router",
+    "megatron.core.transformer.moe.moe_utils",
+    "megatron.core.transformer.moe.token_dispatcher",
+    "megatron.core.transformer.moe.experts",
+    "megatron.core.pipeline_parallel.schedules",
+    "megatron.core.pipeline_parallel.p2p_communication",
+    "megatron.core.distributed",
+    "megatron.core.distributed.param_and_grad_buffer",
+    "megatron.core.distributed.finalize_model_grads",
+    "megatron.core.optimizer",
+    "megatron.core.optimizer.optimizer",
+    "megatron.core.optimizer.clip_grads",
+    "megatron.core.optimizer.distrib_optimizer",
+    "megatron.core.utils",
+)
+
+_applied = False
+_patched_modules: set[str] = set()
+
+
+def is_active() -> bool:
+    """Whether the adapter has been applied in this process (never on a host with a usable GPU)."""
+    return _applied
+
+
+def apply() -> bool:
+    """Adapt megatron-core to this CPU-only host; returns whether the adapter is active.
+
+    Safe to call any number of times; each call also patches megatron modules imported since the last.
+    """
+    global _applied
+    if torch.cuda.is_available():
+        return False
+    import megatron.core
+
+    version = getattr(megatron.core, "__version__", "unknown")
+    if version not in CHECKED_VERSIONS and not _applied:
+        warnings.warn(f"gspo_mcore.platform.megatron_cpu was checked on megatron-core {CHECKED_VERSIONS}, "
+                      f"this is {version}: CPU runs may hit CUDA calls it does not redirect", stacklevel=2)
+    for name in _MODULES:
+        importlib.import_module(name)
+    _redirect_module_torch()
+    if not _applied:
+        _patch_rng()
+        _patch_cuda_type_checks()
+        _patch_moe()
+        _applied = True
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
+# 1. megatron's view of torch
+
+
+class _Stream:
+    """A CUDA stream/event stand-in: everything runs in order on the CPU."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_stream(self, *args, **kwargs):
+        pass
+
+    def wait_event(self, *args, **kwargs):
+        pass
+
+    def record_event(self, *args, **kwargs):
+        return _Stream()
+
+    def record(self, *args, **kwargs):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
+
+    def elapsed_time(self, other):
+        return 0.0
+
+
+_DEFAULT_STREAM = _Stream()
+
+
+def _cpu_manual_seed(seed):
+    torch.default_generator.manual_seed(int(seed))
+
+
+def _make_cuda_namespace():
+    real = torch.cuda
+    ns = types.SimpleNamespace(
+        current_device=lambda: torch.device("cpu"),
+        device_count=lambda: 0,
+        Stream=_Stream,
+        Event=_Stream,
+        current_stream=lambda *a, **k: _DEFAULT_STREAM,
+        default_stream=lambda *a, **k: _DEFAULT_STREAM,
+        stream=lambda *a, **k: contextlib.nullcontext(),
+        synchronize=lambda *a, **k: None,
+        empty_cache=lambda: None,
+        manual_seed=_cpu_manual_seed,
+        manual_seed_all=_cpu_manual_seed,
+        get_rng_state=lambda *a, **k: torch.get_rng_state(),
+        set_rng_state=lambda state, *a, **k: torch.set_rng_state(state),
+        random=types.SimpleNamespace(get_rng_state=lambda *a, **k: torch.get_rng_state()),
+        nvtx=types.SimpleNamespace(range_push=lambda *a, **k: None, range_pop=lambda *a, **k: None),
+    )
+
+    class _CudaOnCpu(types.SimpleNamespace):
+        def __getattr__(self, name):  # everything else: the real torch.cuda
+            return getattr(real, name)
+
+    return _CudaOnCpu(**vars(ns))
+
+
+def _on_cpu(device):
+    if device is None:
+        return None
+    if isinstance(device, int) or (isinstance(device, str) and device.startswith("cuda")):
+        return torch.device("cpu")
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return torch.device("cpu")
+    return device
+
+
+def _cpu_factory(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if "device" in kwargs:
+            kwargs["device"] = _on_cpu(kwargs["device"])
+        kwargs.pop("pin_memory", None)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+_FACTORIES = ("zeros", "ones", "empty", "full", "tensor", "arange", "randn", "rand", "randint",
+              "zeros_like", "ones_like", "empty_like", "full_like", "as_tensor")
+
+
+class _TorchOnCpu(types.ModuleType):
+    """``torch`` as megatron sees it on a CPU-only host; every other attribute is the real one."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def _make_torch_view():
+    view = _TorchOnCpu("torch")
+    view.__dict__.update({k: v for k, v in vars(torch).items() if not k.startswith("__")})
+    view.cuda = _make_cuda_namespace()
+    for name in _FACTORIES:
+        setattr(view, name, _cpu_factory(getattr(torch, name)))
+    return view
+
+
+_TORCH_VIEW = None
+
+
+def _redirect_module_torch():
+    global _TORCH_VIEW
+    if _TORCH_VIEW is None:
+        _TORCH_VIEW = _make_torch_view()
+    for name, module in list(sys.modules.items()):
+        if name.startswith("megatron.core") and name not in _patched_modules and module is not None:
+            if getattr(module, "torch", None) is torch:
+                module.torch = _TORCH_VIEW
+            _patched_modules.add(name)
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. RNG
+
+
+def _patch_rng():
+    from megatron.core.tensor_parallel import random as mrandom
+
+    def get_state(device="cuda", clone=False, graph_safe=False):
+        return torch.get_rng_state()
+
+    def set_state(new_state, device=-1, graph_safe=False):
+        torch.set_rng_state(new_state)
+
+    mrandom._get_cuda_rng_state = get_state
+    mrandom._set_cuda_rng_state = set_state
+
+
+# --------------------------------------------------------------------------------------------------
+# 3. CUDA type names and Tensor.cuda()
+
+
+class _CudaTypeNames(TorchFunctionMode):
+    """Report CPU tensors by their CUDA type names and make ``Tensor.cuda()`` a no-op."""
+
+    def __torch_function__(self, func, types_, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return name.replace("torch.", "torch.cuda.", 1) if not name.startswith("torch.cuda.") else name
+        if func is torch.Tensor.cuda:
+            return args[0]
+        return func(*args, **kwargs)
+
+
+def _with_cuda_type_names(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with _CudaTypeNames():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _patch_cuda_type_checks():
+    from megatron.core.models.common.language_module import language_module
+    from megatron.core.optimizer import clip_grads, distrib_optimizer
+    from megatron.core.optimizer import optimizer as moptimizer
+
+    cls = distrib_optimizer.DistributedOptimizer
+    cls.__init__ = _with_cuda_type_names(cls.__init__)
+    wrapped = _with_cuda_type_names(clip_grads.clip_grad_by_total_norm_fp32)
+    clip_grads.clip_grad_by_total_norm_fp32 = wrapped
+    moptimizer.clip_grad_by_total_norm_fp32 = wrapped
+    lm = language_module.LanguageModule
+    lm.setup_embeddings_and_output_layer = _with_cuda_type_names(lm.setup_embeddings_and_output_layer)
+
+
+# --------------------------------------------------------------------------------------------------
+# 4. MoE
+
+
+def _patch_moe():
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+    def to_host(tensor, as_numpy=False, record_stream=False):
+        # On the CPU the split sizes are already on the host; the dispatcher still needs numpy arrays
+        # where it asks for them (all_to_all_single takes host split sizes).
+        if torch.is_tensor(tensor) and as_numpy:
+            return tensor.numpy()
+        return tensor
+
+    token_dispatcher.maybe_move_tensor_to_cpu = to_host

@@ -1,0 +1,41 @@
+"""Launch a worker script on 1, 2 or 4 gloo ranks (``torch.distributed.run``), with a timeout; on failure
+the child's output is shown."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(script: str, nproc: int, args: list[str], *, timeout: float) -> str:
+    """Run ``script`` (a file in this folder) on ``nproc`` ranks; returns its combined output."""
+    path = os.path.join(HERE, script)
+    if nproc == 1:
+        cmd = [sys.executable, path, *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+               "--master_port", str(free_port()), path, *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    try:
+        proc = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        err = (exc.stderr or b"").decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        pytest.fail(f"{script} on {nproc} rank(s) timed out after {timeout} s\n--- stdout\n{out[-4000:]}\n"
+                    f"--- stderr\n{err[-8000:]}")
+    if proc.returncode != 0:
+        pytest.fail(f"{script} on {nproc} rank(s) failed (exit {proc.returncode})\n--- stdout\n{proc.stdout[-4000:]}\n"
+                    f"--- stderr\n{proc.stderr[-8000:]}")
+    return proc.stdout + proc.stderr

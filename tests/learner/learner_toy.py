@@ -1,0 +1,86 @@
+"""Toy models, a toy rollout batch and parameter bookkeeping shared by the learner tests and workers.
+
+Imports nothing from megatron at module level (the pytest process stays light).
+"""
+
+from __future__ import annotations
+
+import torch
+
+DENSE = dict(model_type="qwen3", vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
+             max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False)
+DENSE_TIED = dict(DENSE, tie_word_embeddings=True)
+MOE = dict(DENSE, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+           norm_topk_prob=True, router_aux_loss_coef=0.0)
+MODELS = {"dense": DENSE, "dense_tied": DENSE_TIED, "moe": MOE}
+
+# Per-sequence offsets added to the recomputed old log-probs: the first update then sees sequence ratios
+# exp(-offset) far from every clip boundary (0.99/1.01 for GSPO, 0.74/1.35 for GRPO), so the clipping
+# decisions, and hence the gradient, cannot flip between layouts on rounding noise.
+OFFSETS = {"gspo": (-0.01, 0.0, 0.01), "gspo_token": (-0.01, 0.0, 0.01), "grpo": (-0.3, 0.0, 0.3)}
+
+
+def toy_samples(*, num_samples: int = 12, vocab: int = 128, seed: int = 0, group_size: int = 4):
+    """A rollout batch: prompt + response of varied lengths, group-relative advantages."""
+    from gspo_mcore.algo import group_advantages
+    from gspo_mcore.learner import Sample
+
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.rand(num_samples, generator=g)
+    adv = group_advantages(rewards, group_size)
+    samples = []
+    for i in range(num_samples):
+        prompt = int(torch.randint(3, 9, (1,), generator=g))
+        response = int(torch.randint(2, 17, (1,), generator=g))
+        tokens = torch.randint(0, vocab, (prompt + response,), generator=g)
+        mask = torch.zeros(prompt + response, dtype=torch.int64)
+        mask[prompt:] = 1
+        samples.append(Sample(tokens=tokens, loss_mask=mask, advantage=float(adv[i])))
+    return samples
+
+
+def with_offset_old_logprobs(samples, logprobs, variant: str):
+    from dataclasses import replace
+
+    offsets = OFFSETS[variant]
+    return [replace(s, old_logprobs=lp + offsets[i % len(offsets)]) for i, (s, lp) in enumerate(zip(samples, logprobs))]
+
+
+def local_shards(model):
+    """``[(key, global_shape, index, tensor)]`` for every floating-point tensor of this rank's model."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+    from gspo_mcore.learner.model import _flatten, unwrap
+
+    out = []
+    for sh in _flatten(unwrap(model[0]).sharded_state_dict(), ShardedTensorFactory):
+        if not isinstance(sh, ShardedTensor) or not torch.is_tensor(sh.data) or sh.key.endswith("_extra_state"):
+            continue
+        if not sh.data.is_floating_point():
+            continue
+        n_prepend = sh.prepend_axis_num
+        local_shape = tuple(sh.local_shape)
+        if len(local_shape) == len(sh.global_shape) - n_prepend:
+            local_shape = (1,) * n_prepend + local_shape
+        index = tuple(slice(o, o + n) for o, n in zip(sh.global_offset, local_shape))
+        out.append((sh.key, tuple(sh.global_shape), index, sh.data.detach().float().reshape(local_shape).clone()))
+    return out
+
+
+def assemble(shards) -> dict[str, torch.Tensor]:
+    """Full tensors from the shards of a 1-rank model."""
+    full = {}
+    for key, shape, index, t in shards:
+        full.setdefault(key, torch.full(shape, float("nan")))[index] = t
+    for key, t in full.items():
+        assert not torch.isnan(t).any(), f"{key} not fully covered by the 1-rank shards"
+    return full
+
+
+def max_diff_vs(shards, reference: dict[str, torch.Tensor]) -> tuple[float, list[str]]:
+    """Max |local shard - reference slice| over this rank's shards, and the keys it holds."""
+    worst = 0.0
+    for key, _, index, t in shards:
+        worst = max(worst, float((t - reference[key][index]).abs().max()))
+    return worst, sorted({k for k, *_ in shards})
