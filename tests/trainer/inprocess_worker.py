@@ -1,0 +1,51 @@
+"""Worker (1 or 2 ranks): the in-process engine's log-probs vs the learner's forward-only log-probs.
+
+Usage: inprocess_worker.py LAYOUT TEMPERATURE   (LAYOUT: 1, dp2 or tp2). Prints one JSON line per rank.
+"""
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "learner"))
+
+from learner_toy import DENSE  # noqa: E402
+
+
+def main():
+    layout_name, tau = sys.argv[1], float(sys.argv[2])
+    from gspo_mcore.learner import ParallelConfig, Sample, build_model, forward_logprobs, init_parallel
+    from gspo_mcore.learner.inference import logits_fn
+    from gspo_mcore.learner.model_config import load_hf_config
+    from gspo_mcore.rollout import InProcessEngine, SamplingParams
+
+    parallel = ParallelConfig(tensor=2) if layout_name == "tp2" else ParallelConfig()
+    shape = load_hf_config(DENSE)
+    layout = init_parallel(parallel, shape, seed=7)
+    model = build_model(shape, parallel, seed=7)
+    engine = InProcessEngine(logits_fn(model, layout), eos_token_id=2, vocab_size=shape.vocab_size)
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16]]
+    params = SamplingParams(temperature=tau, max_new_tokens=12, seed=123)
+    groups = engine.generate_sync(prompts, 3, params)
+    again = engine.generate_sync(prompts, 3, params)
+    samples, engine_lp = [], []
+    for g in groups:
+        for s in g:
+            p, r = len(s.prompt_ids), len(s.response_ids)
+            tokens = torch.tensor(s.prompt_ids + s.response_ids)
+            mask = torch.cat([torch.zeros(p, dtype=torch.long), torch.ones(r, dtype=torch.long)])
+            samples.append(Sample(tokens=tokens, loss_mask=mask, advantage=0.0))
+            engine_lp.append(torch.tensor(s.response_logprobs))
+    learner_lp = forward_logprobs(model, samples, layout, max_tokens=256, temperature=tau)
+    diff = max(float((lp[len(s.tokens) - 1 - len(e):] - e).abs().max()) for s, lp, e in
+               zip(samples, learner_lp, engine_lp))
+    ids = [list(s.response_ids) for g in groups for s in g]
+    print(json.dumps({"rank": layout.rank, "max_abs_diff": diff, "ids": ids,
+                      "reproducible": ids == [list(s.response_ids) for g in again for s in g],
+                      "num_tokens": sum(len(e) for e in engine_lp)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
