@@ -170,5 +170,18 @@ EOF
 echo "[gpu_check] BENCH rc=$rc"
 [[ $rc -eq 0 ]] || status=1
 
+# ---- 4. one learner training step (bf16; Transformer Engine spec if it imports) -----------------------
+# megatron-core must be importable there (carry its wheel: see the device tool's notes); skipped otherwise.
+echo "=== [gpu_check] learner training step"
+if "$PY" -c "import megatron.core" 2>/dev/null; then
+  rc=0
+  timeout 240 "$PY" tools/bench_learner.py --layouts 1 --samples 64 --max-len 1024 --max-tokens 16384 --steps 3 \
+    --warmup 1 || rc=$?
+  echo "[gpu_check] LEARNER rc=$rc"
+  [[ $rc -eq 0 ]] || status=1
+else
+  echo "[gpu_check] LEARNER skipped: megatron.core is not importable here"
+fi
+
 echo "=== [gpu_check] DONE status=$status"
 exit $status
