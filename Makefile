@@ -24,7 +24,7 @@ $(VENV)/.deps-stamp: requirements.txt | $(PY)
 # (GSPO_MCORE_NO_CUDA=1 forces a CPU-only build).
 $(VENV)/.ext-stamp: $(VENV)/.deps-stamp $(EXT_SOURCES)
 	$(PY) -m pip install --no-deps --no-build-isolation -e .
-	$(PY) -c "import gspo_mcore._C as C; print('gspo_mcore._C built; CUDA kernels:', C.built_with_cuda, '; CPU ISA:', C.cpu_isa())"
+	$(PY) -c "import torch, gspo_mcore._C as C; print('gspo_mcore._C built; CUDA kernels:', C.built_with_cuda, '; CPU ISA:', C.cpu_isa())"
 	touch $@
 
 test: install
