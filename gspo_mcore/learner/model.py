@@ -45,13 +45,14 @@ class ModelOptions:
 
 
 def build_model(shape: ModelShape, parallel: ParallelConfig, options: ModelOptions = ModelOptions(), *,
-                seed: int | None = 1234, use_distributed_optimizer: bool = False):
+                seed: int | None = 1234, use_distributed_optimizer: bool = False, wrap_ddp: bool = True):
     """This rank's model chunk, wrapped in Megatron DDP, in a one-element list (Megatron's convention).
 
     Call after :func:`gspo_mcore.learner.parallel.init_parallel`. ``use_distributed_optimizer`` must match
     the :class:`~gspo_mcore.learner.optimizer.OptimConfig` (the gradient buffers are laid out for it).
     With ``seed`` the weights are filled by :func:`init_weights` (layout independent); ``seed=None`` keeps
-    Megatron's own initialisation (e.g. before loading a checkpoint).
+    Megatron's own initialisation (e.g. before loading a checkpoint). ``wrap_ddp=False`` returns the bare
+    ``GPTModel`` (no gradient buffers: weight conversion, inference).
     """
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -81,6 +82,8 @@ def build_model(shape: ModelShape, parallel: ParallelConfig, options: ModelOptio
         model.cuda(torch.cuda.current_device())
     if seed is not None:
         init_weights(model, seed=seed, std=shape.initializer_range)
+    if not wrap_ddp:
+        return [model]
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=options.grad_reduce_in_fp32,
         overlap_grad_reduce=False,

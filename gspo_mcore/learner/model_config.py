@@ -106,8 +106,17 @@ def load_hf_config(source: str | os.PathLike | dict) -> ModelShape:
         raise ValueError(f"rope_scaling={raw['rope_scaling']!r} is not supported (plain RoPE only)")
     if raw.get("use_sliding_window"):
         raise ValueError("use_sliding_window=true is not supported")
+    # transformers >= 5 writes RoPE as ``rope_parameters`` (not ``rope_theta``/``rope_scaling``) and the
+    # Qwen3-MoE expert count as ``num_local_experts``; older checkpoints use the top-level names.
+    rope = raw.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"rope_parameters={rope!r} is not supported (plain RoPE only)")
     names = {f.name for f in dataclasses.fields(ModelShape)}
     kwargs = {k: v for k, v in raw.items() if k in names}
+    if "rope_theta" not in kwargs and "rope_theta" in rope:
+        kwargs["rope_theta"] = rope["rope_theta"]
+    if "num_experts" not in kwargs and "num_local_experts" in raw:
+        kwargs["num_experts"] = raw["num_local_experts"]
     if "head_dim" not in kwargs and "hidden_size" in raw and "num_attention_heads" in raw:
         kwargs["head_dim"] = raw["hidden_size"] // raw["num_attention_heads"]
     if "num_key_value_heads" not in kwargs and "num_attention_heads" in raw:

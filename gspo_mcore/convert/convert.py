@@ -1,0 +1,172 @@
+"""Whole-checkpoint conversions, Hugging Face folder <-> converted Megatron checkpoint (any layout).
+
+Both run on this process's ranks (1 process, or every rank of a ``torchrun`` launch: all ranks call
+them) and set up and tear down the process groups themselves. The command-line tools in ``tools/`` are
+thin wrappers around :func:`hf_to_mcore` and :func:`mcore_to_hf`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+from gspo_mcore.convert.export import DEFAULT_BUCKET_BYTES, export_plan, hf_buckets
+from gspo_mcore.convert.hf_import import check_checkpoint, load_hf_weights
+from gspo_mcore.convert.hf_io import HFCheckpoint, copy_files, read_config, write_safetensors
+from gspo_mcore.convert.hf_mapping import check_architecture
+from gspo_mcore.convert.mcore_checkpoint import find_checkpoint, hf_side_files, load_model, save_model
+
+PROGRESS_MIN_BYTES = 1 << 30
+"""Show progress bars for models at least this large (``progress=None``)."""
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(name: str | None) -> torch.dtype | None:
+    """``float32``, ``bfloat16``, ``float16`` (or ``fp32``, ``bf16``, ``fp16``) -> dtype; None/``auto`` -> None."""
+    if name in (None, "auto"):
+        return None
+    aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
+    key = aliases.get(name, name).removeprefix("torch.")
+    if key not in _DTYPES:
+        raise ValueError(f"unsupported dtype {name!r}; choose one of {sorted(_DTYPES)} or 'auto'")
+    return _DTYPES[key]
+
+
+def config_dtype(config: dict) -> torch.dtype | None:
+    """The dtype a Hugging Face ``config.json`` declares (``dtype``, or the older ``torch_dtype``), if one
+    of float32/bfloat16/float16."""
+    try:
+        return parse_dtype(config.get("dtype") or config.get("torch_dtype"))
+    except ValueError:
+        return None
+
+
+def preflight_hf(hf_dir: str):
+    """Everything checkable without megatron: architecture, config, tensor names and shapes.
+
+    Returns ``(reader, shape)``.
+    """
+    from gspo_mcore.learner.model_config import load_hf_config
+
+    reader = HFCheckpoint(hf_dir)
+    check_architecture(reader.config)
+    shape = load_hf_config(reader.config)
+    check_checkpoint(reader, shape)
+    return reader, shape
+
+
+def _teardown(owned: bool) -> None:
+    """Destroy the groups this call created (only Megatron's if the caller had initialised torch.distributed)."""
+    from megatron.core import parallel_state as ps
+
+    from gspo_mcore.learner.parallel import destroy_parallel
+
+    if owned:
+        destroy_parallel()
+    elif ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _show_progress(progress: bool | None, nbytes: int) -> bool:
+    return _rank() == 0 and (progress if progress is not None else nbytes >= PROGRESS_MIN_BYTES)
+
+
+def hf_to_mcore(hf_dir: str, out_dir: str, parallel=None, *, dtype: torch.dtype | None = None,
+                progress: bool | None = None) -> str:
+    """Convert a Hugging Face folder into a Megatron checkpoint at ``out_dir`` (see ``mcore_checkpoint``).
+
+    ``parallel``: the :class:`~gspo_mcore.learner.ParallelConfig` to load and save with (the world must
+    fit it); ``dtype``: the saved dtype (default: ``config.json``'s, else the model's). Returns the
+    distributed checkpoint folder.
+    """
+    from megatron.core import __version__ as mcore_version
+
+    from gspo_mcore.learner.model import build_model
+    from gspo_mcore.learner.parallel import ParallelConfig, current_layout, init_parallel
+
+    parallel = parallel or ParallelConfig()
+    reader, shape = preflight_hf(hf_dir)
+    dtype = dtype or config_dtype(reader.config)
+    owned = not dist.is_initialized()
+    init_parallel(parallel, shape)
+    try:
+        layout = current_layout()
+        model = build_model(shape, parallel, seed=None, wrap_ddp=False)
+        nbytes = sum(p.numel() * p.element_size() for p in model[0].parameters()) * layout.world_size
+        load_hf_weights(model, reader, shape, progress=_show_progress(progress, nbytes))
+        if dtype is not None:
+            model[0].to(dtype)
+        meta = dict(source=os.path.abspath(hf_dir), model_type=shape.model_type,
+                    dtype=str(next(model[0].parameters()).dtype).removeprefix("torch."),
+                    saved_with=dict(tensor=parallel.tensor, pipeline=parallel.pipeline, expert=parallel.expert,
+                                    world_size=layout.world_size),
+                    megatron_core=mcore_version)
+        return save_model(model, out_dir, hf_dir=hf_dir, meta=meta)
+    finally:
+        _teardown(owned)
+
+
+def mcore_to_hf(mcore_dir: str, out_dir: str, parallel=None, *, config_dir: str | None = None,
+                dtype: torch.dtype | None = None, max_shard_bytes: int = 5 * 2**30,
+                bucket_bytes: int = DEFAULT_BUCKET_BYTES, progress: bool | None = None) -> list[str]:
+    """Convert a Megatron checkpoint (converted or trained) into a Hugging Face folder at ``out_dir``.
+
+    ``config_dir``: where ``config.json`` and the tokenizer files are, if not beside the checkpoint;
+    ``dtype``: the written dtype (default: ``config.json``'s, else the parameters'). Rank 0 writes.
+    Returns the safetensors files written.
+    """
+    from gspo_mcore.learner.model import build_model
+    from gspo_mcore.learner.model_config import load_hf_config
+    from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
+
+    parallel = parallel or ParallelConfig()
+    ckpt, side = find_checkpoint(mcore_dir, config_dir)
+    config = read_config(side)
+    check_architecture(config)
+    shape = load_hf_config(config)
+    declared = config_dtype(config)
+    dtype = dtype or declared
+    owned = not dist.is_initialized()
+    init_parallel(parallel, shape)
+    try:
+        model = build_model(shape, parallel, seed=None, wrap_ddp=False)
+        load_model(model, ckpt)
+        plan = export_plan(model, shape, dtype=dtype)
+        total = sum(it.nbytes for it in plan)
+        buckets = hf_buckets(model, shape, bucket_bytes=bucket_bytes, dtype=dtype, plan=plan)
+        files = []
+        if _rank() == 0:
+            bar = None
+            if _show_progress(progress, total):
+                from tqdm import tqdm
+
+                bar = tqdm(total=total, unit="B", unit_scale=True, desc="writing safetensors")
+            named = (pair for bucket in buckets for pair in bucket)
+            files = write_safetensors(out_dir, named, [(it.name, it.nbytes) for it in plan],
+                                      max_shard_bytes=max_shard_bytes, progress=bar)
+            if bar is not None:
+                bar.close()
+            copy_files(side, out_dir, hf_side_files(side))
+            if dtype is not None and dtype != declared:  # keep config.json truthful about the weights
+                config["dtype"] = str(dtype).removeprefix("torch.")
+                config.pop("torch_dtype", None)
+                with open(os.path.join(out_dir, "config.json"), "w") as f:
+                    json.dump(config, f, indent=2, sort_keys=True)
+                    f.write("\n")
+        else:
+            for _ in buckets:
+                pass
+        if dist.is_initialized():
+            dist.barrier()
+        return files
+    finally:
+        _teardown(owned)
+
