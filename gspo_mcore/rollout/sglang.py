@@ -242,6 +242,14 @@ class SGLangEngine(RolloutEngine):
     async def resume(self) -> None:
         await self.control.resume()
 
+    async def release_memory(self, tags=api.MEMORY_TAGS) -> None:
+        """Colocated mode: free the servers' GPU memory (KV cache, weights) while the learner trains."""
+        await self.control.release_memory(tags)
+
+    async def resume_memory(self, tags=api.MEMORY_TAGS) -> None:
+        """Colocated mode: take the memory back before the next weight update / rollout."""
+        await self.control.resume_memory(tags)
+
     async def flush_cache(self) -> None:
         await self.control.flush_cache()
 

@@ -63,6 +63,9 @@ UPDATE_FROM_TENSOR = "/update_weights_from_tensor"
 INIT_GROUP = "/init_weights_update_group"
 DESTROY_GROUP = "/destroy_weights_update_group"
 UPDATE_FROM_DISTRIBUTED = "/update_weights_from_distributed"
+RELEASE_MEMORY = "/release_memory_occupation"
+RESUME_MEMORY = "/resume_memory_occupation"
+MEMORY_TAGS = ("weights", "kv_cache")
 
 DEFAULT_GROUP_NAME = "weight_update_group"
 _SGLANG_DEFAULT_WEIGHT_VERSION = "default"  # ServerArgs.weight_version when --weight-version is not given
@@ -239,6 +242,16 @@ def pause_body(mode: str) -> dict:
 
 def continue_body() -> dict:
     return {}
+
+
+def memory_body(tags) -> dict:
+    """Body of ``/release_memory_occupation`` and ``/resume_memory_occupation``: which GPU memory to
+    free or take back (colocated mode frees the KV cache and weights while the learner trains)."""
+    tags = list(tags)
+    bad = [t for t in tags if t not in MEMORY_TAGS]
+    if bad or not tags:
+        raise ValueError(f"memory tags must be a non-empty subset of {MEMORY_TAGS}, got {tags}")
+    return {"tags": tags}
 
 
 def begin_weight_update_body() -> dict:

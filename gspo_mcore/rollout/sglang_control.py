@@ -151,6 +151,12 @@ class SGLangControl:
     async def resume(self) -> None:
         await self.post_all(api.CONTINUE, self._to_all(api.continue_body()), self.config.control_timeout_s)
 
+    async def release_memory(self, tags) -> None:
+        await self.post_all(api.RELEASE_MEMORY, self._to_all(api.memory_body(tags)), self.config.control_timeout_s)
+
+    async def resume_memory(self, tags) -> None:
+        await self.post_all(api.RESUME_MEMORY, self._to_all(api.memory_body(tags)), self.config.control_timeout_s)
+
     async def flush_cache(self) -> None:
         """Flush every server's prefix cache, polling while requests still run (HTTP 400)."""
         await asyncio.gather(*(self._flush_one(u) for u in self.worker_urls))

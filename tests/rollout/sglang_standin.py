@@ -179,6 +179,9 @@ class StandIn:
         if path == "/continue_generation":
             self._paused = False
             return _send(h, 200, {"message": "Generation continued successfully.", "status": "ok"})
+        if path in ("/release_memory_occupation", "/resume_memory_occupation"):
+            # SGLang 0.5.23 answers 200 with a JSON null body
+            return _send(h, 200, None)
         if path == "/flush_cache":
             with self._lock:
                 busy = self.busy_flushes > 0

@@ -387,6 +387,18 @@ def test_client_config_validates(bad):
         SGLangClientConfig(**bad)
 
 
+def test_release_and_resume_memory_for_colocated_mode(standins):
+    a, b = standins(), standins()
+    eng = engine([a, b])
+    asyncio.run(eng.release_memory())
+    asyncio.run(eng.resume_memory(("weights",)))
+    for s in (a, b):
+        assert s.paths() == ["/release_memory_occupation", "/resume_memory_occupation"]
+        assert [body for _, body in s.calls] == [{"tags": ["weights", "kv_cache"]}, {"tags": ["weights"]}]
+    with pytest.raises(ValueError, match="memory tags"):
+        asyncio.run(eng.release_memory(("gpu",)))
+
+
 def test_pause_resume_and_server_info(standins):
     a = standins(version="0.5.22")
     eng = engine([a])
