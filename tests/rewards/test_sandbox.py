@@ -158,10 +158,23 @@ def test_writing_outside_its_directory_fails(tmp_path):
             t.unlink(missing_ok=True)
 
 
+def _host_dir_outside_private_tmpfs() -> Path:
+    """A writable host directory that the sandbox does NOT cover with a private tmpfs (the checkout may
+    itself live under /tmp, e.g. a CI clone, where the sandbox would see an empty tmpfs instead)."""
+    from gspo_mcore.rewards._launcher import WRITABLE_DIRS
+
+    for cand in (Path(gspo_mcore.__file__).parent.parent, Path.home(), Path("/var/cache"), Path("/opt")):
+        real = cand.resolve()
+        covered = any(real == Path(d) or Path(d) in real.parents for d in WRITABLE_DIRS)
+        if not covered and os.access(real, os.W_OK):
+            return real
+    pytest.skip("no writable host directory outside the sandbox's private tmpfs mounts")
+
+
 @needs("readonly_fs")
 def test_host_filesystem_is_read_only_even_where_permissions_allow():
     """A world-writable directory outside the tmpfs-covered ones: only the read-only remount stops this."""
-    open_dir = Path(gspo_mcore.__file__).parent.parent / f".sandbox-test-{uuid.uuid4().hex}"
+    open_dir = _host_dir_outside_private_tmpfs() / f".sandbox-test-{uuid.uuid4().hex}"
     open_dir.mkdir()
     try:
         open_dir.chmod(0o1777)
