@@ -166,7 +166,9 @@ def _host_dir_outside_private_tmpfs() -> Path:
     for cand in (Path(gspo_mcore.__file__).parent.parent, Path.home(), Path("/var/cache"), Path("/opt")):
         real = cand.resolve()
         covered = any(real == Path(d) or Path(d) in real.parents for d in WRITABLE_DIRS)
-        if not covered and os.access(real, os.W_OK):
+        # the sandboxed uid must be able to reach it: every ancestor searchable by others
+        reachable = all(p.stat().st_mode & 0o001 for p in [real, *real.parents])
+        if not covered and reachable and os.access(real, os.W_OK):
             return real
     pytest.skip("no writable host directory outside the sandbox's private tmpfs mounts")
 
