@@ -1,6 +1,10 @@
 """The GSPO training loop: sample prompts -> roll out G per prompt -> rewards -> group advantages ->
 old log-probs -> ``num_minibatches`` updates -> weight sync -> metrics -> checkpoint.
 
+With ``checkpoint.resume`` the run first restores the newest valid checkpoint (model, optimizer, LR
+schedule, RNG states, data position, engine weight version) and continues at the step after it; rollout
+seeds derive from ``(seed, step)``, so a resumed run repeats what an uninterrupted one would have done.
+
 Every rank runs this same loop. Prompts are drawn identically on all ranks; each data-parallel rank
 rolls out its share with the in-process engine (tensor-parallel peers sample the same tokens), scores it,
 and the scored samples are gathered so that every rank holds the whole rollout batch, which the learner
@@ -10,6 +14,7 @@ splits into mini-batches and micro-batches.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import time
@@ -24,6 +29,7 @@ from gspo_mcore.data.dataset import DataConfig
 from gspo_mcore.data.sampler import SamplerConfig
 from gspo_mcore.data.template import TemplateConfig
 from gspo_mcore.learner import BatchConfig, LossConfig, ModelOptions, OptimConfig, ParallelConfig
+from gspo_mcore.learner.checkpoint import CheckpointConfig
 from gspo_mcore.metrics import LogConfig, MetricsLogger
 from gspo_mcore.rewards.runner import RewardRunnerConfig
 from gspo_mcore.rollout.types import SamplingParams
@@ -94,6 +100,7 @@ class TrainConfig:
     reward: RewardRunnerConfig = field(default_factory=RewardRunnerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self):
         if self.steps < 1:
@@ -111,6 +118,7 @@ class TrainConfig:
 def run(cfg: TrainConfig) -> list[dict]:
     """Train; returns the per-step metrics (on every rank)."""
     from gspo_mcore.learner import build_model, build_optimizer, init_parallel, load_hf_config, train_step
+    from gspo_mcore.learner.checkpoint import Checkpointer
     from gspo_mcore.learner.inference import logits_fn
     from gspo_mcore.rollout.inprocess import InProcessEngine
 
@@ -129,10 +137,21 @@ def run(cfg: TrainConfig) -> list[dict]:
     engine = InProcessEngine(logits_fn(model, layout), eos_token_id=tokenizer.eos_token_id,
                              vocab_size=shape.vocab_size, pad_token_id=tokenizer.pad_token_id or 0,
                              max_batch_size=cfg.rollout.max_batch_size)
-    logger = MetricsLogger(cfg.log, total_steps=cfg.steps, enabled=is_writer, run_config=to_dict(cfg))
+    checkpoints = Checkpointer(cfg.checkpoint, cfg.checkpoint.dir or os.path.join(cfg.log.output_dir, "checkpoints"),
+                               layout, run_config=to_dict(cfg), total_steps=cfg.steps)
+    start = 0
+    resumed = checkpoints.resume(model, optimizer, scheduler)
+    if resumed is not None:
+        loader.load_state_dict(resumed.extra["data"])
+        engine.set_weight_version(resumed.extra["weight_version"])
+        start = resumed.step + 1
+        if is_writer:
+            _drop_metrics_after(os.path.join(cfg.log.output_dir, "metrics.jsonl"), resumed.step)
+    logger = MetricsLogger(cfg.log, total_steps=cfg.steps, start_step=start, enabled=is_writer,
+                           run_config=to_dict(cfg))
     history = []
     try:
-        for step in range(cfg.steps):
+        for step in range(start, cfg.steps):
             t0 = time.perf_counter()
             prompts = loader.next_batch(cfg.rollout.prompts_per_step)
             if not prompts:
@@ -154,6 +173,9 @@ def run(cfg: TrainConfig) -> list[dict]:
                                    timings={"rollout": t1 - t0, "reward": t2 - t1, "train": t3 - t2})
             history.append(record)
             logger.log(step, record)
+            if checkpoints.due(step):
+                checkpoints.save(step, model, optimizer, scheduler,
+                                 extra={"data": loader.state_dict(), "weight_version": step + 1})
     finally:
         logger.close()
     return history
@@ -234,6 +256,24 @@ def _step_metrics(groups, scores, keep, updates, reward_metrics, group_size, *, 
     record["rollout_tokens_per_s"] = sum(lengths) / max(timings["rollout"], 1e-9)
     record["train_tokens_per_s"] = sum(u.get("num_tokens", 0.0) for u in updates) / max(timings["train"], 1e-9)
     return record
+
+
+def _drop_metrics_after(path: str, step: int) -> None:
+    """Keep the metrics of steps ``<= step``: a resumed run re-logs the steps after its checkpoint."""
+    if not os.path.exists(path):
+        return
+    kept = []
+    with open(path) as f:
+        for line in f:
+            try:
+                if json.loads(line).get("step", -1) <= step:
+                    kept.append(line)
+            except ValueError:  # the last line of a killed run can be cut short
+                pass
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
 
 
 def _prompt_loader(cfg: TrainConfig):

@@ -14,6 +14,14 @@ host without a usable GPU, :func:`apply` redirects exactly those calls, once, an
 4. MoE: 0.16.1 references ``te_general_gemm`` without Transformer Engine (a NameError; fixed in 0.19),
    and the all-to-all token dispatcher needs its split sizes as host arrays, which it only produces for
    CUDA tensors.
+5. Checkpoints: the dist_checkpointing modules are redirected like the rest (1.). The distributed
+   optimizer here wraps torch's Adam (no Apex/TE), which keeps a per-parameter ``step``; megatron
+   restores it from the checkpoint's param groups, then copies the per-parameter states over it: a
+   ``dp_reshardable`` load overwrote it with the pre-load (dummy) value, so Adam's bias correction
+   restarted (silently wrong updates after a resume), and a ``fully_reshardable`` load failed with
+   ``KeyError: 'step'``. Also, the restored ``step`` was ONE tensor shared by every parameter, which
+   torch's Adam then increments once per parameter per step. The per-parameter copy now leaves ``step``
+   as restored, and each parameter gets its own copy.
 
 :func:`apply` is idempotent, a no-op when ``torch.cuda.is_available()``, and warns on a megatron-core
 version other than those it was checked on (:data:`CHECKED_VERSIONS`). Everything else the CPU needs
@@ -61,6 +69,15 @@ _MODULES = (
     "megatron.core.optimizer.clip_grads",
     "megatron.core.optimizer.distrib_optimizer",
     "megatron.core.utils",
+    # dist_checkpointing (training checkpoints): the writer's torch.cuda.synchronize(), the savers'
+    # device="cuda"/current_device() flags and the load-side exchange buffers
+    "megatron.core.dist_checkpointing.strategies.torch",
+    "megatron.core.dist_checkpointing.strategies.filesystem_async",
+    "megatron.core.dist_checkpointing.strategies.state_dict_saver",
+    "megatron.core.dist_checkpointing.strategies.async_utils",
+    "megatron.core.dist_checkpointing.strategies.fully_parallel",
+    "megatron.core.dist_checkpointing.exchange_utils",
+    "megatron.core.dist_checkpointing.tensor_aware_state_dict",
 )
 
 _applied = False
@@ -93,6 +110,7 @@ def apply() -> bool:
         _patch_rng()
         _patch_cuda_type_checks()
         _patch_moe()
+        _patch_distributed_optimizer_load()
         _applied = True
     return True
 
@@ -293,3 +311,40 @@ def _patch_moe():
         return tensor
 
     token_dispatcher.maybe_move_tensor_to_cpu = to_host
+
+
+# --------------------------------------------------------------------------------------------------
+# 5. Checkpoints
+
+
+def _patch_distributed_optimizer_load():
+    from megatron.core.optimizer import distrib_optimizer
+
+    cls = distrib_optimizer.DistributedOptimizer
+    original = cls._set_main_param_and_optimizer_states
+
+    @functools.wraps(original)
+    def set_states(self, model_param, tensors):
+        # torch Adam's per-parameter ``step`` was restored from the param groups: keep it
+        if self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+            return original(self, model_param, tensors)
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        state = self.optimizer.state[self.optimizer.param_groups[group_index]["params"][group_order]]
+        step = state.pop("step", None)
+        try:
+            return original(self, model_param, {k: v for k, v in tensors.items() if k != "step"})
+        finally:
+            if step is not None:
+                state["step"] = step
+
+    cls._set_main_param_and_optimizer_states = set_states
+    original_load = cls.load_state_dict
+
+    @functools.wraps(original_load)
+    def load_state_dict(self, state_dict):
+        original_load(self, state_dict)
+        for state in self.optimizer.state.values():  # one step counter per parameter, as torch's Adam expects
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].clone()
+
+    cls.load_state_dict = load_state_dict
