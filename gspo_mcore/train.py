@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     from gspo_mcore.trainer import run
 
     history = run(cfg)
+    from gspo_mcore.learner import destroy_parallel
+
+    destroy_parallel()
     if history and os.environ.get("RANK", "0") == "0":
         first, last = history[0], history[-1]
         print(f"gspo-train: {len(history)} steps; reward_mean {first['reward_mean']:.3f} -> {last['reward_mean']:.3f}; "

@@ -5,10 +5,10 @@ With ``checkpoint.resume`` the run first restores the newest valid checkpoint (m
 schedule, RNG states, data position, engine weight version) and continues at the step after it; rollout
 seeds derive from ``(seed, step)``, so a resumed run repeats what an uninterrupted one would have done.
 
-Every rank runs this same loop. Prompts are drawn identically on all ranks; each data-parallel rank
-rolls out its share with the in-process engine (tensor-parallel peers sample the same tokens), scores it,
-and the scored samples are gathered so that every rank holds the whole rollout batch, which the learner
-splits into mini-batches and micro-batches.
+Every rank runs this same loop. Prompts are drawn identically on all ranks; the rollout backend
+(:mod:`gspo_mcore.rollout_backends`: the in-process engine, each DP rank sampling its share, or SGLang
+driven by rank 0) gives every rank the whole rollout batch, which the learner splits into mini-batches
+and micro-batches; the backend then syncs the engine's weights.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
 from gspo_mcore.algo import group_advantages, zero_advantage_groups
 from gspo_mcore.config import save_yaml, to_dict
@@ -32,6 +31,7 @@ from gspo_mcore.learner import BatchConfig, LossConfig, ModelOptions, OptimConfi
 from gspo_mcore.learner.checkpoint import CheckpointConfig
 from gspo_mcore.metrics import LogConfig, MetricsLogger
 from gspo_mcore.rewards.runner import RewardRunnerConfig
+from gspo_mcore.rollout_backends import SGLangConfig
 from gspo_mcore.rollout.types import SamplingParams
 
 
@@ -42,7 +42,9 @@ class ModelConfig:
     hf_dir: str
     """Model directory: its ``config.json`` sets the shape; its tokenizer renders prompts and responses."""
     init_seed: int = 1234
-    """Random initialisation seed (layout independent). Loading pretrained weights is the checkpoint tools' job."""
+    """Random initialisation seed (layout independent), used when ``load_hf_weights`` is off."""
+    load_hf_weights: bool = False
+    """Start from the safetensors weights in ``hf_dir`` (any TP/PP/EP layout; see gspo_mcore.convert)."""
     options: ModelOptions = field(default_factory=ModelOptions)
 
     def __post_init__(self):
@@ -55,8 +57,8 @@ class RolloutConfig:
     """How each step's rollout batch is made."""
 
     engine: str = "inprocess"
-    """``inprocess`` (samples from the learner's own model; CPU default). SGLang servers are driven by
-    :mod:`gspo_mcore.rollout.sglang`; the trainer does not launch them yet."""
+    """``inprocess`` (samples from the learner's own model; the CPU default) or ``sglang`` (servers
+    launched or connected per ``sglang``; weights pushed after every step)."""
     prompts_per_step: int = 16
     """Prompts drawn per step (groups)."""
     group_size: int = 8
@@ -72,10 +74,12 @@ class RolloutConfig:
     """Divide advantages by the group's standard deviation."""
     max_batch_size: int = 512
     """In-process engine: rows per forward pass."""
+    sglang: SGLangConfig = field(default_factory=SGLangConfig)
+    """The SGLang servers and weight sync (``engine: sglang``)."""
 
     def __post_init__(self):
-        if self.engine != "inprocess":
-            raise ValueError(f"RolloutConfig.engine: only 'inprocess' is wired into the trainer, got {self.engine!r}")
+        if self.engine not in ("inprocess", "sglang"):
+            raise ValueError(f"RolloutConfig.engine must be 'inprocess' or 'sglang', got {self.engine!r}")
         if self.old_logprobs not in ("recompute", "rollout"):
             raise ValueError(f"RolloutConfig.old_logprobs must be 'recompute' or 'rollout', got {self.old_logprobs!r}")
         if self.prompts_per_step < 1 or self.group_size < 2:
@@ -119,8 +123,6 @@ def run(cfg: TrainConfig) -> list[dict]:
     """Train; returns the per-step metrics (on every rank)."""
     from gspo_mcore.learner import build_model, build_optimizer, init_parallel, load_hf_config, train_step
     from gspo_mcore.learner.checkpoint import Checkpointer
-    from gspo_mcore.learner.inference import logits_fn
-    from gspo_mcore.rollout.inprocess import InProcessEngine
 
     shape = load_hf_config(os.path.join(cfg.model.hf_dir, "config.json"))
     layout = init_parallel(cfg.parallel, shape, seed=cfg.seed)
@@ -128,22 +130,25 @@ def run(cfg: TrainConfig) -> list[dict]:
     if is_writer:
         os.makedirs(cfg.log.output_dir, exist_ok=True)
         save_yaml(cfg, os.path.join(cfg.log.output_dir, "config.yaml"))
-    model = build_model(shape, cfg.parallel, cfg.model.options, seed=cfg.model.init_seed,
+    model = build_model(shape, cfg.parallel, cfg.model.options,
+                        seed=None if cfg.model.load_hf_weights else cfg.model.init_seed,
                         use_distributed_optimizer=cfg.optim.use_distributed_optimizer)
+    if cfg.model.load_hf_weights:
+        from gspo_mcore.convert.hf_import import load_hf_weights
+
+        load_hf_weights(model, cfg.model.hf_dir, shape, progress=is_writer)
     optimizer, scheduler = build_optimizer(model, cfg.optim)
     loss_cfg = dataclasses.replace(cfg.loss, recompute_old_logprobs=cfg.rollout.old_logprobs == "recompute")
     loader, tokenizer = _prompt_loader(cfg)
     rewards = _reward_runner(cfg.reward)
-    engine = InProcessEngine(logits_fn(model, layout), eos_token_id=tokenizer.eos_token_id,
-                             vocab_size=shape.vocab_size, pad_token_id=tokenizer.pad_token_id or 0,
-                             max_batch_size=cfg.rollout.max_batch_size)
+    engine = _rollout_backend(cfg, model, layout, shape, tokenizer)
     checkpoints = Checkpointer(cfg.checkpoint, cfg.checkpoint.dir or os.path.join(cfg.log.output_dir, "checkpoints"),
                                layout, run_config=to_dict(cfg), total_steps=cfg.steps)
     start = 0
     resumed = checkpoints.resume(model, optimizer, scheduler)
     if resumed is not None:
         loader.load_state_dict(resumed.extra["data"])
-        engine.set_weight_version(resumed.extra["weight_version"])
+        engine.set_version(resumed.extra["weight_version"])
         start = resumed.step + 1
         if is_writer:
             _drop_metrics_after(os.path.join(cfg.log.output_dir, "metrics.jsonl"), resumed.step)
@@ -156,7 +161,8 @@ def run(cfg: TrainConfig) -> list[dict]:
             prompts = loader.next_batch(cfg.rollout.prompts_per_step)
             if not prompts:
                 break
-            groups = _rollout(engine, prompts, cfg.rollout, layout, seed=cfg.seed * 100_003 + step)
+            groups = engine.generate([p.input_ids for p in prompts], cfg.rollout.group_size, cfg.rollout.sampling,
+                                     seed=cfg.seed * 100_003 + step)
             t1 = time.perf_counter()
             texts, metas = _responses(groups, prompts, tokenizer)
             scores = torch.tensor(rewards.score(texts, metas), dtype=torch.float32)  # (num_groups * G,)
@@ -165,12 +171,15 @@ def run(cfg: TrainConfig) -> list[dict]:
             keep = ~zero_advantage_groups(scores, cfg.rollout.group_size) if cfg.rollout.drop_zero_advantage_groups \
                 else torch.ones(len(groups), dtype=torch.bool)
             samples = _learner_samples(groups, advantages, keep)
+            engine.before_train()  # colocated SGLang frees its GPU memory
             updates = train_step(model, optimizer, scheduler, samples, layout, loss_cfg, cfg.batch) \
                 if len(samples) >= cfg.batch.num_minibatches else []
-            engine.set_weight_version(step + 1)  # in-process: the engine reads the updated parameters
             t3 = time.perf_counter()
+            engine.sync_weights(model, shape, step + 1)  # the engine serves the updated policy as version step+1
+            t4 = time.perf_counter()
             record = _step_metrics(groups, scores, keep, updates, rewards.metrics(), cfg.rollout.group_size,
-                                   timings={"rollout": t1 - t0, "reward": t2 - t1, "train": t3 - t2})
+                                   timings={"rollout": t1 - t0, "reward": t2 - t1, "train": t3 - t2,
+                                            "weight_sync": t4 - t3})
             history.append(record)
             logger.log(step, record)
             if checkpoints.due(step):
@@ -178,27 +187,19 @@ def run(cfg: TrainConfig) -> list[dict]:
                                  extra={"data": loader.state_dict(), "weight_version": step + 1})
     finally:
         logger.close()
+        engine.close()
     return history
 
 
 # ---- the steps of the loop --------------------------------------------------------------------------
 
-def _rollout(engine, prompts, cfg: RolloutConfig, layout, *, seed: int):
-    """G samples for every prompt: each DP rank generates a contiguous share, then all ranks gather."""
-    share = _dp_share(len(prompts), layout.dp_size, layout.dp_rank)
-    params = dataclasses.replace(cfg.sampling, seed=seed * 1_000 + layout.dp_rank)
-    mine = engine.generate_sync([p.input_ids for p in prompts[share.start:share.stop]], cfg.group_size, params) if len(share) else []
-    if layout.dp_size == 1:
-        return mine
-    parts = [None] * layout.dp_size
-    dist.all_gather_object(parts, mine, group=layout.dp_group)
-    return [g for part in parts for g in part]
+def _rollout_backend(cfg: TrainConfig, model, layout, shape, tokenizer):
+    from gspo_mcore.rollout_backends import InProcessRollout, SGLangRollout
 
-
-def _dp_share(n: int, dp_size: int, dp_rank: int) -> range:
-    base, extra = divmod(n, dp_size)
-    start = dp_rank * base + min(dp_rank, extra)
-    return range(start, start + base + (dp_rank < extra))
+    if cfg.rollout.engine == "sglang":
+        return SGLangRollout(cfg.rollout.sglang, model_dir=cfg.model.hf_dir, output_dir=cfg.log.output_dir,
+                             layout=layout)
+    return InProcessRollout(model, layout, shape, tokenizer, max_batch_size=cfg.rollout.max_batch_size)
 
 
 def _responses(groups, prompts, tokenizer):

@@ -199,6 +199,8 @@ def destroy_parallel() -> None:
     """Tear down Megatron's groups and the default process group."""
     from megatron.core import parallel_state as ps
 
+    if dist.is_initialized():
+        dist.barrier()  # no rank tears down while a peer may still be in a collective with it
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     if dist.is_initialized():

@@ -16,7 +16,8 @@ from learner_toy import DENSE  # noqa: E402
 
 def main():
     layout_name, tau = sys.argv[1], float(sys.argv[2])
-    from gspo_mcore.learner import ParallelConfig, Sample, build_model, forward_logprobs, init_parallel
+    from gspo_mcore.learner import (ParallelConfig, Sample, build_model, destroy_parallel, forward_logprobs,
+                                    init_parallel)
     from gspo_mcore.learner.inference import logits_fn
     from gspo_mcore.learner.model_config import load_hf_config
     from gspo_mcore.rollout import InProcessEngine, SamplingParams
@@ -42,9 +43,11 @@ def main():
     diff = max(float((lp[len(s.tokens) - 1 - len(e):] - e).abs().max()) for s, lp, e in
                zip(samples, learner_lp, engine_lp))
     ids = [list(s.response_ids) for g in groups for s in g]
-    print(json.dumps({"rank": layout.rank, "max_abs_diff": diff, "ids": ids,
-                      "reproducible": ids == [list(s.response_ids) for g in again for s in g],
-                      "num_tokens": sum(len(e) for e in engine_lp)}), flush=True)
+    line = json.dumps({"rank": layout.rank, "max_abs_diff": diff, "ids": ids,
+                       "reproducible": ids == [list(s.response_ids) for g in again for s in g],
+                       "num_tokens": sum(len(e) for e in engine_lp)}) + "\n"
+    os.write(1, line.encode())  # one write (< PIPE_BUF): the ranks' lines never interleave
+    destroy_parallel()  # barrier + teardown: no rank exits while a peer still talks to it
 
 
 if __name__ == "__main__":

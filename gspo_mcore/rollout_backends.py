@@ -1,0 +1,210 @@
+"""How the trainer gets rollouts and keeps the engine's weights current: one small class per engine.
+
+This is where the learner (Megatron model, HF export) and the rollout engines meet, so that neither
+package imports the other. Every rank calls every method in the same order.
+
+- :class:`InProcessRollout`: each data-parallel rank samples its share of the prompts from the learner's
+  own model; the groups are gathered so every rank holds the whole batch. No weight sync.
+- :class:`SGLangRollout`: global rank 0 drives SGLang servers (launched here, or given by URL) through
+  the project's client and broadcasts the groups. After each training step every rank takes part in the
+  HF export of the sharded weights (:func:`gspo_mcore.convert.export.hf_buckets`) and rank 0 pushes it
+  to the servers: ``tensor`` (colocated servers: shared tensors) or ``disk`` (an exported safetensors
+  directory). Colocated servers release their GPU memory while the learner trains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import shutil
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from gspo_mcore.rollout.sglang_control import SGLangClientConfig
+from gspo_mcore.rollout.types import SamplingParams
+
+WEIGHT_SYNC_METHODS = ("tensor", "disk")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SGLangConfig:
+    """SGLang servers for rollouts: connect to ``urls`` (or ``router_url``), or launch ``num_servers``."""
+
+    urls: tuple[str, ...] = ()
+    """Running servers to use (``http://host:port``). Empty: launch ``num_servers`` from the model dir."""
+    router_url: str | None = None
+    """An sglang-router in front of the servers (generation goes there; control calls to ``urls``)."""
+    num_servers: int = 1
+    """Servers to launch when ``urls`` is empty (on loopback, GPU ids assigned in order)."""
+    server_tp_size: int = 1
+    """Tensor parallel size of each launched server."""
+    gpu_offset: int = 0
+    """First GPU id for launched servers (separate mode: GPUs after the learner's)."""
+    extra_args: tuple[str, ...] = ()
+    """Extra ``sglang.launch_server`` arguments (e.g. ``--mem-fraction-static 0.5``)."""
+    weight_sync: str = "tensor"
+    """``tensor`` (colocated, shared tensors) or ``disk`` (safetensors directory under the run's output)."""
+    colocate: bool = True
+    """Servers share the learner's GPUs: release their memory while training, resume before syncing."""
+    sync_dtype: str = "bfloat16"
+    """dtype of the exported weights."""
+    bucket_mb: int = 512
+    """Weight-sync bucket size."""
+    client: SGLangClientConfig = field(default_factory=SGLangClientConfig)
+
+    def __post_init__(self):
+        if self.weight_sync not in WEIGHT_SYNC_METHODS:
+            raise ValueError(f"SGLangConfig.weight_sync must be one of {WEIGHT_SYNC_METHODS}, got {self.weight_sync!r}"
+                             " (update_weights_from_distributed is available in the client, not yet in the trainer)")
+        if not self.urls and self.num_servers < 1:
+            raise ValueError("SGLangConfig needs urls or num_servers >= 1")
+        if self.server_tp_size < 1 or self.bucket_mb < 1:
+            raise ValueError("SGLangConfig.server_tp_size and bucket_mb must be >= 1")
+        if self.sync_dtype not in ("bfloat16", "float16", "float32"):
+            raise ValueError(f"SGLangConfig.sync_dtype must be bfloat16, float16 or float32, got {self.sync_dtype!r}")
+
+
+class InProcessRollout:
+    """Sampling from the learner's live model on the same ranks (see :mod:`gspo_mcore.rollout.inprocess`)."""
+
+    def __init__(self, model, layout, shape, tokenizer, *, max_batch_size: int):
+        from gspo_mcore.learner.inference import logits_fn
+        from gspo_mcore.rollout.inprocess import InProcessEngine
+
+        self.layout = layout
+        self.engine = InProcessEngine(logits_fn(model, layout), eos_token_id=tokenizer.eos_token_id,
+                                      vocab_size=shape.vocab_size, pad_token_id=tokenizer.pad_token_id or 0,
+                                      max_batch_size=max_batch_size)
+
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, *, seed: int):
+        """``n`` samples per prompt: each DP rank generates a contiguous share, then all ranks gather."""
+        layout = self.layout
+        share = dp_share(len(prompts), layout.dp_size, layout.dp_rank)
+        params = dataclasses.replace(params, seed=seed * 1_000 + layout.dp_rank)
+        mine = self.engine.generate_sync(prompts[share.start:share.stop], n, params) if len(share) else []
+        if layout.dp_size == 1:
+            return mine
+        parts = [None] * layout.dp_size
+        dist.all_gather_object(parts, mine, group=layout.dp_group)
+        return [g for part in parts for g in part]
+
+    def before_train(self) -> None:
+        pass
+
+    def sync_weights(self, model, shape, version: int) -> None:
+        self.engine.set_weight_version(version)  # it reads the updated parameters directly
+
+    def set_version(self, version: int) -> None:
+        self.engine.set_weight_version(version)
+
+    def close(self) -> None:
+        pass
+
+
+class SGLangRollout:
+    """Rollouts from SGLang servers, driven by global rank 0."""
+
+    def __init__(self, cfg: SGLangConfig, *, model_dir: str, output_dir: str, layout):
+        self.cfg, self.model_dir, self.output_dir, self.layout = cfg, model_dir, output_dir, layout
+        self.is_driver = layout.rank == 0
+        self.engine = self.loop = None
+        if self.is_driver:
+            from gspo_mcore.rollout.sglang import SGLangEngine
+
+            self.loop = asyncio.new_event_loop()
+            if cfg.urls:
+                self.engine = SGLangEngine(list(cfg.urls), router_url=cfg.router_url, config=cfg.client)
+            else:
+                self.engine = SGLangEngine.launch(self._server_configs(), config=cfg.client,
+                                                  log_dir=os.path.join(output_dir, "sglang_logs"))
+
+    def _server_configs(self):
+        from gspo_mcore.rollout.sglang_server import SGLangServerConfig
+
+        tp = self.cfg.server_tp_size
+        return [SGLangServerConfig(model_path=self.model_dir, tp_size=tp, extra_args=self.cfg.extra_args,
+                                   gpu_ids=tuple(range(self.cfg.gpu_offset + i * tp, self.cfg.gpu_offset + (i + 1) * tp))
+                                   if torch.cuda.is_available() else None)
+                for i in range(self.cfg.num_servers)]
+
+    def _run(self, coro):
+        return self.loop.run_until_complete(coro)
+
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, *, seed: int):
+        groups = [self._run(self.engine.generate(prompts, n, dataclasses.replace(params, seed=seed)))] \
+            if self.is_driver else [None]
+        if self.layout.world_size > 1:
+            dist.broadcast_object_list(groups, src=0)
+        return groups[0]
+
+    def before_train(self) -> None:
+        if self.is_driver and self.cfg.colocate:
+            self._run(self.engine.release_memory())
+
+    def sync_weights(self, model, shape, version: int) -> None:
+        """Every rank exports; rank 0 pushes the buckets to the servers and tags them ``version``."""
+        from gspo_mcore.convert.export import hf_buckets
+
+        if self.is_driver and self.cfg.colocate:
+            self._run(self.engine.resume_memory())
+        dtype = getattr(torch, self.cfg.sync_dtype)
+        buckets = hf_buckets(model, shape, bucket_bytes=self.cfg.bucket_mb * 2**20, dtype=dtype)
+        if self.cfg.weight_sync == "tensor":
+            if self.is_driver:
+                self._run(self.engine.update_weights_from_tensor(buckets, version))
+            else:
+                for _ in buckets:  # take part in the gather's collectives
+                    pass
+        else:
+            path = self._export_to_disk(buckets, version)
+            if self.is_driver:
+                self._run(self.engine.update_weights_from_disk(path, version))
+        if self.layout.world_size > 1:
+            dist.barrier()
+
+    def _export_to_disk(self, buckets, version: int) -> str:
+        from safetensors.torch import save_file
+
+        from gspo_mcore.convert.hf_io import copy_files, side_files
+
+        path = os.path.join(self.output_dir, "weights", f"step_{version}")
+        tmp = path + ".tmp"
+        if self.is_driver:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+        weight_map = {}
+        for i, bucket in enumerate(buckets):
+            if self.is_driver:
+                name = f"model-{i + 1:05d}.safetensors"
+                save_file({k: t.detach().cpu().contiguous() for k, t in bucket}, os.path.join(tmp, name),
+                          metadata={"format": "pt"})
+                weight_map.update({k: name for k, _ in bucket})
+        if self.is_driver:
+            import json
+
+            with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
+                json.dump({"metadata": {}, "weight_map": weight_map}, f)
+            copy_files(self.model_dir, tmp, side_files(self.model_dir))
+            shutil.rmtree(path, ignore_errors=True)
+            os.replace(tmp, path)
+            previous = os.path.join(self.output_dir, "weights", f"step_{version - 1}")
+            shutil.rmtree(previous, ignore_errors=True)  # keep only the weights the servers serve
+        return path
+
+    def set_version(self, version: int) -> None:
+        pass  # SGLang's version changes with each weight update
+
+    def close(self) -> None:
+        if self.is_driver and self.engine is not None:
+            self._run(self.engine.close())
+            self.loop.close()
+
+
+def dp_share(n: int, dp_size: int, dp_rank: int) -> range:
+    """The contiguous slice of ``n`` items that data-parallel rank ``dp_rank`` takes."""
+    base, extra = divmod(n, dp_size)
+    start = dp_rank * base + min(dp_rank, extra)
+    return range(start, start + base + (dp_rank < extra))
