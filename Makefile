@@ -38,6 +38,16 @@ demo: install
 	  model.hf_dir=$(DEMO_OUT)/model 'data.paths=[$(DEMO_OUT)/prompts.jsonl]'
 	$(PY) tools/plot_metrics.py $(DEMO_OUT)/metrics.jsonl --title "tiny GSPO job (2 CPU ranks)"
 
+# The real-SGLang integration tier (tests/integration/README.md): makes .venv-sglang (SGLang 0.5.23 for the
+# CPU, several GB, a few minutes) on first use, then starts real servers on loopback. Not part of `make test`
+# on a fresh clone (the tier skips itself there, having no .venv-sglang).
+# SGLANG_VENV=DIR keeps that environment elsewhere (e.g. outside a fresh clone, to reuse it).
+SGLANG_VENV ?= .venv-sglang
+.PHONY: test-sglang
+test-sglang: install
+	bash tests/integration/setup_sglang_env.sh $(abspath $(SGLANG_VENV))
+	GSPO_SGLANG_TESTS=1 GSPO_SGLANG_VENV=$(abspath $(SGLANG_VENV)) $(PY) -m pytest -q tests/integration
+
 bench: install
 	$(PY) tools/bench_logprobs.py
 

@@ -45,6 +45,10 @@ class SGLangConfig:
     """First GPU id for launched servers (separate mode: GPUs after the learner's)."""
     extra_args: tuple[str, ...] = ()
     """Extra ``sglang.launch_server`` arguments (e.g. ``--mem-fraction-static 0.5``)."""
+    python: str = ""
+    """Interpreter that runs the launched servers (SGLang often lives in its own environment); empty: this one."""
+    env: dict = field(default_factory=dict)
+    """Extra environment variables for the launched servers."""
     weight_sync: str = "tensor"
     """``tensor`` (colocated, shared tensors) or ``disk`` (safetensors directory under the run's output)."""
     colocate: bool = True
@@ -111,6 +115,10 @@ class SGLangRollout:
         self.cfg, self.model_dir, self.output_dir, self.layout = cfg, model_dir, output_dir, layout
         self.is_driver = layout.rank == 0
         self.engine = self.loop = None
+        if cfg.weight_sync == "tensor" and not torch.cuda.is_available():
+            # CPU tensors travel through shared memory; torch's default file_descriptor strategy crashes
+            # SGLang's receiving side (sglang.md), the file_system one works
+            torch.multiprocessing.set_sharing_strategy("file_system")
         if self.is_driver:
             from gspo_mcore.rollout.sglang import SGLangEngine
 
@@ -125,7 +133,9 @@ class SGLangRollout:
         from gspo_mcore.rollout.sglang_server import SGLangServerConfig
 
         tp = self.cfg.server_tp_size
+        extra = {"python": self.cfg.python} if self.cfg.python else {}
         return [SGLangServerConfig(model_path=self.model_dir, tp_size=tp, extra_args=self.cfg.extra_args,
+                                   env=dict(self.cfg.env), **extra,
                                    gpu_ids=tuple(range(self.cfg.gpu_offset + i * tp, self.cfg.gpu_offset + (i + 1) * tp))
                                    if torch.cuda.is_available() else None)
                 for i in range(self.cfg.num_servers)]

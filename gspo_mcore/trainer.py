@@ -113,6 +113,9 @@ class TrainConfig:
             raise ValueError(f"loss.temperature ({self.loss.temperature}) must equal the rollout's sampling "
                              f"temperature ({self.rollout.sampling.logprob_temperature}): the learner's log-probs "
                              "and the engine's must describe the same policy softmax(logits / T)")
+        if self.rollout.engine == "sglang" and not self.model.load_hf_weights:
+            raise ValueError("rollout.engine=sglang needs model.load_hf_weights=true: the servers load the weights in "
+                             "model.hf_dir, so the learner must start from the same ones")
         total = self.rollout.prompts_per_step * self.rollout.group_size
         if self.batch.num_minibatches > total:
             raise ValueError(f"batch.num_minibatches ({self.batch.num_minibatches}) exceeds the rollout batch "

@@ -1,0 +1,200 @@
+"""The learner side of the real-SGLang integration tests: one process, one gloo rank, the main venv.
+
+Run by the tests as ``python learner_worker.py SPEC.json REPORT.json``. It builds the Megatron learner on
+the test's tiny Hugging Face checkpoint (:func:`gspo_mcore.convert.load_hf_weights`), talks to the SGLang
+server(s) through the project's own client (:class:`gspo_mcore.rollout.SGLangEngine`), and executes the
+spec's ``steps`` in order, recording what it saw in the report (the tests assert on it):
+
+- ``{"op": "perturb", "seed": int, "scale": float}``: add ``scale * N(0, 1)`` to every parameter
+  (a stand-in for a training step: new weights the server does not have yet);
+- ``{"op": "sync", "method": "disk"|"tensor"|"distributed", "version": int, "export_dir"?: str,
+  "bucket_bytes"?: int}``: push the learner's weights, gathered by :func:`gspo_mcore.convert.hf_buckets`
+  (the rollout weight sync's gather), to every server: written as safetensors and loaded by
+  ``update_weights_from_disk``; shared as CPU tensors (torch's ``file_system`` sharing strategy) through
+  ``update_weights_from_tensor``; or broadcast over a gloo weight-update group (trainer = rank 0, created
+  the way SGLang creates its side) through ``update_weights_from_distributed``;
+- ``{"op": "generate", "name": str, "prompts": [[int]], "n": int, "params": {SamplingParams fields}}``:
+  ``engine.generate``; the samples go to ``report["generate"][name]``;
+- ``{"op": "score", "name": str, "label"?: str}``: the learner's log-probs (:func:`gspo_mcore.learner.forward_logprobs`
+  at the request's log-prob temperature) of those samples' response tokens, next to SGLang's, in
+  ``report["score"][label or name]``.
+
+Nothing here is SGLang-specific test support: it is what a trainer does, on one rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import time
+
+import torch
+
+from gspo_mcore.convert import hf_buckets, load_hf_weights, write_safetensors
+from gspo_mcore.convert.export import export_plan
+from gspo_mcore.learner import (ModelOptions, ParallelConfig, Sample, build_model, forward_logprobs, init_parallel,
+                                load_hf_config)
+from gspo_mcore.rollout import SamplingParams, SGLangClientConfig, SGLangEngine
+
+
+def _trainer_side_group(master_address: str, master_port: int, world_size: int, group_name: str):
+    """The trainer's (rank 0) side of SGLang's weight-update group, created the way SGLang creates its own
+    (``init_custom_process_group`` in ``sglang/srt/utils/common.py``): a TCP rendezvous on the trainer's
+    address and a gloo group that is not the default group. A plain ``init_process_group`` would hang."""
+    from datetime import timedelta
+
+    from torch.distributed.distributed_c10d import (Backend, PrefixStore, _new_process_group_helper, _world,
+                                                    default_pg_timeout, rendezvous)
+
+    init_method = f"tcp://{master_address}:{master_port}"
+    store, rank, world_size = next(rendezvous(init_method, 0, world_size, timeout=timedelta(seconds=120)))
+    store.set_timeout(timedelta(seconds=120))
+    store = PrefixStore(group_name, store)
+    pg_options_key = "backend_options"  # the keyword torch >= 2.6 uses (SGLang picks it the same way)
+    pg, _ = _new_process_group_helper(world_size, rank, [], Backend("gloo"), store, group_name=group_name,
+                                      timeout=default_pg_timeout, **{pg_options_key: None})
+    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return pg
+
+
+class Worker:
+    def __init__(self, spec: dict):
+        self.spec = spec
+        self.hf_dir = spec["hf_dir"]
+        self.shape = load_hf_config(os.path.join(self.hf_dir, "config.json"))
+        self.layout = init_parallel(ParallelConfig(), self.shape, seed=0)
+        self.model = build_model(self.shape, ParallelConfig(), ModelOptions(use_te=False), seed=None)
+        load_hf_weights(self.model, self.hf_dir)
+        config = SGLangClientConfig(initial_weight_version=int(spec.get("initial_weight_version", 0)),
+                                    request_timeout_s=600.0, max_attempts=1)
+        self.engine = SGLangEngine(spec["urls"], config=config)
+        self.report: dict = {"generate": {}, "score": {}, "sync": [], "timings": {}}
+        self.group_pg = None
+
+    # ------------------------------------------------------------------------------------------ ops
+    @torch.no_grad()
+    def op_perturb(self, seed: int, scale: float):
+        g = torch.Generator().manual_seed(seed)
+        for _, p in sorted(self.model[0].named_parameters()):
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.dtype))
+
+    def _buckets(self, bucket_bytes: int):
+        return hf_buckets(self.model, self.shape, bucket_bytes=bucket_bytes)
+
+    async def op_sync(self, method: str, version: int, export_dir: str | None = None, bucket_bytes: int = 1 << 16):
+        t0 = time.monotonic()
+        if method == "disk":
+            plan = export_plan(self.model, self.shape)
+            if os.path.exists(export_dir):
+                shutil.rmtree(export_dir)
+            named = (item for bucket in self._buckets(bucket_bytes) for item in bucket)
+            write_safetensors(export_dir, named, [(it.name, it.nbytes) for it in plan])
+            for f in os.listdir(self.hf_dir):  # config.json and the tokenizer files
+                if not f.endswith(".safetensors") and not f.endswith(".index.json"):
+                    src = os.path.join(self.hf_dir, f)
+                    if os.path.isfile(src):
+                        shutil.copy(src, export_dir)
+            await self.engine.update_weights_from_disk(export_dir, version)
+        elif method == "tensor":
+            torch.multiprocessing.set_sharing_strategy("file_system")
+            buckets = [list(b) for b in self._buckets(bucket_bytes)]
+            self.report["sync_buckets"] = len(buckets)
+            await self.engine.update_weights(buckets, version)
+        elif method == "distributed":
+            import torch.distributed as dist
+
+            from gspo_mcore.rollout.sglang_server import free_port
+
+            group_name = "gspo_it_weights"
+
+            def trainer_init(world_size: int) -> None:
+                self.group_pg = _trainer_side_group("127.0.0.1", port, world_size, group_name)
+
+            def broadcast(bucket) -> None:
+                for _, t in bucket:
+                    dist.broadcast(t.contiguous(), src=0, group=self.group_pg)
+
+            port = free_port()
+            world = await self.engine.init_weight_update_group(
+                master_address="127.0.0.1", master_port=port, trainer_init=trainer_init, broadcast=broadcast,
+                group_name=group_name, backend="gloo")
+            self.report["group_world_size"] = world
+            buckets = [list(b) for b in self._buckets(bucket_bytes)]
+            self.report["sync_buckets"] = len(buckets)
+            await self.engine.update_weights(buckets, version)  # the group's broadcast is the default path
+            await self.engine.destroy_weight_update_group()
+        else:
+            raise ValueError(f"unknown sync method {method!r}")
+        self.report["sync"].append({"method": method, "version": version, "engine_version": self.engine.weight_version,
+                                    "seconds": time.monotonic() - t0})
+
+    async def op_generate(self, name: str, prompts, n: int, params: dict):
+        sp = SamplingParams(**params)
+        t0 = time.monotonic()
+        groups = await self.engine.generate(prompts, n, sp)
+        self.report["timings"][f"generate:{name}"] = time.monotonic() - t0
+        self.report["generate"][name] = {
+            "params": params, "n": n, "num_prompts": len(prompts), "logprob_temperature": sp.logprob_temperature,
+            "groups": [[dataclasses.asdict(s) for s in g] for g in groups]}
+
+    def op_score(self, name: str, label: str | None = None):
+        gen = self.report["generate"][name]
+        flat = [s for g in gen["groups"] for s in g if s["response_ids"]]
+        samples = []
+        for s in flat:
+            tokens = torch.tensor(list(s["prompt_ids"]) + list(s["response_ids"]), dtype=torch.int64)
+            mask = torch.zeros_like(tokens)
+            mask[len(s["prompt_ids"]):] = 1
+            samples.append(Sample(tokens=tokens, loss_mask=mask, advantage=0.0))
+        t0 = time.monotonic()
+        logps = forward_logprobs(self.model, samples, self.layout, max_tokens=4096,
+                                 temperature=gen["logprob_temperature"])
+        label = label or name
+        self.report["timings"][f"score:{label}"] = time.monotonic() - t0
+        learner, engine = [], []
+        for s, lp in zip(flat, logps):
+            r = len(s["response_ids"])
+            learner.append(lp[-r:].tolist())
+            engine.append(list(s["response_logprobs"]))
+        diffs = [abs(a - b) for la, ea in zip(learner, engine) for a, b in zip(la, ea)]
+        self.report["score"][label] = {
+            "learner": learner, "engine": engine, "num_tokens": len(diffs),
+            "max_abs_diff": max(diffs) if diffs else 0.0,
+            "mean_abs_diff": sum(diffs) / len(diffs) if diffs else 0.0,
+            "min_logprob": min((x for ea in engine for x in ea), default=0.0)}
+
+    # ----------------------------------------------------------------------------------------- main
+    async def run(self):
+        try:
+            for step in self.spec["steps"]:
+                step = dict(step)
+                op = step.pop("op")
+                fn = getattr(self, f"op_{op}")
+                out = fn(**step)
+                if asyncio.iscoroutine(out):
+                    await out
+        finally:
+            await self.engine.close()  # owns no process: only drops connections
+        return self.report
+
+
+def main(argv: list[str]) -> int:
+    spec_path, out_path = argv
+    with open(spec_path) as f:
+        spec = json.load(f)
+    t0 = time.monotonic()
+    worker = Worker(spec)
+    report = asyncio.run(worker.run())
+    report["timings"]["total"] = time.monotonic() - t0
+    with open(out_path + ".tmp", "w") as f:
+        json.dump(report, f)
+    os.replace(out_path + ".tmp", out_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

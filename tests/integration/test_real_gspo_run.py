@@ -1,0 +1,73 @@
+"""A short GSPO run of the tiny job with the SGLang engine instead of the in-process one.
+
+The trainer (``gspo_mcore.train`` on 2 gloo ranks, data parallel) connects to the session's real SGLang
+server (``rollout.sglang.urls``; it cannot launch one itself here, since SGLang lives in its own venv),
+starts from the test checkpoint that the server also serves (``model.load_hf_weights``), rolls out
+through the client on rank 0, trains, and pushes its weights to the server after every step (exported
+in float32, so the server and the learner compute with the same numbers). With
+``old_logprobs=recompute`` the learner reports ``logprob_mismatch``: the mean |SGLang log-prob - learner
+log-prob| over the step's response tokens. It stays at the parity level on every step only if each
+step's rollout ran on the weights of the step before: the end-to-end check of the weight sync.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from sglang_cpu import LOGPROB_TOL, ROOT, get_json
+
+pytestmark = pytest.mark.sglang
+
+STEPS = 3
+
+
+@pytest.mark.parametrize("weight_sync", ["disk", "tensor"])
+def test_tiny_gspo_run_with_sglang(weight_sync, server, tmp_path, figures):
+    from examples.tiny.task import make_rows
+
+    with open(os.path.join(ROOT, "examples", "tiny", "config.yaml")) as f:
+        cfg = yaml.safe_load(f)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in make_rows(64, seed=3)))
+    out = tmp_path / "run"
+    cfg.update(steps=STEPS)
+    cfg["model"] = {"hf_dir": server.base_dir, "load_hf_weights": True}
+    cfg["data"]["paths"] = [str(data)]
+    cfg["log"] = {"output_dir": str(out), "progress_bar": False}
+    cfg["rollout"].update(prompts_per_step=8, group_size=4, old_logprobs="recompute")
+    cfg["rollout"]["engine"] = "sglang"
+    cfg["rollout"]["sglang"] = {"urls": [server.url], "colocate": False, "weight_sync": weight_sync,
+                                "sync_dtype": "float32", "bucket_mb": 1}
+    cfg_path = tmp_path / "config.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+
+    server.holds_base = False
+    from gspo_mcore.rollout.sglang_server import free_port
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "-m", "gspo_mcore.train", "--config", str(cfg_path)]
+    t0 = time.monotonic()
+    log_path = tmp_path / "train.log"
+    with open(log_path, "wb") as log:  # a file, not a pipe (see conftest.learner)
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=900,
+                              env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
+    text = log_path.read_text(errors="replace")
+    assert proc.returncode == 0, f"{text[-8000:]}\n--- server log\n{server.log_tail()}"
+    figures(f"tiny GSPO run, {STEPS} steps, SGLang engine, 2 ranks (s)", time.monotonic() - t0)
+    assert f"gspo-train: {STEPS} steps" in text
+
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(STEPS))
+    for r in rows:
+        assert 0.0 <= r["reward_mean"] <= 1.0
+        assert r["response_length_mean"] > 0
+        figures(f"tiny GSPO run ({weight_sync}): logprob_mismatch, worst step", r["logprob_mismatch"])
+        assert r["logprob_mismatch"] < LOGPROB_TOL, (r["step"], r["logprob_mismatch"])
+    # the server serves the last step's weights, tagged with its version
+    assert get_json(server.url + "/model_info")["weight_version"] == str(STEPS)
