@@ -94,8 +94,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gspo_sequence_terms_c
     const float rc = r < lo ? lo : (r > hi ? hi : r);
     const bool clip = (A > 0.0f && r > hi) || (A < 0.0f && r < lo);
     // loss term = -min(r * A, clip(r) * A); d term / d seq_sum = -[not clipped] * A * r / cnt
-    tp[b] = -std::fmin(r * A, rc * A);
-    if (r != r || A != A) tp[b] = NAN;  // fmin would hide a NaN
+    const float ra = r * A;
+    tp[b] = -std::fmin(ra, rc * A);
+    if (ra != ra) tp[b] = NAN;  // fmin would hide a NaN (r or A NaN, or r = inf with A = 0)
     rp[b] = r;
     cp[b] = clip ? 1.0f : 0.0f;
     kp[b] = clip ? 0.0f : -A * r / cnt;

@@ -368,3 +368,15 @@ def test_segment_op_checks_in_cpp(compiled):
         torch.ops.gspo_mcore.gspo_sequence_terms(torch.ones(3), torch.ones(2), torch.ones(3), 0.1, 0.1)
     with pytest.raises(RuntimeError, match="advantages must be Float"):
         torch.ops.gspo_mcore.gspo_sequence_terms(torch.ones(3), torch.ones(3), torch.ones(3).double(), 0.1, 0.1)
+
+
+@pytest.mark.parametrize("use_ref", [True, False])
+def test_gspo_sequence_terms_inf_ratio_with_zero_advantage_is_nan(use_ref):
+    """s = exp(1000) = inf with A = 0: inf * 0 is NaN, and fmin must not hide it (the loss must not look fine)."""
+    from gspo_mcore import ops
+
+    with ops.use_reference(use_ref):
+        term, ratio, clipped, coef = ops.gspo_sequence_terms(torch.tensor([1000.0, 0.1]), torch.tensor([1.0, 1.0]),
+                                                             torch.tensor([0.0, 1.0]), 3e-4, 4e-4)
+    assert torch.isinf(ratio[0]) and torch.isnan(term[0])
+    assert torch.isfinite(term[1])

@@ -108,8 +108,9 @@ __global__ void sequence_terms_kernel(const float* __restrict__ sp, const float*
     const float r = expf(sp[b] / cnt);
     const float rc = r < lo ? lo : (r > hi ? hi : r);
     const bool clip = (A > 0.0f && r > hi) || (A < 0.0f && r < lo);
-    float term = -fminf(r * A, rc * A);
-    if (r != r || A != A) term = NAN;  // fminf would hide a NaN
+    const float ra = r * A;
+    float term = -fminf(ra, rc * A);
+    if (ra != ra) term = NAN;  // fminf would hide a NaN (r or A NaN, or r = inf with A = 0)
     tp[b] = term;
     rp[b] = r;
     cp[b] = clip ? 1.0f : 0.0f;
