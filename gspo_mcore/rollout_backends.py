@@ -26,7 +26,7 @@ import torch.distributed as dist
 from gspo_mcore.rollout.sglang_control import SGLangClientConfig
 from gspo_mcore.rollout.types import SamplingParams
 
-WEIGHT_SYNC_METHODS = ("tensor", "disk")
+WEIGHT_SYNC_METHODS = ("tensor", "disk", "distributed")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,7 +50,11 @@ class SGLangConfig:
     env: dict = field(default_factory=dict)
     """Extra environment variables for the launched servers."""
     weight_sync: str = "tensor"
-    """``tensor`` (colocated, shared tensors) or ``disk`` (safetensors directory under the run's output)."""
+    """``tensor`` (colocated, shared tensors), ``disk`` (safetensors directory under the run's output) or
+    ``distributed`` (broadcast from learner rank 0 over a process group shared with the servers: NCCL on
+    GPU, gloo on CPU)."""
+    group_address: str = "127.0.0.1"
+    """``distributed``: the address of learner rank 0 that the servers can reach (its rendezvous)."""
     colocate: bool = True
     """Servers share the learner's GPUs: release their memory while training, resume before syncing."""
     sync_dtype: str = "bfloat16"
@@ -61,8 +65,7 @@ class SGLangConfig:
 
     def __post_init__(self):
         if self.weight_sync not in WEIGHT_SYNC_METHODS:
-            raise ValueError(f"SGLangConfig.weight_sync must be one of {WEIGHT_SYNC_METHODS}, got {self.weight_sync!r}"
-                             " (update_weights_from_distributed is available in the client, not yet in the trainer)")
+            raise ValueError(f"SGLangConfig.weight_sync must be one of {WEIGHT_SYNC_METHODS}, got {self.weight_sync!r}")
         if not self.urls and self.num_servers < 1:
             raise ValueError("SGLangConfig needs urls or num_servers >= 1")
         if self.server_tp_size < 1 or self.bucket_mb < 1:
@@ -114,7 +117,7 @@ class SGLangRollout:
     def __init__(self, cfg: SGLangConfig, *, model_dir: str, output_dir: str, layout):
         self.cfg, self.model_dir, self.output_dir, self.layout = cfg, model_dir, output_dir, layout
         self.is_driver = layout.rank == 0
-        self.engine = self.loop = None
+        self.engine = self.loop = self.group = None
         if cfg.weight_sync == "tensor" and not torch.cuda.is_available():
             # CPU tensors travel through shared memory; torch's default file_descriptor strategy crashes
             # SGLang's receiving side (sglang.md), the file_system one works
@@ -162,9 +165,11 @@ class SGLangRollout:
             self._run(self.engine.resume_memory())
         dtype = getattr(torch, self.cfg.sync_dtype)
         buckets = hf_buckets(model, shape, bucket_bytes=self.cfg.bucket_mb * 2**20, dtype=dtype)
-        if self.cfg.weight_sync == "tensor":
+        if self.cfg.weight_sync in ("tensor", "distributed"):
             if self.is_driver:
-                self._run(self.engine.update_weights_from_tensor(buckets, version))
+                if self.cfg.weight_sync == "distributed" and self.group is None:
+                    self._init_group()
+                self._run(self.engine.update_weights(buckets, version))  # over the group once it exists
             else:
                 for _ in buckets:  # take part in the gather's collectives
                     pass
@@ -174,6 +179,26 @@ class SGLangRollout:
                 self._run(self.engine.update_weights_from_disk(path, version))
         if self.layout.world_size > 1:
             dist.barrier()
+
+    def _init_group(self) -> None:
+        """Create the weight-update group with every server (learner rank 0 is its rank 0)."""
+        from gspo_mcore.rollout.sglang_server import free_port
+        from gspo_mcore.rollout.weight_group import broadcast_bucket, trainer_side_group
+
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        port, name = free_port(), "gspo_mcore_weights"
+        holder = {}
+
+        def trainer_init(world_size: int) -> None:
+            holder["group"] = trainer_side_group(self.cfg.group_address, port, world_size, name, backend=backend)
+
+        def broadcast(bucket) -> None:
+            broadcast_bucket(holder["group"])(bucket)
+
+        self._run(self.engine.init_weight_update_group(master_address=self.cfg.group_address, master_port=port,
+                                                       trainer_init=trainer_init, broadcast=broadcast,
+                                                       group_name=name, backend=backend))
+        self.group = holder["group"]
 
     def _export_to_disk(self, buckets, version: int) -> str:
         from safetensors.torch import save_file

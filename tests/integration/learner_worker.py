@@ -41,26 +41,6 @@ from gspo_mcore.learner import (ModelOptions, ParallelConfig, Sample, build_mode
 from gspo_mcore.rollout import SamplingParams, SGLangClientConfig, SGLangEngine
 
 
-def _trainer_side_group(master_address: str, master_port: int, world_size: int, group_name: str):
-    """The trainer's (rank 0) side of SGLang's weight-update group, created the way SGLang creates its own
-    (``init_custom_process_group`` in ``sglang/srt/utils/common.py``): a TCP rendezvous on the trainer's
-    address and a gloo group that is not the default group. A plain ``init_process_group`` would hang."""
-    from datetime import timedelta
-
-    from torch.distributed.distributed_c10d import (Backend, PrefixStore, _new_process_group_helper, _world,
-                                                    default_pg_timeout, rendezvous)
-
-    init_method = f"tcp://{master_address}:{master_port}"
-    store, rank, world_size = next(rendezvous(init_method, 0, world_size, timeout=timedelta(seconds=120)))
-    store.set_timeout(timedelta(seconds=120))
-    store = PrefixStore(group_name, store)
-    pg_options_key = "backend_options"  # the keyword torch >= 2.6 uses (SGLang picks it the same way)
-    pg, _ = _new_process_group_helper(world_size, rank, [], Backend("gloo"), store, group_name=group_name,
-                                      timeout=default_pg_timeout, **{pg_options_key: None})
-    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
-    return pg
-
-
 class Worker:
     def __init__(self, spec: dict):
         self.spec = spec
@@ -111,8 +91,10 @@ class Worker:
 
             group_name = "gspo_it_weights"
 
+            from gspo_mcore.rollout.weight_group import trainer_side_group
+
             def trainer_init(world_size: int) -> None:
-                self.group_pg = _trainer_side_group("127.0.0.1", port, world_size, group_name)
+                self.group_pg = trainer_side_group("127.0.0.1", port, world_size, group_name, backend="gloo")
 
             def broadcast(bucket) -> None:
                 for _, t in bucket:

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.sglang
 STEPS = 3
 
 
-@pytest.mark.parametrize("weight_sync", ["disk", "tensor"])
+@pytest.mark.parametrize("weight_sync", ["disk", "tensor", "distributed"])
 def test_tiny_gspo_run_with_sglang(weight_sync, server, tmp_path, figures):
     from examples.tiny.task import make_rows
 
