@@ -40,7 +40,7 @@ demo: install
 
 # The real-SGLang integration tier (tests/integration/README.md): makes .venv-sglang (SGLang 0.5.23 for the
 # CPU, several GB, a few minutes) on first use, then starts real servers on loopback. Not part of `make test`
-# on a fresh clone (the tier skips itself there, having no .venv-sglang).
+# on its own (the tier skips itself there, having no .venv-sglang); `.ci/run` calls both.
 # SGLANG_VENV=DIR keeps that environment elsewhere (e.g. outside a fresh clone, to reuse it).
 SGLANG_VENV ?= .venv-sglang
 .PHONY: test-sglang
