@@ -1,5 +1,6 @@
 """The GSPO training loop: sample prompts -> roll out G per prompt -> rewards -> group advantages ->
-old log-probs -> ``num_minibatches`` updates -> weight sync -> metrics -> checkpoint.
+old log-probs (and, for MoE with Routing Replay, the experts) -> ``num_minibatches`` updates -> weight
+sync -> metrics -> checkpoint.
 
 With ``checkpoint.resume`` the run first restores the newest valid checkpoint (model, optimizer, LR
 schedule, RNG states, data position, engine weight version) and continues at the step after it; rollout
@@ -29,6 +30,7 @@ from gspo_mcore.data.sampler import SamplerConfig
 from gspo_mcore.data.template import TemplateConfig
 from gspo_mcore.learner import BatchConfig, LossConfig, ModelOptions, OptimConfig, ParallelConfig
 from gspo_mcore.learner.checkpoint import CheckpointConfig
+from gspo_mcore.learner.routing import RoutingConfig
 from gspo_mcore.metrics import LogConfig, MetricsLogger
 from gspo_mcore.rewards.runner import RewardRunnerConfig
 from gspo_mcore.rollout_backends import SGLangConfig
@@ -98,6 +100,8 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    """MoE: Routing Replay and routing-volatility measurement (ignored for dense models)."""
     data: DataConfig
     sampler: SamplerConfig = field(default_factory=lambda: SamplerConfig(epochs=None))
     template: TemplateConfig = field(default_factory=lambda: TemplateConfig(tokenizer_dir=""))
@@ -116,6 +120,9 @@ class TrainConfig:
         if self.rollout.engine == "sglang" and not self.model.load_hf_weights:
             raise ValueError("rollout.engine=sglang needs model.load_hf_weights=true: the servers load the weights in "
                              "model.hf_dir, so the learner must start from the same ones")
+        if self.routing.replay and self.rollout.old_logprobs != "recompute":
+            raise ValueError("routing.replay=true needs rollout.old_logprobs=recompute: the experts are recorded in "
+                             "the learner's old-log-prob forward, so the old log-probs must come from it too")
         total = self.rollout.prompts_per_step * self.rollout.group_size
         if self.batch.num_minibatches > total:
             raise ValueError(f"batch.num_minibatches ({self.batch.num_minibatches}) exceeds the rollout batch "
@@ -175,8 +182,9 @@ def run(cfg: TrainConfig) -> list[dict]:
                 else torch.ones(len(groups), dtype=torch.bool)
             samples = _learner_samples(groups, advantages, keep)
             engine.before_train()  # colocated SGLang frees its GPU memory
-            updates = train_step(model, optimizer, scheduler, samples, layout, loss_cfg, cfg.batch) \
-                if len(samples) >= cfg.batch.num_minibatches else []
+            measure = cfg.routing.measure_every > 0 and step % cfg.routing.measure_every == 0
+            updates = train_step(model, optimizer, scheduler, samples, layout, loss_cfg, cfg.batch, cfg.routing,
+                                 measure_routing=measure) if len(samples) >= cfg.batch.num_minibatches else []
             t3 = time.perf_counter()
             engine.sync_weights(model, shape, step + 1)  # the engine serves the updated policy as version step+1
             t4 = time.perf_counter()

@@ -7,6 +7,7 @@ The pieces, in the order a trainer uses them::
     model = build_model(shape, ParallelConfig(tensor=2))       # model (GPTModel in Megatron DDP)
     optimizer, scheduler = build_optimizer(model, OptimConfig(lr=1e-6))
     metrics = train_step(model, optimizer, scheduler, samples, layout, LossConfig(), BatchConfig())
+    # MoE: RoutingConfig(replay=True) as a further argument replays the old policy's experts (routing)
 
 ``samples`` is a list of :class:`Sample` (``batching``), the same on every rank. Importing this package
 does not import megatron; the functions do.
@@ -18,13 +19,16 @@ from gspo_mcore.learner.model_config import ModelShape, load_hf_config, transfor
 from gspo_mcore.learner.optimizer import OptimConfig, build_optimizer
 from gspo_mcore.learner.parallel import (Layout, ParallelConfig, current_layout, destroy_parallel, init_parallel,
                                          validate_layout)
-from gspo_mcore.learner.step import (BatchConfig, LossConfig, forward_backward, forward_logprobs, microbatches_for_rank,
-                                     train_minibatch, train_step)
+from gspo_mcore.learner.routing import RoutingConfig
+from gspo_mcore.learner.step import (BatchConfig, LossConfig, forward_backward, forward_logprobs,
+                                     forward_logprobs_with_routing, microbatches_for_rank, train_minibatch,
+                                     train_step)
 
 __all__ = [
     "BatchConfig", "Layout", "LossConfig", "MicroBatch", "ModelOptions", "ModelShape", "OptimConfig",
     "ParallelConfig", "Sample", "build_microbatch", "build_model", "build_optimizer", "current_layout",
-    "destroy_parallel", "forward_backward", "forward_logprobs", "have_transformer_engine", "init_parallel",
+    "RoutingConfig", "destroy_parallel", "forward_backward", "forward_logprobs", "forward_logprobs_with_routing",
+    "have_transformer_engine", "init_parallel",
     "init_weights",
     "load_hf_config", "microbatches_for_rank", "plan_microbatches", "split_minibatches", "train_minibatch",
     "train_step", "transformer_config", "unwrap", "validate_layout",

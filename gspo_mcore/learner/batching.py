@@ -39,6 +39,9 @@ class Sample:
     old_logprobs: torch.Tensor | None = None
     """``[L-1]`` float32: log-prob of ``tokens[1:]`` under the behaviour policy (``None``: the learner
     recomputes it before the first update)."""
+    routed_experts: torch.Tensor | None = None
+    """MoE only: ``[L, num_layers, topk]`` integer expert ids each token was routed to under the behaviour
+    policy (``-1`` in dense layers), replayed by Routing Replay (see :mod:`gspo_mcore.learner.routing`)."""
 
     def __post_init__(self):
         if not isinstance(self.tokens, torch.Tensor) or self.tokens.dim() != 1 or self.tokens.dtype != torch.int64:
@@ -51,6 +54,12 @@ class Sample:
                                               or self.old_logprobs.shape != (self.tokens.shape[0] - 1,)):
             raise ValueError(f"Sample.old_logprobs must be [L-1] = [{self.tokens.shape[0] - 1}] (aligned with "
                              "tokens[1:])")
+        r = self.routed_experts
+        if r is not None and (not isinstance(r, torch.Tensor) or r.dim() != 3 or r.shape[0] != self.tokens.shape[0]
+                              or r.is_floating_point()):
+            shape = tuple(r.shape) if isinstance(r, torch.Tensor) else type(r).__name__
+            raise ValueError(f"Sample.routed_experts must be an integer [L={self.tokens.shape[0]}, num_layers, topk] "
+                             f"tensor, got {shape}")
 
     @property
     def length(self) -> int:
@@ -149,6 +158,9 @@ class MicroBatch:
     cu_seqlens: torch.Tensor  # (B+1,) int64 offsets of the samples in [0, T)
     sample_indices: list[int] = field(default_factory=list)
     """Indices of the samples (in the list given to :func:`build_microbatch`), in order."""
+    routing: torch.Tensor | None = None
+    """Routing Replay target ``[S, R, num_layers, topk]`` int64 in the routers' (sequence-major) token
+    order, when every sample carries ``routed_experts``."""
 
     @property
     def num_tokens(self) -> int:
@@ -177,6 +189,7 @@ def build_microbatch(samples, indices: list[int], *, packing: str = "padded", pa
             for (_, _, o, _), n, m in zip(seqs, lengths, masks)]
     advantages = torch.tensor([a for *_, a in seqs], dtype=torch.float32)
     attention_mask = packed = None
+    routed = [s.routed_experts for s in chosen]
     if packing == "padded":
         width = _round_up(max(lengths), pad_multiple)
         pad = [width - n for n in lengths]
@@ -200,11 +213,17 @@ def build_microbatch(samples, indices: list[int], *, packing: str = "padded", pa
                                      max_seqlen_q=max(seg_lengths), max_seqlen_kv=max(seg_lengths))
         else:
             attention_mask = block_causal_mask(seg_lengths).to(device)
+    routing = None
+    if chosen and all(r is not None for r in routed):
+        from gspo_mcore.learner.routing import microbatch_routing
+
+        routing = microbatch_routing(routed, lengths, packing=packing, width=int(tokens.shape[-1]),
+                                     topk=int(routed[0].shape[-1])).to(device)
     return MicroBatch(
         tokens=tokens.contiguous().to(device), position_ids=position_ids.contiguous().to(device),
         attention_mask=attention_mask, packed_seq_params=packed, targets=torch.cat(targets).to(device),
         loss_mask=torch.cat(masks).to(device), old_logprobs=torch.cat(olds).to(device),
-        advantages=advantages.to(device), cu_seqlens=cu.to(device), sample_indices=list(indices))
+        advantages=advantages.to(device), cu_seqlens=cu.to(device), sample_indices=list(indices), routing=routing)
 
 
 def _round_up(n: int, multiple: int) -> int:

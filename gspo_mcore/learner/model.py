@@ -78,6 +78,12 @@ def build_model(shape: ModelShape, parallel: ParallelConfig, options: ModelOptio
         position_embedding_type="rope",
         rotary_base=int(shape.rope_theta),
     )
+    if shape.is_moe:
+        # routers keep their own RouterReplay (gspo_mcore.learner.routing drives them one by one); drop
+        # Megatron's process-wide list so that building models repeatedly does not keep old ones alive
+        from megatron.core.transformer.moe.router_replay import RouterReplay
+
+        RouterReplay.clear_global_router_replay_instances()
     if on_gpu:
         model.cuda(torch.cuda.current_device())
     if seed is not None:

@@ -191,5 +191,8 @@ def transformer_config(shape: ModelShape, *, tensor: int = 1, pipeline: int = 1,
             moe_aux_loss_coeff=shape.router_aux_loss_coef,
             moe_grouped_gemm=False,
             moe_router_dtype="fp32",
+            # each router gets a RouterReplay (idle unless gspo_mcore.learner.routing drives it): Routing
+            # Replay and the routing-volatility measurement record / force the experts through it
+            moe_enable_routing_replay=True,
         )
     return TransformerConfig(**kwargs)

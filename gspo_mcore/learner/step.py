@@ -24,7 +24,9 @@ from gspo_mcore import algo, ops
 from gspo_mcore.learner.batching import (MicroBatch, Sample, build_microbatch, count_sequences,
                                          plan_microbatches, split_minibatches)
 from gspo_mcore.learner.optimizer import current_lr, optimizer_step, zero_grads
+from gspo_mcore.learner import routing
 from gspo_mcore.learner.parallel import Layout
+from gspo_mcore.learner.routing import RoutingConfig
 
 CPU_PACKINGS = ("padded", "block_diagonal")
 
@@ -114,9 +116,13 @@ def microbatches_for_rank(samples, layout: Layout, max_tokens: int, *, model,
             for idx in plans[layout.dp_rank]]
 
 
-def _forward_step(loss_func, data_iterator, model):
+def _forward_step(loss_func, tape, data_iterator, model):
     mb: MicroBatch = next(data_iterator)
+    if tape is not None:
+        tape.before(mb, model)
     output = model(mb.tokens, mb.position_ids, mb.attention_mask, packed_seq_params=mb.packed_seq_params)
+    if tape is not None:
+        tape.after(mb, model)
     return output, partial(loss_func, mb)
 
 
@@ -151,7 +157,9 @@ def _configure(model) -> None:
     config.no_sync_func = model[0].no_sync if len(model) == 1 else [m.no_sync for m in model]
 
 
-def _run_schedule(model, microbatches, loss_func, *, forward_only: bool):
+def _run_schedule(model, microbatches, loss_func, *, forward_only: bool, tape=None):
+    """Megatron's schedule over ``microbatches``; ``tape`` (a :class:`routing.RoutingTape`) records or
+    replays the MoE routing of every micro-batch."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     _configure(model)
@@ -159,33 +167,50 @@ def _run_schedule(model, microbatches, loss_func, *, forward_only: bool):
         chunk.train()
     fb = get_forward_backward_func()
     max_len = max(int(mb.tokens.shape[1]) for mb in microbatches)
-    return fb(forward_step_func=partial(_forward_step, loss_func), data_iterator=iter(microbatches), model=model,
-              num_microbatches=len(microbatches), seq_length=max_len, micro_batch_size=1,
-              forward_only=forward_only)
+    run = partial(fb, forward_step_func=partial(_forward_step, loss_func, tape), data_iterator=iter(microbatches),
+                  model=model, num_microbatches=len(microbatches), seq_length=max_len, micro_batch_size=1,
+                  forward_only=forward_only)
+    if tape is None:
+        return run()
+    with tape:
+        return run()
+
+
+def _tape(model, layout: Layout, *, record: bool = False, replay: bool = False):
+    if not (record or replay):
+        return None
+    if replay:
+        routing.check_replay_supported(model)
+    return routing.RoutingTape(model, record=record, replay=replay, tp_rank=layout.tp_rank, tp_size=layout.tp_size)
 
 
 def forward_backward(model, samples: list[Sample], layout: Layout, loss_cfg: LossConfig, *, max_tokens: int,
-                     packing: str = "padded", num_sequences: int | None = None) -> dict[str, float]:
+                     packing: str = "padded", num_sequences: int | None = None,
+                     replay_routing: bool = False) -> dict[str, float]:
     """Accumulate the policy-loss gradient of ``samples`` into the model's gradient buffers (no step).
 
     ``samples``: the whole mini-batch, identical on all ranks, each with ``old_logprobs``.
     ``num_sequences``: the normaliser ``N`` (default: the samples with at least one counted token).
+    ``replay_routing``: force every token through the experts in its sample's ``routed_experts`` (MoE).
     Returns the metrics of :func:`train_minibatch` except the optimizer's.
     """
+    if replay_routing and any(s.routed_experts is None for s in samples):
+        raise ValueError("Routing Replay needs routed_experts on every sample (recorded by forward_logprobs with "
+                         "record_routing=True, which train_step does when RoutingConfig.replay is set)")
     if any(s.old_logprobs is None for s in samples):
         raise ValueError("the policy loss needs old_logprobs on every sample (see train_step / forward_logprobs)")
     n = count_sequences(samples) if num_sequences is None else num_sequences
     mbs = microbatches_for_rank(samples, layout, max_tokens, model=model, packing=packing)
     scale = float(len(mbs) * layout.dp_size)
     loss_func = partial(_policy_loss_func, layout, loss_cfg, max(n, 1), scale)
-    store = _run_schedule(model, mbs, loss_func, forward_only=False)
+    store = _run_schedule(model, mbs, loss_func, forward_only=False, tape=_tape(model, layout, replay=replay_routing))
     metrics = _reduce_metrics(store, layout)
     metrics["num_microbatches"] = float(len(mbs))
     return metrics
 
 
 def train_minibatch(model, optimizer, scheduler, samples: list[Sample], layout: Layout, loss_cfg: LossConfig, *,
-                    max_tokens: int, packing: str = "padded") -> dict[str, float]:
+                    max_tokens: int, packing: str = "padded", replay_routing: bool = False) -> dict[str, float]:
     """One optimizer step on one mini-batch (``samples``: the whole mini-batch, identical on all ranks).
 
     Every sample must carry ``old_logprobs``. Returns the mini-batch's metrics, reduced over DP and
@@ -194,7 +219,8 @@ def train_minibatch(model, optimizer, scheduler, samples: list[Sample], layout: 
     ``num_sequences``, ``entropy`` (mean over counted tokens), ``num_microbatches`` (per DP rank).
     """
     zero_grads(model, optimizer)
-    metrics = forward_backward(model, samples, layout, loss_cfg, max_tokens=max_tokens, packing=packing)
+    metrics = forward_backward(model, samples, layout, loss_cfg, max_tokens=max_tokens, packing=packing,
+                               replay_routing=replay_routing)
     lr = current_lr(optimizer)
     ok, grad_norm = optimizer_step(optimizer, scheduler)
     metrics.update(grad_norm=grad_norm, update_successful=float(ok), lr=lr)
@@ -241,9 +267,29 @@ def forward_logprobs(model, samples: list[Sample], layout: Layout, *, max_tokens
     Runs forward only through the same schedule and micro-batching as training (old-policy or reference
     log-probs). ``samples`` is the same list on every rank.
     """
+    return _forward_logprobs(model, samples, layout, max_tokens=max_tokens, packing=packing,
+                             temperature=temperature)[0]
+
+
+@torch.no_grad()
+def forward_logprobs_with_routing(model, samples: list[Sample], layout: Layout, *, max_tokens: int,
+                                  packing: str = "padded", temperature: float = 1.0
+                                  ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """:func:`forward_logprobs` of a MoE model, plus the experts every token was routed to: per sample
+    ``[L, num_layers, topk]`` int32 (``-1`` in dense layers), on every rank (see :mod:`.routing`)."""
+    if not routing.is_moe(model):
+        raise ValueError("forward_logprobs_with_routing needs a MoE model")
+    tape = _tape(model, layout, record=True)
+    logps, _ = _forward_logprobs(model, samples, layout, max_tokens=max_tokens, packing=packing,
+                                 temperature=temperature, tape=tape)
+    num_layers, topk = routing.routing_dims(model)
+    return logps, tape.scatter_to_samples(samples, layout, num_layers=num_layers, topk=topk)
+
+
+def _forward_logprobs(model, samples, layout, *, max_tokens, packing, temperature, tape=None):
     loss_cfg = LossConfig(temperature=temperature, compute_entropy=False)
     mbs = microbatches_for_rank(samples, layout, max_tokens, model=model, packing=packing)
-    store = _run_schedule(model, mbs, partial(_logprob_func, layout, loss_cfg), forward_only=True)
+    store = _run_schedule(model, mbs, partial(_logprob_func, layout, loss_cfg), forward_only=True, tape=tape)
     sizes = [s.length - 1 for s in samples]
     offsets = [0]
     for n in sizes:
@@ -258,11 +304,12 @@ def forward_logprobs(model, samples: list[Sample], layout: Layout, *, max_tokens
         if size > 1:
             dist.all_reduce(flat, group=group)
     flat = flat.cpu()
-    return [flat[offsets[i]: offsets[i + 1]].clone() for i in range(len(samples))]
+    return [flat[offsets[i]: offsets[i + 1]].clone() for i in range(len(samples))], mbs
 
 
 def train_step(model, optimizer, scheduler, samples: list[Sample], layout: Layout, loss_cfg: LossConfig,
-               batch_cfg: BatchConfig) -> list[dict[str, float]]:
+               batch_cfg: BatchConfig, routing_cfg: RoutingConfig = RoutingConfig(), *,
+               measure_routing: bool = False) -> list[dict[str, float]]:
     """One rollout batch: old log-probs where needed, then one optimizer step per mini-batch.
 
     ``samples`` is the whole rollout batch, identical on every rank. Samples without ``old_logprobs``
@@ -270,11 +317,26 @@ def train_step(model, optimizer, scheduler, samples: list[Sample], layout: Layou
     pre-update policy. Returns one metrics dict per mini-batch (see :func:`train_minibatch`); when
     rollout log-probs were replaced, each also has ``rollout_logprob_abs_diff`` (mean over counted tokens
     of ``|recomputed - rollout|``).
+
+    MoE models: with ``routing_cfg.replay`` the old-log-prob forward records every token's experts and
+    the training forwards replay them (Routing Replay); samples that already carry ``routed_experts`` and
+    ``old_logprobs`` (e.g. from the rollout engine) are replayed as given. With ``measure_routing`` the
+    batch is forwarded again after the first optimizer step and every dict gets
+    ``routing_changed_fraction`` and ``routing_expert_change_fraction`` (see :func:`routing.routing_change`).
     """
     extra = {}
-    if loss_cfg.recompute_old_logprobs or any(s.old_logprobs is None for s in samples):
-        old = forward_logprobs(model, samples, layout, max_tokens=batch_cfg.max_tokens_per_microbatch,
-                               packing=batch_cfg.packing, temperature=loss_cfg.temperature)
+    moe = routing.is_moe(model)
+    replay = routing_cfg.replay and moe
+    measure = measure_routing and moe
+    before = None
+    kw = dict(max_tokens=batch_cfg.max_tokens_per_microbatch, packing=batch_cfg.packing,
+              temperature=loss_cfg.temperature)
+    needs_routing = (replay and any(s.routed_experts is None for s in samples)) or measure
+    if loss_cfg.recompute_old_logprobs or any(s.old_logprobs is None for s in samples) or needs_routing:
+        if needs_routing:
+            old, before = forward_logprobs_with_routing(model, samples, layout, **kw)
+        else:
+            old = forward_logprobs(model, samples, layout, **kw)
         rollout = [(s, lp) for s, lp in zip(samples, old) if s.old_logprobs is not None]
         if rollout:
             diff = sum(float(((lp - s.old_logprobs.float()).abs() * s.loss_mask[1:].float()).sum())
@@ -283,6 +345,16 @@ def train_step(model, optimizer, scheduler, samples: list[Sample], layout: Layou
             extra["rollout_logprob_abs_diff"] = diff / max(count, 1)
         samples = [replace(s, old_logprobs=lp) if loss_cfg.recompute_old_logprobs or s.old_logprobs is None else s
                    for s, lp in zip(samples, old)]
-    return [dict(train_minibatch(model, optimizer, scheduler, [samples[i] for i in part], layout, loss_cfg,
-                                 max_tokens=batch_cfg.max_tokens_per_microbatch, packing=batch_cfg.packing), **extra)
-            for part in split_minibatches(len(samples), batch_cfg.num_minibatches)]
+        if replay:
+            # the experts recorded with the old log-probs; samples that bring both keep their own pair
+            samples = [s if s.routed_experts is not None and not loss_cfg.recompute_old_logprobs
+                       else replace(s, routed_experts=r) for s, r in zip(samples, before)]
+    results = []
+    for j, part in enumerate(split_minibatches(len(samples), batch_cfg.num_minibatches)):
+        results.append(dict(train_minibatch(model, optimizer, scheduler, [samples[i] for i in part], layout,
+                                            loss_cfg, max_tokens=batch_cfg.max_tokens_per_microbatch,
+                                            packing=batch_cfg.packing, replay_routing=replay), **extra))
+        if j == 0 and measure:
+            _, after = forward_logprobs_with_routing(model, samples, layout, **kw)
+            extra.update(routing.routing_change(before, after, samples))
+    return [dict(r, **extra) for r in results]

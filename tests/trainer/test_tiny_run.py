@@ -55,3 +55,34 @@ def test_plot_tool_names_a_malformed_line(tmp_path):
     bad.write_text('{"step": 0, "reward_mean": 0.1}\nnot json\n')
     proc = subprocess.run([sys.executable, "tools/plot_metrics.py", str(bad)], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode != 0 and "metrics.jsonl:2" in proc.stderr
+
+
+@pytest.mark.distributed
+def test_tiny_moe_job_with_routing_replay_measures_routing_volatility(tmp_path):
+    """The MoE model on 2 ranks (EP2) with Routing Replay and the volatility measurement every step."""
+    subprocess.run([sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "64",
+                    "--moe"], cwd=ROOT, check=True, capture_output=True)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "-m", "gspo_mcore.train", "--config", "examples/tiny/config.yaml", "steps=2", "parallel.expert=2",
+           f"model.hf_dir={tmp_path}/model_moe", f"data.paths=[{tmp_path}/prompts.jsonl]", f"log.output_dir={out}",
+           "rollout.prompts_per_step=8", "rollout.group_size=4", "log.progress_bar=false", "log.tensorboard=false",
+           "loss.variant=grpo", "routing.replay=true", "routing.measure_every=1", "optim.lr=0.05"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    for r in rows:
+        assert 0.0 <= r["routing_expert_change_fraction"] <= r["routing_changed_fraction"] <= 1.0
+    assert max(r["routing_changed_fraction"] for r in rows) > 0, "lr 0.05 must move some routing"
+    # the in-process engine samples from the same fp32 model the learner recomputes
+    assert rows[0]["logprob_mismatch"] < 1e-4
+
+
+def test_routing_replay_refuses_rollout_old_logprobs():
+    from gspo_mcore.config import ConfigError
+    from gspo_mcore.train import parse_config
+
+    with pytest.raises((ConfigError, ValueError), match="routing.replay=true needs rollout.old_logprobs=recompute"):
+        parse_config(["--config", "examples/tiny/config.yaml", "routing.replay=true", "rollout.old_logprobs=rollout"])

@@ -1,0 +1,144 @@
+"""Worker for the Routing Replay tests (1 or 2 gloo ranks): several checks per launch, one JSON line each.
+
+Checks, on the toy MoE model (layout-independent init):
+- ``record``: the experts recorded with the old log-probs, per sample ``[L, layers, topk]``, for this
+  layout and micro-batch plan. Case ``save`` writes them as the reference; the others compare with it.
+- ``replay``: after one large optimizer step (so the router chooses differently), a replayed training
+  forward, packed with ANOTHER micro-batch plan, must route every token to its recorded experts. The
+  routers' actual decisions are captured by forward hooks (``routing_map``) and mapped back to samples
+  here, independently of ``gspo_mcore.learner.routing``; the same forward without replay must differ
+  (so the check can fail).
+- ``noop``: replaying the model's own current routing leaves loss and gradient norm unchanged.
+
+    python -m torch.distributed.run --nproc_per_node 2 routing_worker.py --ref DIR --out FILE \
+        --cases '[{"name": "ep2", "ep": 2}]'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import replace
+
+import torch
+import torch.distributed as dist
+
+import learner_toy as toy
+
+
+def capture_routing(model):
+    """Forward hooks on every router; returns (calls, remove): calls = [(layer, routing_map)] in call order."""
+    from gspo_mcore.learner.model import unwrap
+
+    calls, handles = [], []
+    for module in unwrap(model[0]).modules():
+        if type(module).__name__ == "TopKRouter":
+            layer = int(module.layer_number) - 1
+
+            def hook(mod, args, output, layer=layer):
+                calls.append((layer, output[1].detach().clone()))
+            handles.append(module.register_forward_hook(hook))
+    return calls, lambda: [h.remove() for h in handles]
+
+
+def routed_sets_by_sample(calls, mbs, num_layers):
+    """{sample index: bool [L, layers, E]} from the hooked routing maps, for padded micro-batches."""
+    out = {}
+    per_mb = [c for c in calls]
+    k = 0
+    for mb in mbs:
+        rows, width = mb.tokens.shape
+        for _ in range(num_layers):
+            layer, rmap = per_mb[k]
+            k += 1
+            grid = rmap.view(width, rows, -1)  # router order: sequence-major
+            for r, i in enumerate(mb.sample_indices):
+                n = int(mb.cu_seqlens[r + 1] - mb.cu_seqlens[r])  # the padded row width
+                out.setdefault(i, {})[layer] = grid[:, r][:n]
+    return out
+
+
+def run_case(case, args):
+    from gspo_mcore.learner import (BatchConfig, LossConfig, OptimConfig, ParallelConfig, build_model, build_optimizer,
+                                    forward_backward, forward_logprobs_with_routing, init_parallel, load_hf_config,
+                                    microbatches_for_rank)
+    from gspo_mcore.learner.optimizer import optimizer_step, zero_grads
+
+    shape = load_hf_config(toy.MODELS["moe"])
+    pc = ParallelConfig(expert=case.get("ep", 1))
+    layout = init_parallel(pc, shape, seed=1234)
+    model = build_model(shape, pc, seed=7)
+    optimizer, scheduler = build_optimizer(model, OptimConfig(lr=5e-2, clip_grad=0.0, weight_decay=0.0))
+    samples = toy.toy_samples(vocab=shape.vocab_size)
+    packing = case.get("packing", "padded")
+    logp, recorded = forward_logprobs_with_routing(model, samples, layout, max_tokens=case.get("max_tokens", 1000),
+                                                   packing=packing)
+    result = dict(case=case["name"], world=layout.world_size)
+    flat = torch.cat([r.reshape(-1) for r in recorded])
+    if case.get("save"):
+        torch.save(recorded, os.path.join(args.ref, "routing.pt"))
+        result["record_mismatch"] = 0
+    else:
+        ref = torch.load(os.path.join(args.ref, "routing.pt"))
+        result["record_mismatch"] = int(sum(int((a != b).sum()) for a, b in zip(recorded, ref)))
+    result["record_min"] = int(flat.min())
+    result["record_max"] = int(flat.max())
+
+    batch = [replace(s, old_logprobs=lp, routed_experts=r) for s, lp, r in zip(samples, logp, recorded)]
+    loss_cfg = LossConfig(variant="grpo")
+    # noop: replaying the current routing changes nothing
+    plain = forward_backward(model, batch, layout, loss_cfg, max_tokens=60)
+    zero_grads(model, optimizer)
+    replayed = forward_backward(model, batch, layout, loss_cfg, max_tokens=45, replay_routing=True)
+    zero_grads(model, optimizer)
+    result["noop_loss_diff"] = abs(plain["loss"] - replayed["loss"])
+
+    # one large update, then a replayed forward with another micro-batch plan
+    forward_backward(model, batch, layout, loss_cfg, max_tokens=1000)
+    optimizer_step(optimizer, scheduler)
+    zero_grads(model, optimizer)
+    max_tokens = case.get("replay_max_tokens", 40)
+    mbs = microbatches_for_rank(batch, layout, max_tokens, model=model, packing="padded")
+    num_layers = shape.num_hidden_layers
+    counts = {}
+    for mode in ("replay", "free"):
+        calls, remove = capture_routing(model)
+        forward_backward(model, batch, layout, loss_cfg, max_tokens=max_tokens, replay_routing=mode == "replay")
+        remove()
+        zero_grads(model, optimizer)
+        got = routed_sets_by_sample(calls, mbs, num_layers)
+        wrong = 0
+        for i, per_layer in got.items():
+            n = samples[i].length
+            for layer, rmap in per_layer.items():
+                want = torch.zeros_like(rmap[:n])
+                want.scatter_(1, recorded[i][:, layer].long(), True)
+                wrong += int((rmap[:n] != want).any(-1).sum())
+        covered = torch.tensor([wrong, len(got)], dtype=torch.int64)
+        dist.all_reduce(covered)
+        counts[mode] = covered.tolist()
+    result["replay_wrong_tokens"], result["replay_samples_seen"] = counts["replay"]
+    result["free_wrong_tokens"], _ = counts["free"]
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases", required=True)
+    parser.add_argument("--ref", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    from gspo_mcore.learner import destroy_parallel
+
+    results = [run_case(case, args) for case in json.loads(args.cases)]
+    if dist.get_rank() == 0:
+        with open(args.out, "w") as f:
+            for r in results:
+                f.write(json.dumps(r) + "\n")
+    destroy_parallel()
+
+
+if __name__ == "__main__":
+    main()
