@@ -32,6 +32,7 @@ def capture_routing(model):
     from gspo_mcore.learner.model import unwrap
 
     calls, handles = [], []
+    capture_routing.num_local = 0
     for module in unwrap(model[0]).modules():
         if type(module).__name__ == "TopKRouter":
             layer = int(module.layer_number) - 1
@@ -39,6 +40,7 @@ def capture_routing(model):
             def hook(mod, args, output, layer=layer):
                 calls.append((layer, output[1].detach().clone()))
             handles.append(module.register_forward_hook(hook))
+            capture_routing.num_local += 1
     return calls, lambda: [h.remove() for h in handles]
 
 
@@ -66,7 +68,7 @@ def run_case(case, args):
     from gspo_mcore.learner.optimizer import optimizer_step, zero_grads
 
     shape = load_hf_config(toy.MODELS["moe"])
-    pc = ParallelConfig(expert=case.get("ep", 1))
+    pc = ParallelConfig(expert=case.get("ep", 1), pipeline=case.get("pp", 1))
     layout = init_parallel(pc, shape, seed=1234)
     model = build_model(shape, pc, seed=7)
     optimizer, scheduler = build_optimizer(model, OptimConfig(lr=5e-2, clip_grad=0.0, weight_decay=0.0))
@@ -100,14 +102,13 @@ def run_case(case, args):
     zero_grads(model, optimizer)
     max_tokens = case.get("replay_max_tokens", 40)
     mbs = microbatches_for_rank(batch, layout, max_tokens, model=model, packing="padded")
-    num_layers = shape.num_hidden_layers
     counts = {}
     for mode in ("replay", "free"):
         calls, remove = capture_routing(model)
         forward_backward(model, batch, layout, loss_cfg, max_tokens=max_tokens, replay_routing=mode == "replay")
         remove()
         zero_grads(model, optimizer)
-        got = routed_sets_by_sample(calls, mbs, num_layers)
+        got = routed_sets_by_sample(calls, mbs, capture_routing.num_local)  # this stage's MoE layers
         wrong = 0
         for i, per_layer in got.items():
             n = samples[i].length
@@ -115,7 +116,8 @@ def run_case(case, args):
                 want = torch.zeros_like(rmap[:n])
                 want.scatter_(1, recorded[i][:, layer].long(), True)
                 wrong += int((rmap[:n] != want).any(-1).sum())
-        covered = torch.tensor([wrong, len(got)], dtype=torch.int64)
+        first_stage = layout.pp_rank == 0  # count each sample once: on one stage
+        covered = torch.tensor([wrong, len(got) if first_stage else 0], dtype=torch.int64)
         dist.all_reduce(covered)
         counts[mode] = covered.tolist()
     result["replay_wrong_tokens"], result["replay_samples_seen"] = counts["replay"]

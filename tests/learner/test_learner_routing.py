@@ -73,7 +73,8 @@ def test_routing_config_rejects_negative_interval():
 
 ONE_RANK = [dict(name="ref", save=True), dict(name="1rank-mb30", max_tokens=30),
             dict(name="1rank-bd-mb50", packing="block_diagonal", max_tokens=50)]
-TWO_RANKS = [dict(name="dp2"), dict(name="ep2", ep=2), dict(name="dp2-mb40", max_tokens=40, replay_max_tokens=25)]
+TWO_RANKS = [dict(name="dp2"), dict(name="ep2", ep=2), dict(name="pp2", pp=2),
+             dict(name="dp2-mb40", max_tokens=40, replay_max_tokens=25)]
 
 
 @pytest.fixture(scope="module")
