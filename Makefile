@@ -48,6 +48,15 @@ test-sglang: install
 	bash tests/integration/setup_sglang_env.sh $(abspath $(SGLANG_VENV))
 	GSPO_SGLANG_TESTS=1 GSPO_SGLANG_VENV=$(abspath $(SGLANG_VENV)) $(PY) -m pytest -q tests/integration
 
+# The GSPO paper in miniature (examples/paper_miniature/README.md): GSPO, GSPO-token, GRPO and GRPO + Routing
+# Replay on the tiny task, dense and MoE, 3 seeds (21 single-process runs, 2 at a time, about an hour on
+# 2 cores), then <PM_OUT>/report.md and its PNGs. Rerunning resumes: finished runs are skipped.
+PM_OUT ?= runs/paper_miniature
+PM_JOBS ?= 2
+.PHONY: paper-miniature
+paper-miniature: install
+	$(PY) -m examples.paper_miniature.run --out $(PM_OUT) --jobs $(PM_JOBS)
+
 bench: install
 	$(PY) tools/bench_logprobs.py
 
