@@ -19,7 +19,6 @@ Rank 0 appends one JSON line per case to ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -29,6 +28,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "learner"))
 import learner_toy as toy  # noqa: E402
+from worker_cases import run_cases  # noqa: E402
 
 MAX_TOKENS = 1000
 OPTIM = dict(lr=1e-3, clip_grad=1.0, weight_decay=0.01, adam_eps=1e-6, lr_warmup_steps=3)  # see invariance_worker
@@ -133,22 +133,5 @@ def run_case(case, args):
                 control_param_diff=float(diffs[2]))
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--dir", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--cases", required=True)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    for case in json.loads(args.cases):
-        result = run_case(case, args)
-        if dist.get_rank() == 0:
-            with open(args.out, "a") as f:
-                f.write(json.dumps(result) + "\n")
-    from gspo_mcore.learner import destroy_parallel
-
-    destroy_parallel()
-
-
 if __name__ == "__main__":
-    main()
+    run_cases(run_case, {"--dir": "folder of the checkpoints"}, append=True)

@@ -16,15 +16,16 @@ Rank 0 writes one JSON line per case.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 
-from convert_models import digest
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "learner"))
+from convert_models import digest  # noqa: E402
+from worker_cases import run_cases  # noqa: E402
 
 BUCKET_BYTES = 24 * 1024  # several buckets per model, each mixing tensors of both pipeline stages
 
@@ -111,22 +112,5 @@ def run_case(case, args):
     return result
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cases", required=True, help="JSON list of cases")
-    parser.add_argument("--ckpt-root", required=True, help="folder for the cases' distributed checkpoints")
-    parser.add_argument("--out", required=True, help="JSON-lines result file (written by rank 0)")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    from gspo_mcore.learner import destroy_parallel
-
-    results = [run_case(case, args) for case in json.loads(args.cases)]
-    if dist.get_rank() == 0:
-        with open(args.out, "w") as f:
-            for r in results:
-                f.write(json.dumps(r) + "\n")
-    destroy_parallel()
-
-
 if __name__ == "__main__":  # the checkpoint writer re-imports this module in a helper process
-    main()
+    run_cases(run_case, {"--ckpt-root": "folder for the cases' distributed checkpoints"})

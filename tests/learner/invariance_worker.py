@@ -12,8 +12,6 @@ writes one JSON line per case.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import time
@@ -23,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 import learner_toy as toy
+from worker_cases import run_cases
 
 MAX_TOKENS = 1000  # one micro-batch per rank unless a case asks for less
 # Adam divides by sqrt(v) + eps: with eps = 1e-8 an element whose gradient is ~1e-8 (the rounding level of
@@ -91,22 +90,5 @@ def run_case(case, args):
     return result
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cases", required=True, help="JSON list of cases")
-    parser.add_argument("--ref", required=True, help="folder of the 1-rank reference results")
-    parser.add_argument("--out", required=True, help="JSON-lines result file (written by rank 0)")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    from gspo_mcore.learner import destroy_parallel
-
-    results = [run_case(case, args) for case in json.loads(args.cases)]
-    if dist.get_rank() == 0:
-        with open(args.out, "w") as f:
-            for r in results:
-                f.write(json.dumps(r) + "\n")
-    destroy_parallel()
-
-
 if __name__ == "__main__":
-    main()
+    run_cases(run_case, {"--ref": "folder of the 1-rank reference results"})

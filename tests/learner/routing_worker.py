@@ -16,8 +16,6 @@ Checks, on the toy MoE model (layout-independent init):
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 from dataclasses import replace
 
@@ -25,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 import learner_toy as toy
+from worker_cases import run_cases
 
 
 def capture_routing(model):
@@ -125,22 +124,5 @@ def run_case(case, args):
     return result
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cases", required=True)
-    parser.add_argument("--ref", required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    from gspo_mcore.learner import destroy_parallel
-
-    results = [run_case(case, args) for case in json.loads(args.cases)]
-    if dist.get_rank() == 0:
-        with open(args.out, "w") as f:
-            for r in results:
-                f.write(json.dumps(r) + "\n")
-    destroy_parallel()
-
-
 if __name__ == "__main__":
-    main()
+    run_cases(run_case, {"--ref": "folder of the 1-rank reference recording"})
