@@ -57,15 +57,21 @@ os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 cpu_sources = sorted(glob.glob("csrc/*.cpp"))
-cxx_flags = ["-O3", "-fopenmp-simd"]  # the C++ standard is the one torch asks for
+# -fopenmp: at::parallel_for (rows of the log-prob kernels) runs on torch's OpenMP threads only when the
+# extension itself is compiled and linked with OpenMP; without it every call is serial. The extension then
+# needs libgomp.so.1, which torch has already loaded (one OpenMP runtime, torch's thread settings).
+cxx_flags = ["-O3", "-fopenmp"]  # the C++ standard is the one torch asks for
+link_flags = ["-fopenmp"]
 if WITH_CUDA:
     ext = CUDAExtension(
         "gspo_mcore._C",
         cpu_sources + sorted(glob.glob("csrc/cuda/*.cpp")) + sorted(glob.glob("csrc/cuda/*.cu")),
         define_macros=[("GSPO_WITH_CUDA", "1")],
         extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--expt-relaxed-constexpr"]},
+        extra_link_args=link_flags,
     )
 else:
-    ext = CppExtension("gspo_mcore._C", cpu_sources, extra_compile_args={"cxx": cxx_flags})
+    ext = CppExtension("gspo_mcore._C", cpu_sources, extra_compile_args={"cxx": cxx_flags},
+                       extra_link_args=link_flags)
 
 setup(ext_modules=[ext], cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)})
