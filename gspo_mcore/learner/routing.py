@@ -67,7 +67,7 @@ def check_replay_supported(model) -> None:
     if not is_moe(model):
         raise ValueError("Routing Replay needs a MoE model (this one has no routers)")
     config = model[0].config
-    if not any(moe_routers(chunk) for chunk in model) and model[0].config.pipeline_model_parallel_size == 1:
+    if not any(moe_routers(chunk) for chunk in model) and config.pipeline_model_parallel_size == 1:
         raise ValueError("Routing Replay: the model was built without routing replay support "
                          "(TransformerConfig.moe_enable_routing_replay)")
     if config.recompute_granularity is not None and config.pipeline_model_parallel_size > 1:
