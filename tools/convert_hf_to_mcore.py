@@ -25,25 +25,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hf", required=True, help="Hugging Face folder (config.json + *.safetensors)")
     parser.add_argument("--out", required=True, help="output folder (must not exist or be empty)")
     parser.add_argument("--dtype", default="auto", help="auto (config.json's), float32, bfloat16 or float16")
-    from gspo_mcore.convert.launch import (add_layout_args, fail, parallel_config, relaunch, under_torchrun,
-                                           world_size_for)
+    from gspo_mcore.convert.launch import (add_layout_args, fail, parallel_config, preflight_launch, relaunch,
+                                           under_torchrun)
 
     add_layout_args(parser)
     args = parser.parse_args(argv)
 
-    import torch
-
     from gspo_mcore.convert.convert import hf_to_mcore, parse_dtype, preflight_hf
-    from gspo_mcore.learner.parallel import validate_layout
 
     try:
         dtype = parse_dtype(args.dtype)
         parallel = parallel_config(args)
         _, shape = preflight_hf(args.hf)
-        world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else world_size_for(parallel)
-        validate_layout(parallel, world, shape, on_gpu=torch.cuda.is_available())
-        if os.path.isdir(args.out) and os.listdir(args.out) and not under_torchrun():
-            raise FileExistsError(f"--out {args.out} exists and is not empty")
+        world = preflight_launch(parallel, shape, args.out)
     except (ValueError, KeyError, FileNotFoundError, FileExistsError) as exc:
         return fail(str(exc))
     if world > 1 and not under_torchrun():

@@ -22,8 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from gspo_mcore.convert.launch import (add_layout_args, fail, parallel_config, parse_size, relaunch,
-                                           under_torchrun, world_size_for)
+    from gspo_mcore.convert.launch import (add_layout_args, fail, parallel_config, parse_size, preflight_launch,
+                                           relaunch, under_torchrun)
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -37,14 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     add_layout_args(parser)
     args = parser.parse_args(argv)
 
-    import torch
-
     from gspo_mcore.convert.convert import mcore_to_hf, parse_dtype
     from gspo_mcore.convert.hf_io import read_config
     from gspo_mcore.convert.hf_mapping import check_architecture
     from gspo_mcore.convert.mcore_checkpoint import find_checkpoint
     from gspo_mcore.learner.model_config import load_hf_config
-    from gspo_mcore.learner.parallel import validate_layout
 
     try:
         dtype = parse_dtype(args.dtype)
@@ -53,10 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         config = read_config(side)
         check_architecture(config)
         shape = load_hf_config(config)
-        world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else world_size_for(parallel)
-        validate_layout(parallel, world, shape, on_gpu=torch.cuda.is_available())
-        if os.path.isdir(args.out) and os.listdir(args.out) and not under_torchrun():
-            raise FileExistsError(f"--out {args.out} exists and is not empty")
+        world = preflight_launch(parallel, shape, args.out)
     except (ValueError, KeyError, FileNotFoundError, FileExistsError) as exc:
         return fail(str(exc))
     if world > 1 and not under_torchrun():
