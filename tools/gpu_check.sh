@@ -2,7 +2,7 @@
 # One-shot check of the CUDA kernels on a GPU machine (written for one H200; no network needed):
 #   1. builds gspo_mcore._C in place with the CUDA kernels,
 #   2. prints nvidia-smi and the versions,
-#   3. runs tests/test_cuda_ops.py, then every other test marked `gpu`,
+#   3. runs tests/ops/test_cuda_ops.py, then every other test marked `gpu`,
 #   4. benchmarks token_logprobs forward and forward+backward at T=16384, V=151936 bf16 against one
 #      streaming read of the logits (measured in the same run) and against eager torch.
 # Usage (from anywhere):  timeout 600 tools/gpu_check.sh      (about 3-5 minutes)
@@ -47,15 +47,15 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
           " module:", C.__file__); assert C.built_with_cuda'
 
 # ---- 2. tests ----------------------------------------------------------------------------------------
-echo "=== [gpu_check] pytest tests/test_cuda_ops.py"
+echo "=== [gpu_check] pytest tests/ops/test_cuda_ops.py"
 rc=0
-timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_ops.py || rc=$?
+timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/ops/test_cuda_ops.py || rc=$?
 echo "[gpu_check] TESTS test_cuda_ops.py rc=$rc"
 [[ $rc -eq 0 ]] || status=1
 
 echo "=== [gpu_check] pytest -m gpu (the other GPU tests)"
 rc=0
-timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu --ignore=tests/test_cuda_ops.py tests || rc=$?
+timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu --ignore=tests/ops/test_cuda_ops.py tests || rc=$?
 [[ $rc -eq 5 ]] && { echo "[gpu_check] (no other gpu-marked tests)"; rc=0; }
 echo "[gpu_check] TESTS -m gpu rc=$rc"
 [[ $rc -eq 0 ]] || status=1
