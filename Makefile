@@ -35,7 +35,8 @@ demo: install
 	$(PY) -m examples.tiny.prepare --out $(DEMO_OUT)
 	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) \
 	  -m gspo_mcore.train --config examples/tiny/config.yaml log.output_dir=$(DEMO_OUT) \
-	  model.hf_dir=$(DEMO_OUT)/model 'data.paths=[$(DEMO_OUT)/prompts.jsonl]'
+	  model.hf_dir=$(DEMO_OUT)/model 'data.paths=[$(DEMO_OUT)/prompts.jsonl]' \
+	  'eval.datasets=[{name: heldout, data: {paths: [$(DEMO_OUT)/heldout.jsonl]}}]'
 	$(PY) tools/plot_metrics.py $(DEMO_OUT)/metrics.jsonl --title "tiny GSPO job (2 CPU ranks)"
 
 # The real-SGLang integration tier (tests/integration/README.md): makes .venv-sglang (SGLang 0.5.23 for the

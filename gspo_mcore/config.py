@@ -2,7 +2,8 @@
 
 Every component owns a small frozen dataclass (validated in its ``__post_init__``); the trainer's config
 is a dataclass whose fields are those components. This module only builds such trees from plain
-data, refuses unknown keys (suggesting the closest valid one), and writes a tree back as YAML.
+data, refuses unknown keys (suggesting the closest valid one, or saying where a removed key went when the
+class lists it in a ``REMOVED_KEYS`` class attribute), and writes a tree back as YAML.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ def from_dict(cls: type, data: Any, path: str = ""):
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
     for key, value in data.items():
+        if key not in fields and key in getattr(cls, "REMOVED_KEYS", {}):
+            raise ConfigError(f"config key {_join(path, key)!r} no longer exists: {cls.REMOVED_KEYS[key]}")
         if key not in fields:
             near = difflib.get_close_matches(str(key), list(fields), n=1)
             hint = f"; did you mean {_join(path, near[0])!r}?" if near else f"; valid keys: {', '.join(fields)}"
@@ -84,6 +87,16 @@ def from_dict(cls: type, data: Any, path: str = ""):
         raise
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def check_literals(obj) -> None:
+    """Raise ``ValueError`` if a ``Literal[...]`` field of dataclass ``obj`` holds another value (for configs
+    built in Python; :func:`from_dict` checks them with the key's path)."""
+    for f in dataclasses.fields(obj):
+        hint = typing.get_type_hints(type(obj)).get(f.name)
+        if typing.get_origin(hint) is typing.Literal and getattr(obj, f.name) not in typing.get_args(hint):
+            raise ValueError(f"{type(obj).__name__}.{f.name} must be one of {typing.get_args(hint)}, "
+                             f"got {getattr(obj, f.name)!r}")
 
 
 def to_dict(obj) -> Any:

@@ -5,9 +5,12 @@ and a progress bar with the live reward and clip fraction. Only the writing rank
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,20 +50,21 @@ class MetricsLogger:
 
                 self._tb = SummaryWriter(os.path.join(cfg.output_dir, "tensorboard"))
             except ImportError:
-                print("[gspo_mcore] tensorboard is not installed: metrics go to metrics.jsonl only")
+                logger.warning("tensorboard is not installed: metrics go to metrics.jsonl only")
         if cfg.wandb_project:
             try:
                 import wandb
 
                 self._wandb = wandb.init(project=cfg.wandb_project, config=run_config or {}, dir=cfg.output_dir)
             except ImportError:
-                print("[gspo_mcore] wandb_project is set but wandb is not installed: skipping wandb")
+                logger.warning("wandb_project is set but wandb is not installed: skipping wandb")
         if cfg.progress_bar:
             from tqdm import tqdm
 
             self._bar = tqdm(total=total_steps, initial=start_step, desc="GSPO", unit="step", dynamic_ncols=True)
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
+    def log(self, step: int, metrics: dict[str, float], *, advance: bool = True) -> None:
+        """Write one record; ``advance=False`` (evaluations) leaves the progress bar where it is."""
         if not self.enabled:
             return
         record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
@@ -72,7 +76,7 @@ class MetricsLogger:
             self._tb.flush()
         if self._wandb is not None:
             self._wandb.log(record, step=step)
-        if self._bar is not None:
+        if self._bar is not None and advance:
             self._bar.set_postfix(reward=f"{record.get('reward_mean', float('nan')):.3f}",
                                   clip=f"{record.get('clip_fraction', float('nan')):.2e}")
             self._bar.update(1)
@@ -99,3 +103,48 @@ def _plain(v):
     if isinstance(v, float):
         return v if math.isfinite(v) else str(v)  # JSON has no NaN/inf: keep them visible as strings
     return v
+
+
+def step_metrics(groups, scores, shaped, keep, updates, reward_metrics, group_size, *, timings, left_out=0,
+                 update_skipped=False) -> dict:
+    """One training step's record: rollout, reward, learner (mean over the mini-batches) and timing figures.
+
+    ``scores``: the task rewards, ``shaped``: what the advantages were taken from (after overlong shaping),
+    both ``(num_groups * G,)``; ``keep``: ``(num_groups,)`` groups trained on; ``updates``: the learner's
+    per-mini-batch metrics; ``timings``: seconds per phase.
+    """
+    from gspo_mcore.algo import zero_advantage_groups
+
+    samples = [s for g in groups for s in g]
+    lengths = [len(s.response_ids) for s in samples]
+    n = max(len(samples), 1)
+    record = {
+        "reward_mean": float(scores.mean()),
+        "reward_std": float(scores.std()) if scores.numel() > 1 else 0.0,
+        "response_length_mean": sum(lengths) / n,
+        "zero_advantage_group_fraction": float(zero_advantage_groups(shaped, group_size).float().mean()),
+        "groups_used": int(keep.sum()),
+        "finish_stop_fraction": sum(s.finish_reason == "stop" for s in samples) / n,
+        "truncated_fraction": sum(s.finish_reason == "length" for s in samples) / n,
+        "samples_left_out": left_out,
+        "update_skipped": float(update_skipped),
+        **{k: float(v) for k, v in reward_metrics.items()},
+    }
+    if not _same(scores, shaped):
+        record["reward_shaped_mean"] = float(shaped.mean())
+    if updates:
+        for key in updates[0]:
+            record[key] = sum(u[key] for u in updates) / len(updates)  # mean over the mini-batches
+        record["ratio_min"] = min(u["ratio_min"] for u in updates)
+        record["ratio_max"] = max(u["ratio_max"] for u in updates)
+        if "rollout_logprob_abs_diff" in updates[0]:
+            record["logprob_mismatch"] = updates[0]["rollout_logprob_abs_diff"]
+    record.update({f"time_{k}_s": v for k, v in timings.items()})
+    record["time_step_s"] = sum(timings.values())
+    record["rollout_tokens_per_s"] = sum(lengths) / max(timings.get("rollout", 0.0), 1e-9)
+    record["train_tokens_per_s"] = sum(u.get("num_tokens", 0.0) for u in updates) / max(timings.get("train", 0.0), 1e-9)
+    return record
+
+
+def _same(a, b) -> bool:
+    return a.shape == b.shape and bool((a == b).all())

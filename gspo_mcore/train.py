@@ -8,6 +8,7 @@ The resolved configuration is saved as ``<log.output_dir>/config.yaml``.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -25,6 +26,7 @@ def parse_config(argv: list[str] | None = None):
 
 
 def main(argv: list[str] | None = None) -> int:
+    _log_to_stderr()
     try:
         cfg = parse_config(argv)
     except ConfigError as exc:
@@ -41,6 +43,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gspo-train: {len(history)} steps; reward_mean {first['reward_mean']:.3f} -> {last['reward_mean']:.3f}; "
               f"metrics in {cfg.log.output_dir}/metrics.jsonl", flush=True)
     return 0
+
+
+def _log_to_stderr() -> None:
+    """The package's INFO messages (evaluations, warnings) on stderr, rank 0's only; third-party loggers keep
+    their own levels."""
+    log = logging.getLogger("gspo_mcore")
+    if log.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[gspo_mcore] %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING)
+    log.propagate = False
 
 
 if __name__ == "__main__":  # guarded: Megatron's async checkpoint writer re-imports the main module

@@ -1,9 +1,17 @@
 """The tiny job's synthetic verifiable task: reverse a short string of digits.
 
-Prompt ``"rev:4071>"`` -> answer ``"1704"`` followed by the end-of-sequence token. The reward gives
+Prompt ``"rev:407>"`` -> answer ``"704"`` followed by the end-of-sequence token. The reward gives
 partial credit: 0.2 for an answer of the right length, plus 0.8 times the fraction of positions with the
 right digit. Everything is generated on the fly (the dataset, a character-level tokenizer saved in
 Hugging Face format, and a tiny Qwen3-style ``config.json``), so the job needs no download.
+
+Held out: a fixed tenth of all digit strings never appears in the training prompts; the held-out file
+holds exactly those, so evaluation measures the reversal on strings the policy was never trained on.
+
+Every token id the model can sample decodes to visible text (ids past the characters are filler tokens
+``<u0>``, ``<u1>``, ...), so an answer padded with them is the wrong length. The pad and BOS tokens are
+special and decode to nothing; a response that runs on to ``max_new_tokens`` instead of ending is what the
+run config's overlong penalty (``rollout.overlong_buffer``) punishes, so the policy learns to stop.
 """
 
 from __future__ import annotations
@@ -22,8 +30,9 @@ def make_tokenizer(out_dir: str):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
-    assert len(vocab) <= VOCAB_SIZE
+    fillers = [f"<u{i}>" for i in range(VOCAB_SIZE - len(SPECIALS) - len(CHARS))]
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS + fillers)}
+    assert len(vocab) == VOCAB_SIZE
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tok.decoder = decoders.Fuse()
@@ -63,27 +72,51 @@ def model_config(*, moe: bool = False, layers: int = 2, hidden: int = 64) -> dic
     return cfg
 
 
+HELD_OUT_FRACTION = 0.1
+
+
+def held_out_strings(digits: int = 3) -> list[str]:
+    """The digit strings kept out of training: a fixed tenth of all ``10**digits``, the same for every seed."""
+    every = [f"{i:0{digits}d}" for i in range(10**digits)]
+    random.Random(12345).shuffle(every)
+    return sorted(every[: max(1, int(len(every) * HELD_OUT_FRACTION))])
+
+
+def _row(s: str) -> dict:
+    return {"prompt": f"rev:{s}>", "answer": s[::-1]}
+
+
 def make_rows(n: int, *, digits: int = 3, seed: int = 0) -> list[dict]:
+    """``n`` training rows, drawn with replacement from the strings that are not held out."""
     rng = random.Random(seed)
+    held = set(held_out_strings(digits))
     rows = []
-    for _ in range(n):
+    while len(rows) < n:
         s = "".join(rng.choice("0123456789") for _ in range(digits))
-        rows.append({"prompt": f"rev:{s}>", "answer": s[::-1]})
+        if s not in held:
+            rows.append(_row(s))
     return rows
 
 
+def held_out_rows(digits: int = 3) -> list[dict]:
+    return [_row(s) for s in held_out_strings(digits)]
+
+
 def prepare(out_dir: str, *, moe: bool = False, num_prompts: int = 4096, digits: int = 3, seed: int = 0) -> dict:
-    """Write the model directory (config.json + tokenizer) and the prompt dataset; return their paths."""
+    """Write the model directory (config.json + tokenizer), the training prompts and the held-out prompts;
+    return their paths."""
     model_dir = os.path.join(out_dir, "model_moe" if moe else "model")
     os.makedirs(model_dir, exist_ok=True)
     make_tokenizer(model_dir)
     with open(os.path.join(model_dir, "config.json"), "w") as f:
         json.dump(model_config(moe=moe), f, indent=2)
     data_path = os.path.join(out_dir, "prompts.jsonl")
-    with open(data_path, "w") as f:
-        for row in make_rows(num_prompts, digits=digits, seed=seed):
-            f.write(json.dumps(row) + "\n")
-    return {"model_dir": model_dir, "data_path": data_path}
+    heldout_path = os.path.join(out_dir, "heldout.jsonl")
+    for path, rows in ((data_path, make_rows(num_prompts, digits=digits, seed=seed)),
+                       (heldout_path, held_out_rows(digits))):
+        with open(path, "w") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
+    return {"model_dir": model_dir, "data_path": data_path, "heldout_path": heldout_path}
 
 
 def reward(response: str, metadata) -> float:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
+
+from gspo_mcore.config import check_literals
 
 DECAY_STYLES = ("constant", "linear", "cosine")
 
@@ -26,7 +29,7 @@ class OptimConfig:
     """Optimizer steps of linear warm-up from 0 to ``lr``."""
     lr_decay_steps: int | None = None
     """Step at which the decay reaches ``min_lr`` (``None``: constant after warm-up)."""
-    lr_decay_style: str = "constant"
+    lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"
     use_distributed_optimizer: bool = False
     """Shard the optimizer state over data-parallel ranks (build the model with the same flag)."""
 
@@ -40,8 +43,7 @@ class OptimConfig:
         for name in ("adam_beta1", "adam_beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"OptimConfig.{name} must be in [0, 1), got {getattr(self, name)!r}")
-        if self.lr_decay_style not in DECAY_STYLES:
-            raise ValueError(f"OptimConfig.lr_decay_style must be one of {DECAY_STYLES}, got {self.lr_decay_style!r}")
+        check_literals(self)
         if self.lr_warmup_steps < 0:
             raise ValueError(f"OptimConfig.lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
         if self.lr_decay_style != "constant":

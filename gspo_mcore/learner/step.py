@@ -16,11 +16,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import ClassVar, Literal
 
 import torch
 import torch.distributed as dist
 
 from gspo_mcore import algo, ops
+from gspo_mcore.config import check_literals
 from gspo_mcore.learner.batching import (MicroBatch, Sample, build_microbatch, count_sequences,
                                          plan_microbatches, split_minibatches)
 from gspo_mcore.learner.optimizer import current_lr, optimizer_step, zero_grads
@@ -33,27 +35,23 @@ CPU_PACKINGS = ("padded", "block_diagonal")
 
 @dataclass(frozen=True, kw_only=True)
 class LossConfig:
-    """The policy loss and how log-probs are defined."""
+    """The policy loss. (Its temperature is the rollout's sampling temperature: ``train_step(temperature=)``.)"""
 
-    variant: str = "gspo"
-    """``"gspo"``, ``"gspo_token"`` or ``"grpo"``."""
+    REMOVED_KEYS: ClassVar[dict[str, str]] = {
+        "temperature": "the policy's temperature is defined once, by rollout.sampling.temperature",
+        "recompute_old_logprobs": "set rollout.old_logprobs (recompute or rollout)",
+    }
+
+    variant: Literal["gspo", "gspo_token", "grpo"] = "gspo"
+    """``"gspo"`` (sequence ratio), ``"gspo_token"`` (GSPO-token) or ``"grpo"`` (token ratios)."""
     eps_low: float | None = None
     """Clip range ``[1 - eps_low, 1 + eps_high]``; ``None``: the variant's paper default."""
     eps_high: float | None = None
-    temperature: float = 1.0
-    """Rollout sampling temperature: the policy is ``softmax(logits / temperature)`` (top-p/top-k ignored)."""
     compute_entropy: bool = True
     """Report the mean entropy of the counted tokens."""
-    recompute_old_logprobs: bool = False
-    """Recompute ``old_logprobs`` with the learner even when the samples carry the rollout engine's (and
-    report ``rollout_logprob_abs_diff``, the train/inference mismatch); missing ones are always recomputed."""
 
     def __post_init__(self):
-        if self.variant not in algo.VARIANTS:
-            raise ValueError(f"LossConfig.variant must be one of {algo.VARIANTS}, got {self.variant!r}")
-        t = self.temperature
-        if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
-            raise ValueError(f"LossConfig.temperature must be a finite number > 0, got {self.temperature!r}")
+        check_literals(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +63,7 @@ class BatchConfig:
     max_tokens_per_microbatch: int = 8192
     """Token budget of one micro-batch on one DP rank, padding included (a longer sample gets a
     micro-batch of its own)."""
-    packing: str = "padded"
+    packing: Literal["padded", "block_diagonal"] = "padded"
     """Without Transformer Engine: ``"padded"`` (a row per sample) or ``"block_diagonal"`` (samples back
     to back, block-diagonal mask). With Transformer Engine micro-batches are always THD packed."""
 
@@ -75,8 +73,7 @@ class BatchConfig:
         if self.max_tokens_per_microbatch < 2:
             raise ValueError(f"BatchConfig.max_tokens_per_microbatch must be >= 2, "
                              f"got {self.max_tokens_per_microbatch}")
-        if self.packing not in CPU_PACKINGS:
-            raise ValueError(f"BatchConfig.packing must be one of {CPU_PACKINGS}, got {self.packing!r}")
+        check_literals(self)
 
 
 # Layout of the per-micro-batch statistics vector (summed over micro-batches and ranks).
@@ -126,15 +123,21 @@ def _forward_step(loss_func, tape, data_iterator, model):
     return output, partial(loss_func, mb)
 
 
-def _token_logprobs(mb: MicroBatch, logits: torch.Tensor, layout: Layout, loss_cfg: LossConfig, entropy: bool):
+def _check_temperature(temperature: float) -> float:
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    return float(temperature)
+
+
+def _token_logprobs(mb: MicroBatch, logits: torch.Tensor, layout: Layout, temperature: float, entropy: bool):
     logits = logits.reshape(-1, logits.shape[-1])[: mb.num_tokens]  # (R, S, V/TP) -> (T, V/TP)
     tp = layout.tp_group if layout.tp_size > 1 else None
     return ops.token_logprobs(logits, mb.targets, vocab_start=layout.tp_rank * logits.shape[-1], tp_group=tp,
-                              return_entropy=entropy, temperature=loss_cfg.temperature)
+                              return_entropy=entropy, temperature=temperature)
 
 
-def _policy_loss_func(layout, loss_cfg, num_sequences, scale, mb, logits):
-    out = _token_logprobs(mb, logits, layout, loss_cfg, loss_cfg.compute_entropy)
+def _policy_loss_func(layout, loss_cfg, temperature, num_sequences, scale, mb, logits):
+    out = _token_logprobs(mb, logits, layout, temperature, loss_cfg.compute_entropy)
     logp, entropy = out if loss_cfg.compute_entropy else (out, None)
     loss, m = algo.policy_loss(logp, mb.old_logprobs, mb.advantages, mb.cu_seqlens, mb.loss_mask,
                                variant=loss_cfg.variant, eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
@@ -185,12 +188,13 @@ def _tape(model, layout: Layout, *, record: bool = False, replay: bool = False):
 
 
 def forward_backward(model, samples: list[Sample], layout: Layout, loss_cfg: LossConfig, *, max_tokens: int,
-                     packing: str = "padded", num_sequences: int | None = None,
+                     packing: str = "padded", num_sequences: int | None = None, temperature: float = 1.0,
                      replay_routing: bool = False) -> dict[str, float]:
     """Accumulate the policy-loss gradient of ``samples`` into the model's gradient buffers (no step).
 
     ``samples``: the whole mini-batch, identical on all ranks, each with ``old_logprobs``.
     ``num_sequences``: the normaliser ``N`` (default: the samples with at least one counted token).
+    ``temperature``: the policy is ``softmax(logits / temperature)``, the rollout's sampling temperature.
     ``replay_routing``: force every token through the experts in its sample's ``routed_experts`` (MoE).
     Returns the metrics of :func:`train_minibatch` except the optimizer's.
     """
@@ -202,7 +206,7 @@ def forward_backward(model, samples: list[Sample], layout: Layout, loss_cfg: Los
     n = count_sequences(samples) if num_sequences is None else num_sequences
     mbs = microbatches_for_rank(samples, layout, max_tokens, model=model, packing=packing)
     scale = float(len(mbs) * layout.dp_size)
-    loss_func = partial(_policy_loss_func, layout, loss_cfg, max(n, 1), scale)
+    loss_func = partial(_policy_loss_func, layout, loss_cfg, _check_temperature(temperature), max(n, 1), scale)
     store = _run_schedule(model, mbs, loss_func, forward_only=False, tape=_tape(model, layout, replay=replay_routing))
     metrics = _reduce_metrics(store, layout)
     metrics["num_microbatches"] = float(len(mbs))
@@ -210,7 +214,8 @@ def forward_backward(model, samples: list[Sample], layout: Layout, loss_cfg: Los
 
 
 def train_minibatch(model, optimizer, scheduler, samples: list[Sample], layout: Layout, loss_cfg: LossConfig, *,
-                    max_tokens: int, packing: str = "padded", replay_routing: bool = False) -> dict[str, float]:
+                    max_tokens: int, packing: str = "padded", temperature: float = 1.0,
+                    replay_routing: bool = False) -> dict[str, float]:
     """One optimizer step on one mini-batch (``samples``: the whole mini-batch, identical on all ranks).
 
     Every sample must carry ``old_logprobs``. Returns the mini-batch's metrics, reduced over DP and
@@ -220,7 +225,7 @@ def train_minibatch(model, optimizer, scheduler, samples: list[Sample], layout: 
     """
     zero_grads(model, optimizer)
     metrics = forward_backward(model, samples, layout, loss_cfg, max_tokens=max_tokens, packing=packing,
-                               replay_routing=replay_routing)
+                               temperature=temperature, replay_routing=replay_routing)
     lr = current_lr(optimizer)
     ok, grad_norm = optimizer_step(optimizer, scheduler)
     metrics.update(grad_norm=grad_norm, update_successful=float(ok), lr=lr)
@@ -254,8 +259,8 @@ def _reduce_metrics(store, layout: Layout) -> dict[str, float]:
     }
 
 
-def _logprob_func(layout, loss_cfg, mb, logits):
-    logp = _token_logprobs(mb, logits, layout, loss_cfg, False)
+def _logprob_func(layout, temperature, mb, logits):
+    logp = _token_logprobs(mb, logits, layout, temperature, False)
     return logits.new_zeros(()), {"logp": logp.detach().float(), "mb": mb}
 
 
@@ -287,9 +292,9 @@ def forward_logprobs_with_routing(model, samples: list[Sample], layout: Layout, 
 
 
 def _forward_logprobs(model, samples, layout, *, max_tokens, packing, temperature, tape=None):
-    loss_cfg = LossConfig(temperature=temperature, compute_entropy=False)
     mbs = microbatches_for_rank(samples, layout, max_tokens, model=model, packing=packing)
-    store = _run_schedule(model, mbs, partial(_logprob_func, layout, loss_cfg), forward_only=True, tape=tape)
+    store = _run_schedule(model, mbs, partial(_logprob_func, layout, _check_temperature(temperature)),
+                          forward_only=True, tape=tape)
     sizes = [s.length - 1 for s in samples]
     offsets = [0]
     for n in sizes:
@@ -308,12 +313,13 @@ def _forward_logprobs(model, samples, layout, *, max_tokens, packing, temperatur
 
 
 def train_step(model, optimizer, scheduler, samples: list[Sample], layout: Layout, loss_cfg: LossConfig,
-               batch_cfg: BatchConfig, routing_cfg: RoutingConfig = RoutingConfig(), *,
-               measure_routing: bool = False) -> list[dict[str, float]]:
+               batch_cfg: BatchConfig, routing_cfg: RoutingConfig = RoutingConfig(), *, temperature: float = 1.0,
+               recompute_old_logprobs: bool = False, measure_routing: bool = False) -> list[dict[str, float]]:
     """One rollout batch: old log-probs where needed, then one optimizer step per mini-batch.
 
-    ``samples`` is the whole rollout batch, identical on every rank. Samples without ``old_logprobs``
-    (all of them with ``loss_cfg.recompute_old_logprobs``) get them from a forward pass of the current,
+    ``samples`` is the whole rollout batch, identical on every rank; ``temperature`` the rollout's sampling
+    temperature (the policy is ``softmax(logits / temperature)``). Samples without ``old_logprobs``
+    (all of them with ``recompute_old_logprobs``) get them from a forward pass of the current,
     pre-update policy. Returns one metrics dict per mini-batch (see :func:`train_minibatch`); when
     rollout log-probs were replaced, each also has ``rollout_logprob_abs_diff`` (mean over counted tokens
     of ``|recomputed - rollout|``).
@@ -330,9 +336,9 @@ def train_step(model, optimizer, scheduler, samples: list[Sample], layout: Layou
     measure = measure_routing and moe
     before = None
     kw = dict(max_tokens=batch_cfg.max_tokens_per_microbatch, packing=batch_cfg.packing,
-              temperature=loss_cfg.temperature)
+              temperature=temperature)
     needs_routing = (replay and any(s.routed_experts is None for s in samples)) or measure
-    if loss_cfg.recompute_old_logprobs or any(s.old_logprobs is None for s in samples) or needs_routing:
+    if recompute_old_logprobs or any(s.old_logprobs is None for s in samples) or needs_routing:
         if needs_routing:
             old, before = forward_logprobs_with_routing(model, samples, layout, **kw)
         else:
@@ -343,17 +349,18 @@ def train_step(model, optimizer, scheduler, samples: list[Sample], layout: Layou
                        for s, lp in rollout)
             count = sum(s.num_response_tokens for s, _ in rollout)
             extra["rollout_logprob_abs_diff"] = diff / max(count, 1)
-        samples = [replace(s, old_logprobs=lp) if loss_cfg.recompute_old_logprobs or s.old_logprobs is None else s
+        samples = [replace(s, old_logprobs=lp) if recompute_old_logprobs or s.old_logprobs is None else s
                    for s, lp in zip(samples, old)]
         if replay:
             # the experts recorded with the old log-probs; samples that bring both keep their own pair
-            samples = [s if s.routed_experts is not None and not loss_cfg.recompute_old_logprobs
+            samples = [s if s.routed_experts is not None and not recompute_old_logprobs
                        else replace(s, routed_experts=r) for s, r in zip(samples, before)]
     results = []
     for j, part in enumerate(split_minibatches(len(samples), batch_cfg.num_minibatches)):
         results.append(dict(train_minibatch(model, optimizer, scheduler, [samples[i] for i in part], layout,
                                             loss_cfg, max_tokens=batch_cfg.max_tokens_per_microbatch,
-                                            packing=batch_cfg.packing, replay_routing=replay), **extra))
+                                            packing=batch_cfg.packing, temperature=temperature,
+                                            replay_routing=replay), **extra))
         if j == 0 and measure:
             _, after = forward_logprobs_with_routing(model, samples, layout, **kw)
             extra.update(routing.routing_change(before, after, samples))

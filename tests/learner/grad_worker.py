@@ -106,8 +106,9 @@ def run(model_name, packing):
     # the mismatch is reported, and the recomputed values are used (first sequence ratios are all 1).
     optimizer, scheduler = build_optimizer(model, OptimConfig(lr=1e-4))
     rollout = [replace(s, old_logprobs=lp + 0.05) for s, lp in zip(samples, logp)]
-    steps = train_step(model, optimizer, scheduler, rollout, layout, LossConfig(recompute_old_logprobs=True),
-                       BatchConfig(num_minibatches=2, max_tokens_per_microbatch=40, packing=packing))
+    steps = train_step(model, optimizer, scheduler, rollout, layout, LossConfig(),
+                       BatchConfig(num_minibatches=2, max_tokens_per_microbatch=40, packing=packing),
+                       recompute_old_logprobs=True)
     return dict(model=model_name, packing=packing, learner_loss=metrics["loss"], torch_loss=loss.item(), max_grad=scale,
                 max_grad_diff=worst, worst_param=worst_name, clip_fraction=metrics["clip_fraction"],
                 num_params=len(weights), num_microbatches=metrics["num_microbatches"],

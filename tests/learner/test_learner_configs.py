@@ -88,7 +88,6 @@ def test_hf_config(tmp_path):
     (lambda: OptimConfig(lr_decay_style="cosine", lr_warmup_steps=10, lr_decay_steps=5), "lr_decay_steps"),
     (lambda: OptimConfig(lr_decay_style="step"), "lr_decay_style"),
     (lambda: LossConfig(variant="ppo"), "variant must be one of"),
-    (lambda: LossConfig(temperature=0.0), "temperature"),
     (lambda: BatchConfig(num_minibatches=0), "num_minibatches"),
     (lambda: BatchConfig(max_tokens_per_microbatch=1), "max_tokens_per_microbatch"),
 ])

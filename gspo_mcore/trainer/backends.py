@@ -1,7 +1,8 @@
 """How the trainer gets rollouts and keeps the engine's weights current: one small class per engine.
 
 This is where the learner (Megatron model, HF export) and the rollout engines meet, so that neither
-package imports the other. Every rank calls every method in the same order.
+package imports the other. Both backends implement :class:`RolloutBackend`; every rank calls every
+method in the same order.
 
 - :class:`InProcessRollout`: each data-parallel rank samples its share of the prompts from the learner's
   own model; the groups are gathered so every rank holds the whole batch. No weight sync.
@@ -19,14 +20,35 @@ import dataclasses
 import os
 import shutil
 from dataclasses import dataclass, field
+from typing import Literal, Protocol
 
 import torch
 import torch.distributed as dist
 
+from gspo_mcore.config import check_literals
 from gspo_mcore.rollout.sglang_control import SGLangClientConfig
-from gspo_mcore.rollout.types import SamplingParams
+from gspo_mcore.rollout.types import Sample, SamplingParams
 
-WEIGHT_SYNC_METHODS = ("tensor", "disk", "distributed")
+
+class RolloutBackend(Protocol):
+    """What the training loop needs of a rollout engine. Every rank calls every method, in the same order."""
+
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, *,
+                 seed: int) -> list[list[Sample]]:
+        """``n`` samples for each prompt, on every rank. The samples depend only on ``seed``, the prompts
+        and ``params``, not on the parallel layout."""
+
+    def before_train(self) -> None:
+        """The learner is about to train (colocated engines free their memory)."""
+
+    def sync_weights(self, model, shape, version: int) -> None:
+        """The learner's parameters changed: serve them from now on, tagged ``version``."""
+
+    def set_version(self, version: int) -> None:
+        """A resumed run: the engine serves weight version ``version``."""
+
+    def close(self) -> None:
+        """Release the engine (servers this run launched are stopped)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +71,7 @@ class SGLangConfig:
     """Interpreter that runs the launched servers (SGLang often lives in its own environment); empty: this one."""
     env: dict = field(default_factory=dict)
     """Extra environment variables for the launched servers."""
-    weight_sync: str = "tensor"
+    weight_sync: Literal["tensor", "disk", "distributed"] = "tensor"
     """``tensor`` (colocated, shared tensors), ``disk`` (safetensors directory under the run's output) or
     ``distributed`` (broadcast from learner rank 0 over a process group shared with the servers: NCCL on
     GPU, gloo on CPU)."""
@@ -57,21 +79,18 @@ class SGLangConfig:
     """``distributed``: the address of learner rank 0 that the servers can reach (its rendezvous)."""
     colocate: bool = True
     """Servers share the learner's GPUs: release their memory while training, resume before syncing."""
-    sync_dtype: str = "bfloat16"
+    sync_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     """dtype of the exported weights."""
     bucket_mb: int = 512
     """Weight-sync bucket size."""
     client: SGLangClientConfig = field(default_factory=SGLangClientConfig)
 
     def __post_init__(self):
-        if self.weight_sync not in WEIGHT_SYNC_METHODS:
-            raise ValueError(f"SGLangConfig.weight_sync must be one of {WEIGHT_SYNC_METHODS}, got {self.weight_sync!r}")
+        check_literals(self)
         if not self.urls and self.num_servers < 1:
             raise ValueError("SGLangConfig needs urls or num_servers >= 1")
         if self.server_tp_size < 1 or self.bucket_mb < 1:
             raise ValueError("SGLangConfig.server_tp_size and bucket_mb must be >= 1")
-        if self.sync_dtype not in ("bfloat16", "float16", "float32"):
-            raise ValueError(f"SGLangConfig.sync_dtype must be bfloat16, float16 or float32, got {self.sync_dtype!r}")
 
 
 class InProcessRollout:
@@ -164,8 +183,8 @@ class SGLangRollout:
         if self.is_driver and self.cfg.colocate:
             self._run(self.engine.resume_memory())
         dtype = getattr(torch, self.cfg.sync_dtype)
-        buckets = hf_buckets(model, shape, bucket_bytes=self.cfg.bucket_mb * 2**20, dtype=dtype)
         if self.cfg.weight_sync in ("tensor", "distributed"):
+            buckets = hf_buckets(model, shape, bucket_bytes=self.cfg.bucket_mb * 2**20, dtype=dtype)
             if self.is_driver:
                 if self.cfg.weight_sync == "distributed" and self.group is None:
                     self._init_group()
@@ -174,7 +193,7 @@ class SGLangRollout:
                 for _ in buckets:  # take part in the gather's collectives
                     pass
         else:
-            path = self._export_to_disk(buckets, version)
+            path = self._export_to_disk(model, shape, dtype, version)
             if self.is_driver:
                 self._run(self.engine.update_weights_from_disk(path, version))
         if self.layout.world_size > 1:
@@ -200,33 +219,27 @@ class SGLangRollout:
                                                        group_name=name, backend=backend))
         self.group = holder["group"]
 
-    def _export_to_disk(self, buckets, version: int) -> str:
-        from safetensors.torch import save_file
-
-        from gspo_mcore.convert.hf_io import copy_files, side_files
+    def _export_to_disk(self, model, shape, dtype, version: int) -> str:
+        """Every rank takes part in the export; rank 0 writes it as a Hugging Face folder ``weights/step_<v>``."""
+        from gspo_mcore.convert.export import export_plan, hf_buckets
+        from gspo_mcore.convert.hf_io import copy_files, side_files, write_safetensors
 
         path = os.path.join(self.output_dir, "weights", f"step_{version}")
         tmp = path + ".tmp"
-        if self.is_driver:
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
-        weight_map = {}
-        for i, bucket in enumerate(buckets):
-            if self.is_driver:
-                name = f"model-{i + 1:05d}.safetensors"
-                save_file({k: t.detach().cpu().contiguous() for k, t in bucket}, os.path.join(tmp, name),
-                          metadata={"format": "pt"})
-                weight_map.update({k: name for k, _ in bucket})
-        if self.is_driver:
-            import json
-
-            with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
-                json.dump({"metadata": {}, "weight_map": weight_map}, f)
-            copy_files(self.model_dir, tmp, side_files(self.model_dir))
-            shutil.rmtree(path, ignore_errors=True)
-            os.replace(tmp, path)
-            previous = os.path.join(self.output_dir, "weights", f"step_{version - 1}")
-            shutil.rmtree(previous, ignore_errors=True)  # keep only the weights the servers serve
+        plan = export_plan(model, shape, dtype=dtype)
+        named = (item for bucket in hf_buckets(model, shape, bucket_bytes=self.cfg.bucket_mb * 2**20, dtype=dtype,
+                                                plan=plan) for item in bucket)
+        if not self.is_driver:
+            for _ in named:  # take part in the gather's collectives
+                pass
+            return path
+        shutil.rmtree(tmp, ignore_errors=True)
+        write_safetensors(tmp, named, [(it.name, it.nbytes) for it in plan], max_shard_bytes=self.cfg.bucket_mb * 2**20)
+        copy_files(self.model_dir, tmp, side_files(self.model_dir))
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+        previous = os.path.join(self.output_dir, "weights", f"step_{version - 1}")
+        shutil.rmtree(previous, ignore_errors=True)  # keep only the weights the servers serve
         return path
 
     def set_version(self, version: int) -> None:

@@ -1,0 +1,58 @@
+"""From a rollout batch (groups of engine samples) to what the reward and the learner take.
+
+Pure functions of the samples: decoding for the reward, DAPO's overlong shaping of the rewards, and the
+learner's :class:`~gspo_mcore.learner.Sample` rows with their advantages and behaviour log-probs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from gspo_mcore.learner import Sample as LearnerSample
+from gspo_mcore.rollout.types import Sample
+
+
+def decode_responses(groups: Sequence[Sequence[Sample]], tokenizer) -> list[str]:
+    """The response text of every sample, group after group (special tokens such as EOS dropped)."""
+    return [tokenizer.decode(list(s.response_ids), skip_special_tokens=True) for g in groups for s in g]
+
+
+def overlong_penalties(groups: Sequence[Sequence[Sample]], *, max_new_tokens: int, buffer: int,
+                       penalty: float) -> torch.Tensor:
+    """DAPO's soft overlong punishment per sample, ``(num_groups * G,)``: 0 up to ``max_new_tokens - buffer``
+    tokens, then falling linearly to ``-penalty`` at ``max_new_tokens``. All zeros when ``buffer == 0``."""
+    lengths = torch.tensor([len(s.response_ids) for g in groups for s in g], dtype=torch.float32)
+    if buffer == 0:
+        return torch.zeros_like(lengths)
+    excess = (lengths - (max_new_tokens - buffer)).clamp(min=0)
+    return -penalty * excess / buffer
+
+
+def learner_samples(groups: Sequence[Sequence[Sample]], advantages: torch.Tensor, keep: torch.Tensor, *,
+                    mask_truncated: bool = False) -> tuple[list[LearnerSample], int]:
+    """The learner's samples of the kept groups, and how many responses were left out of the loss.
+
+    ``advantages``: ``(num_groups * G,)``; ``keep``: ``(num_groups,)`` bool. Left out: responses with no
+    token (an engine that returned nothing, e.g. an aborted request: they have nothing to train on) and,
+    with ``mask_truncated``, responses cut at the length limit. Their group's advantages were taken with
+    them, as the rewards were observed.
+    """
+    out, left_out = [], 0
+    flat_adv = advantages.view(len(groups), -1)
+    for g, group in enumerate(groups):
+        if not bool(keep[g]):
+            continue
+        for j, s in enumerate(group):
+            if not s.response_ids or (mask_truncated and s.finish_reason == "length"):
+                left_out += 1
+                continue
+            p, r = len(s.prompt_ids), len(s.response_ids)
+            tokens = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)  # (p + r,)
+            mask = torch.cat([torch.zeros(p), torch.ones(r)])  # (p + r,)
+            # the engine's log-probs, aligned with tokens[1:]; with old_logprobs=recompute the learner
+            # replaces them before the first update and reports the mismatch
+            old = torch.cat([torch.zeros(p - 1), torch.tensor(s.response_logprobs, dtype=torch.float32)])
+            out.append(LearnerSample(tokens=tokens, loss_mask=mask, advantage=float(flat_adv[g, j]), old_logprobs=old))
+    return out, left_out

@@ -1,0 +1,90 @@
+"""Evaluation on held-out datasets during training: pass@k, mean reward, response length, truncation.
+
+Each evaluation samples ``n`` responses per held-out prompt with its own sampling parameters and seed
+(the same seed at every evaluation; nothing is drawn from the training data stream or its seeds), scores
+them with the set's reward, and reports per set, under ``eval/<name>/``:
+
+- ``reward_mean``, ``pass@k`` for each configured ``k`` (a sample passes when its reward is at least
+  ``pass_threshold``), ``response_length_mean``, ``truncated_fraction`` (responses cut at
+  ``max_new_tokens``), ``num_prompts``;
+- with ``greedy`` and a sampled evaluation (``n > 1`` or temperature > 0): ``greedy_pass@1`` and
+  ``greedy_reward_mean`` from one greedy response per prompt.
+
+pass@k is the unbiased estimator of Chen et al. (2021), ``1 - C(n - c, k) / C(n, k)`` per prompt with
+``c`` passing samples out of ``n``, averaged over the prompts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from math import comb
+
+import torch
+
+from gspo_mcore.trainer.batch import decode_responses
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The probability that at least one of ``k`` draws without replacement from ``n`` samples, ``c`` of them
+    passing, passes: ``1 - C(n - c, k) / C(n, k)``."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSet:
+    """One held-out set, ready to run: its name, encoded prompts, their metadata and its reward runner."""
+
+    name: str
+    prompts: list[list[int]]
+    metadata: list
+    rewards: object
+
+
+def summarize(rewards: torch.Tensor, lengths: torch.Tensor, truncated: torch.Tensor, *, n: int,
+              pass_k: Sequence[int], threshold: float) -> dict[str, float]:
+    """Metrics of one evaluation: ``rewards``, ``lengths``, ``truncated`` are ``(num_prompts * n,)``, prompt-major."""
+    passed = (rewards >= threshold).view(-1, n).sum(dim=1).tolist()  # (num_prompts,) passing samples
+    out = {"reward_mean": float(rewards.mean()), "response_length_mean": float(lengths.float().mean()),
+           "truncated_fraction": float(truncated.float().mean()), "num_prompts": float(len(passed))}
+    for k in pass_k:
+        out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in passed) / len(passed)
+    return out
+
+
+class Evaluator:
+    """Runs the configured evaluations through the training run's rollout backend."""
+
+    def __init__(self, cfg, sets: list[EvalSet], backend, tokenizer):
+        self.cfg, self.sets, self.backend, self.tokenizer = cfg, sets, backend, tokenizer
+
+    def due(self, step: int) -> bool:
+        """Evaluate before ``step``? (The loop also evaluates after its last step.)"""
+        return bool(self.sets) and (step == 0 or (self.cfg.every > 0 and step % self.cfg.every == 0))
+
+    def run(self) -> dict[str, float]:
+        """Every set's metrics, keyed ``eval/<name>/<metric>``; the same on every rank."""
+        out = {}
+        params = self.cfg.sampling
+        sampled = self.cfg.n > 1 or params.temperature > 0
+        for s in self.sets:
+            m = self._evaluate(s, params, self.cfg.n)
+            if self.cfg.greedy and sampled:
+                g = self._evaluate(s, dataclasses.replace(params, temperature=0.0, top_k=-1, top_p=1.0), 1)
+                m["greedy_pass@1"], m["greedy_reward_mean"] = g["pass@1"], g["reward_mean"]
+            out.update({f"eval/{s.name}/{k}": v for k, v in m.items()})
+        return out
+
+    def _evaluate(self, s: EvalSet, params, n: int) -> dict[str, float]:
+        groups = self.backend.generate(s.prompts, n, params, seed=self.cfg.seed)
+        texts = decode_responses(groups, self.tokenizer)
+        metas = [meta for meta in s.metadata for _ in range(n)]
+        rewards = torch.tensor(s.rewards.score(texts, metas), dtype=torch.float32)  # (num_prompts * n,)
+        lengths = torch.tensor([len(x.response_ids) for g in groups for x in g])
+        truncated = torch.tensor([x.finish_reason == "length" for g in groups for x in g])
+        pass_k = self.cfg.pass_k if n == self.cfg.n else (1,)
+        return summarize(rewards, lengths, truncated, n=n, pass_k=pass_k, threshold=self.cfg.pass_threshold)

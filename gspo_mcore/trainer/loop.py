@@ -1,0 +1,217 @@
+"""The GSPO training loop: sample prompts -> roll out G per prompt -> rewards -> group advantages ->
+old log-probs (and, for MoE with Routing Replay, the experts) -> ``num_minibatches`` updates -> weight
+sync -> metrics -> checkpoint; held-out evaluation before the first step, every ``eval.every`` steps and
+after the last.
+
+With ``checkpoint.resume`` the run first restores the newest valid checkpoint (model, optimizer, LR
+schedule, RNG states, data position, engine weight version) and continues at the step after it; rollout
+seeds derive from ``(seed, step)``, so a resumed run repeats what an uninterrupted one would have done.
+
+Every rank runs this same loop. Prompts are drawn identically on all ranks; the rollout backend
+(:mod:`gspo_mcore.trainer.backends`: the in-process engine, each DP rank sampling its share, or SGLang
+driven by rank 0) gives every rank the whole rollout batch, which the learner splits into mini-batches
+and micro-batches; the backend then syncs the engine's weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+
+import torch
+
+from gspo_mcore.algo import group_advantages, zero_advantage_groups
+from gspo_mcore.config import save_yaml, to_dict
+from gspo_mcore.data.dataset import PromptDataset
+from gspo_mcore.data.loader import PromptLoader
+from gspo_mcore.data.sampler import PromptSampler
+from gspo_mcore.data.template import PromptTemplate, load_tokenizer
+from gspo_mcore.learner import build_model, build_optimizer, init_parallel, load_hf_config, train_step
+from gspo_mcore.learner.checkpoint import Checkpointer
+from gspo_mcore.metrics import MetricsLogger, step_metrics
+from gspo_mcore.rewards.runner import RewardRunner
+from gspo_mcore.trainer.backends import InProcessRollout, RolloutBackend, SGLangRollout
+from gspo_mcore.trainer.batch import decode_responses, learner_samples, overlong_penalties
+from gspo_mcore.trainer.config import TrainConfig, resolve
+from gspo_mcore.trainer.evaluation import EvalSet, Evaluator
+
+logger = logging.getLogger(__name__)
+
+
+def run(cfg: TrainConfig) -> list[dict]:
+    """Train; returns the per-step metrics (on every rank)."""
+    cfg = resolve(cfg)
+    shape = load_hf_config(os.path.join(cfg.model.hf_dir, "config.json"))
+    tokenizer = load_tokenizer(cfg.template.tokenizer_dir)
+    template = PromptTemplate(cfg.template, tokenizer)
+    dataset = PromptDataset(cfg.data)
+    eval_sets = [_eval_set(s, template) for s in cfg.eval.datasets]
+    _check_lengths(cfg, shape, dataset, template, eval_sets)  # before anything is built
+    loader = PromptLoader(dataset, PromptSampler(len(dataset), cfg.sampler), template)
+    rewards = RewardRunner(cfg.reward)
+
+    layout = init_parallel(cfg.parallel, shape, seed=cfg.seed)
+    is_writer = layout.rank == 0
+    if is_writer:
+        os.makedirs(cfg.log.output_dir, exist_ok=True)
+        save_yaml(cfg, os.path.join(cfg.log.output_dir, "config.yaml"))
+    model = build_model(shape, cfg.parallel, cfg.model.options,
+                        seed=None if cfg.model.load_hf_weights else cfg.model.init_seed,
+                        use_distributed_optimizer=cfg.optim.use_distributed_optimizer)
+    if cfg.model.load_hf_weights:
+        from gspo_mcore.convert.hf_import import load_hf_weights
+
+        load_hf_weights(model, cfg.model.hf_dir, shape, progress=is_writer)
+    optimizer, scheduler = build_optimizer(model, cfg.optim)
+    engine = _rollout_backend(cfg, model, layout, shape, tokenizer)
+    evaluator = Evaluator(cfg.eval, eval_sets, engine, tokenizer)
+    checkpoints = Checkpointer(cfg.checkpoint, cfg.checkpoint.dir, layout, run_config=to_dict(cfg),
+                               total_steps=cfg.steps)
+
+    start = 0
+    resumed = checkpoints.resume(model, optimizer, scheduler)
+    if resumed is not None:
+        loader.load_state_dict(resumed.extra["data"])
+        engine.set_version(resumed.extra["weight_version"])
+        start = resumed.step + 1
+        if is_writer:
+            _drop_metrics_after(os.path.join(cfg.log.output_dir, "metrics.jsonl"), resumed.step)
+    metrics = MetricsLogger(cfg.log, total_steps=cfg.steps, start_step=start, enabled=is_writer,
+                            run_config=to_dict(cfg))
+    history, evaluated = [], set()
+    try:
+        step = start
+        for step in range(start, cfg.steps):
+            if evaluator.due(step):
+                _log_eval(metrics, step, evaluator.run())
+                evaluated.add(step)
+            record = _train_one_step(cfg, step, loader, engine, rewards, tokenizer, model, optimizer, scheduler,
+                                     layout, shape)
+            if record is None:  # the prompts ran out (a finite number of epochs)
+                break
+            history.append(record)
+            metrics.log(step, record)
+            if checkpoints.due(step):
+                checkpoints.save(step, model, optimizer, scheduler,
+                                 extra={"data": loader.state_dict(), "weight_version": step + 1})
+            step += 1
+        if evaluator.sets and step not in evaluated:  # after the last step
+            _log_eval(metrics, step, evaluator.run())
+    finally:
+        metrics.close()
+        engine.close()
+    return history
+
+
+def _train_one_step(cfg: TrainConfig, step, loader, engine, rewards, tokenizer, model, optimizer, scheduler,
+                    layout, shape) -> dict | None:
+    """One GSPO step; its metrics record, or ``None`` when no prompts are left."""
+    phases = _Phases()
+    G = cfg.rollout.group_size
+    with phases("rollout"):
+        prompts = loader.next_batch(cfg.rollout.prompts_per_step)
+        if not prompts:
+            return None
+        groups = engine.generate([p.input_ids for p in prompts], G, cfg.rollout.sampling,
+                                 seed=cfg.seed * 100_003 + step)
+    with phases("reward"):
+        metas = [p.sample.metadata for p in prompts for _ in range(G)]
+        scores = torch.tensor(rewards.score(decode_responses(groups, tokenizer), metas),
+                              dtype=torch.float32)  # (num_groups * G,)
+        shaped = scores + overlong_penalties(groups, max_new_tokens=cfg.rollout.sampling.max_new_tokens,
+                                             buffer=cfg.rollout.overlong_buffer,
+                                             penalty=cfg.rollout.overlong_penalty)
+    with phases("train"):
+        advantages = group_advantages(shaped, G, normalize_std=cfg.rollout.normalize_std)
+        keep = ~zero_advantage_groups(shaped, G) if cfg.rollout.drop_zero_advantage_groups \
+            else torch.ones(len(groups), dtype=torch.bool)
+        samples, left_out = learner_samples(groups, advantages, keep, mask_truncated=cfg.rollout.mask_truncated)
+        engine.before_train()  # colocated SGLang frees its GPU memory
+        skipped = len(samples) < cfg.batch.num_minibatches
+        if skipped:
+            logger.warning("step %d: %d samples to train on, fewer than batch.num_minibatches=%d: no update",
+                           step, len(samples), cfg.batch.num_minibatches)
+        measure = cfg.routing.measure_every > 0 and step % cfg.routing.measure_every == 0
+        updates = [] if skipped else train_step(
+            model, optimizer, scheduler, samples, layout, cfg.loss, cfg.batch, cfg.routing,
+            temperature=cfg.temperature, recompute_old_logprobs=cfg.rollout.old_logprobs == "recompute",
+            measure_routing=measure)
+    with phases("weight_sync"):
+        engine.sync_weights(model, shape, step + 1)  # the engine serves the updated policy as version step+1
+    return step_metrics(groups, scores, shaped, keep, updates, rewards.metrics(), G, timings=phases.seconds,
+                        left_out=left_out, update_skipped=skipped)
+
+
+class _Phases:
+    """Wall-clock seconds per named phase of a step."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+
+def _rollout_backend(cfg: TrainConfig, model, layout, shape, tokenizer) -> RolloutBackend:
+    if cfg.rollout.engine == "sglang":
+        return SGLangRollout(cfg.rollout.sglang, model_dir=cfg.model.hf_dir, output_dir=cfg.log.output_dir,
+                             layout=layout)
+    return InProcessRollout(model, layout, shape, tokenizer, max_batch_size=cfg.rollout.max_batch_size)
+
+
+def _eval_set(cfg, template: PromptTemplate) -> EvalSet:
+    dataset = PromptDataset(cfg.data)
+    rows = list(dataset)[: cfg.max_prompts] if cfg.max_prompts else list(dataset)
+    return EvalSet(name=cfg.name, prompts=[template.encode(r) for r in rows], metadata=[r.metadata for r in rows],
+                   rewards=RewardRunner(cfg.reward))
+
+
+def _check_lengths(cfg: TrainConfig, shape, dataset, template, eval_sets) -> None:
+    """Refuse prompts that cannot fit ``max_position_embeddings`` with their ``max_new_tokens``."""
+    limit = shape.max_position_embeddings
+    checks = [("data", cfg.rollout.sampling.max_new_tokens, ((r.source, template.encode(r)) for r in dataset))]
+    checks += [(f"eval.datasets[{s.name}]", cfg.eval.sampling.max_new_tokens,
+                ((f"prompt {i}", p) for i, p in enumerate(s.prompts))) for s in eval_sets]
+    for what, new_tokens, rows in checks:
+        for where, ids in rows:
+            if len(ids) + new_tokens > limit:
+                raise ValueError(f"{what}: {where}: the prompt has {len(ids)} tokens; with max_new_tokens "
+                                 f"{new_tokens} that exceeds the model's max_position_embeddings {limit}")
+
+
+def _log_eval(metrics: MetricsLogger, step: int, record: dict) -> None:
+    metrics.log(step, record, advance=False)
+    summary = ", ".join(f"{k.removeprefix('eval/')} {v:.3f}" for k, v in record.items()
+                        if k.endswith(("/reward_mean", "/pass@1")))
+    logger.info("eval at step %d: %s", step, summary)
+
+
+def _drop_metrics_after(path: str, step: int) -> None:
+    """Keep the records of steps ``<= step``: a resumed run re-logs the steps after its checkpoint. Only the
+    last line may be cut short (a killed run); any other unreadable line is an error."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        lines = f.readlines()
+    kept = []
+    for i, line in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if i == len(lines) - 1:
+                break
+            raise ValueError(f"{path}:{i + 1}: not a JSON record; cannot resume the metrics log") from None
+        if record.get("step", -1) <= step:
+            kept.append(line)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
