@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 EXT_SOURCES := setup.py pyproject.toml $(shell find csrc -name '*.cpp' -o -name '*.cu' -o -name '*.h' 2>/dev/null)
 
-.PHONY: install test bench demo clean
+.PHONY: install test test-fast lint bench demo clean
 
 DEMO_OUT ?= runs/tiny
 NPROC    ?= 2
@@ -29,6 +29,15 @@ $(VENV)/.ext-stamp: $(VENV)/.deps-stamp $(EXT_SOURCES)
 
 test: install
 	$(PY) -m pytest -q tests
+
+# The fast tier: no process spawning (no gloo ranks, no torchrun), no GPU; a minute or two.
+test-fast: install
+	$(PY) -m pytest -q -m "not distributed and not gpu" tests
+
+# Ruff: lint (pycodestyle, pyflakes, import order, no print in the package) and the formatter's check.
+lint: $(VENV)/.deps-stamp
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # The main job: the tiny GSPO run on 2 CPU ranks with the in-process engine, then its PNG curves.
 demo: install

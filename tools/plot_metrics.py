@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """PNG curves from a run's metrics file: ``python tools/plot_metrics.py runs/tiny/metrics.jsonl [--out F.png]``.
 
-Plots reward (mean +- std), clip fractions, sequence ratio range, entropy and response length against
+Plots reward (mean +- std), clip fractions, sequence ratio range, entropy, response length, how responses
+end, and one panel per held-out evaluation set (``eval/<name>/...``: reward, pass@k, greedy pass@1) against
 the step. Keys missing from the file are skipped.
 """
 
@@ -20,7 +21,17 @@ PANELS = [
     ("entropy", ["entropy"], None),
     ("response length", ["response_length_mean"], None),
     ("grad norm", ["grad_norm"], None),
+    ("how responses end", ["finish_stop_fraction", "truncated_fraction"], None),
 ]
+
+
+def eval_panels(rows: list[dict]) -> list[tuple[str, list[str], None]]:
+    """One panel per evaluation set found in ``rows``: its reward and pass rates."""
+    keys = sorted({k for r in rows for k in r if k.startswith("eval/")})
+    names = sorted({k.split("/")[1] for k in keys})
+    shown = ("/reward_mean", "/greedy_pass@1")
+    return [(f"eval: {n}", [k for k in keys if k.startswith(f"eval/{n}/") and ("/pass@" in k or k.endswith(shown))],
+             None) for n in names]
 
 
 def read_metrics(path: str) -> list[dict]:
@@ -50,7 +61,7 @@ def plot(rows: list[dict], out: str, title: str = "") -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [p for p in PANELS if any(_series(rows, k) for k in p[1])]
+    panels = [p for p in PANELS + eval_panels(rows) if any(_series(rows, k) for k in p[1])]
     cols = 3
     nrows = -(-len(panels) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows), squeeze=False)
@@ -58,7 +69,8 @@ def plot(rows: list[dict], out: str, title: str = "") -> str:
         for k in keys:
             pts = _series(rows, k)
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=k, lw=1.2)
+                marker = "o" if k.startswith("eval/") else None
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=k.split("/")[-1], lw=1.2, marker=marker, ms=3)
         if band:
             mean, std = dict(_series(rows, keys[0])), dict(_series(rows, band))
             steps = sorted(set(mean) & set(std))

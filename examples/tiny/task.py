@@ -8,10 +8,10 @@ Hugging Face format, and a tiny Qwen3-style ``config.json``), so the job needs n
 Held out: a fixed tenth of all digit strings never appears in the training prompts; the held-out file
 holds exactly those, so evaluation measures the reversal on strings the policy was never trained on.
 
-Every token id the model can sample decodes to visible text (ids past the characters are filler tokens
-``<u0>``, ``<u1>``, ...), so an answer padded with them is the wrong length. The pad and BOS tokens are
-special and decode to nothing; a response that runs on to ``max_new_tokens`` instead of ending is what the
-run config's overlong penalty (``rollout.overlong_buffer``) punishes, so the policy learns to stop.
+Every token id the model can sample except EOS decodes to visible text (ids past the characters are filler
+tokens ``<u0>``, ``<u1>``, ...; ``<pad>`` and ``<s>`` are ordinary tokens, not special ones), and the reward
+does not strip whitespace: a response has the right length only when it is the 3 answer tokens followed by
+EOS, so the length credit is earned only by stopping.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def make_tokenizer(out_dir: str):
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    # only EOS is special (dropped when a response is decoded): "<pad>" and "<s>" decode as visible text
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>")
     fast.save_pretrained(out_dir)
     return fast
 
@@ -120,8 +121,9 @@ def prepare(out_dir: str, *, moe: bool = False, num_prompts: int = 4096, digits:
 
 
 def reward(response: str, metadata) -> float:
-    """Partial credit: 0.2 for the right length, plus 0.8 x the fraction of right digits."""
+    """Partial credit: 0.2 for the right length, plus 0.8 x the fraction of right digits. Every token but EOS
+    decodes to at least one visible character, so the right length means the answer ended with EOS."""
     answer = str(metadata["answer"])
-    got = response.strip()
+    got = response
     right = sum(a == b for a, b in zip(got, answer))
     return (float(len(got) == len(answer)) + 4.0 * right / len(answer)) / 5.0

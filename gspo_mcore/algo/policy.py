@@ -1,4 +1,8 @@
-"""Policy losses: GSPO (sequence level), GSPO-token and GRPO, exactly as in ../shared/notes/gspo.md.
+"""Policy losses: GSPO (sequence level), GSPO-token and GRPO (the formulas are written out in docs/gspo.md).
+
+GSPO (arXiv 2507.18071) clips the length-normalised sequence ratio ``s_i = exp(mean_t(log pi - log pi_old))``
+of each response, GSPO-token clips ``sg[s_i] * pi / sg[pi]`` per token (equal to GSPO when a sequence has
+one advantage), GRPO clips each token's ratio; every sequence contributes ``A_i`` times its clipped term.
 
 All three are means over sequences: ``loss = -(1/N) sum_i J_i`` with ``N`` global to the optimisation
 mini-batch (all micro-batches and data-parallel ranks), so that splitting a mini-batch into micro-batches

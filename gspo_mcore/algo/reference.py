@@ -1,4 +1,4 @@
-"""An independent, literal implementation of the policy losses in ../shared/notes/gspo.md.
+"""An independent, literal implementation of the policy losses (the formulas of docs/gspo.md).
 
 It loops over sequences and writes each formula as printed (``torch.minimum`` of the unclipped and
 clipped terms), so tests can hold :func:`gspo_mcore.algo.policy_loss` (compiled segment ops, fused

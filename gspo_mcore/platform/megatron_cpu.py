@@ -1,6 +1,8 @@
 """Adapt Megatron-Core to a CPU-only host (gloo, fp32). The ONLY place the project redirects megatron.
 
-Megatron-Core calls CUDA unconditionally in a few places (see ../shared/notes/megatron-on-cpu.md). On a
+Megatron-Core calls CUDA unconditionally in a few places (``torch.cuda.current_device()``, the CUDA RNG,
+streams and events in the MoE dispatcher, ``device="cuda"`` factories, ``torch.cuda.FloatTensor`` checks;
+the file:line list for 0.16.1 is in the comments below). On a
 host without a usable GPU, :func:`apply` redirects exactly those calls, once, and only for megatron:
 
 1. megatron modules see a ``torch`` whose ``torch.cuda`` is a CPU stand-in (``current_device()`` is the
@@ -97,6 +99,7 @@ def apply() -> bool:
     global _applied
     if torch.cuda.is_available():
         return False
+    _quiet_known_cpu_warnings()
     import megatron.core
 
     version = getattr(megatron.core, "__version__", "unknown")
@@ -113,6 +116,21 @@ def apply() -> bool:
         _patch_distributed_optimizer_load()
         _applied = True
     return True
+
+
+# Warnings megatron-core 0.16.1 prints on every CPU-only host, whose content the README states once: no
+# Transformer Engine or Apex (the local layer spec and torch's norms and optimizers are used), a CUDA graph
+# option default, and torch's note that it found no CUDA runtime. Silenced only on such a host.
+_BENIGN_CPU_WARNINGS = ("Transformer Engine and Apex are not installed", "Apex is not installed",
+                        "full scope is deprecated")
+
+
+def _quiet_known_cpu_warnings() -> None:
+    import logging
+
+    for text in _BENIGN_CPU_WARNINGS:
+        warnings.filterwarnings("ignore", message=f".*{text}", category=UserWarning)
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 All knowledge of SGLang's wire format lives here, so a version bump is a change to this module (and to
 the recorded responses under ``tests/rollout/data/``). Written against SGLang ``SGLANG_VERSION``
 (``sglang/api/v1/api_types.py``, ``srt/entrypoints/http_server.py`` and ``srt/managers/io_struct.py``
-of that release; see also the project's ``shared/notes/sglang.md``).
+of that release).
 
 Shapes relied on:
 
