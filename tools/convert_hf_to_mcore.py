@@ -1,4 +1,4 @@
-"""Convert a Hugging Face Qwen3 / Qwen3-MoE folder into a Megatron-Core distributed checkpoint.
+"""Convert a Hugging Face Qwen3 / Qwen3-MoE / Llama / Qwen2 folder into a Megatron-Core distributed checkpoint.
 
     python tools/convert_hf_to_mcore.py --hf path/to/Qwen3-8B --out ckpt/qwen3-8b-mcore [--tp 2 --pp 2 --ep 1]
 

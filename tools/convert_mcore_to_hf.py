@@ -1,4 +1,4 @@
-"""Convert a Megatron-Core checkpoint of a Qwen3 / Qwen3-MoE model into a Hugging Face folder.
+"""Convert a Megatron-Core checkpoint of a Qwen3 / Qwen3-MoE / Llama / Qwen2 model into a Hugging Face folder.
 
     python tools/convert_mcore_to_hf.py --mcore ckpt/qwen3-8b-mcore --out hf/qwen3-8b [--max-shard-size 5GB]
 

@@ -1,4 +1,4 @@
-"""Hugging Face <-> Megatron-Core conversion for Qwen3 / Qwen3-MoE.
+"""Hugging Face <-> Megatron-Core conversion for Qwen3 / Qwen3-MoE / Llama / Qwen2.
 
 - :mod:`~gspo_mcore.convert.hf_mapping`: the one name/layout map (pure torch, both directions).
 - :func:`hf_buckets`: gather a sharded model (any TP/PP/EP/DP layout) into full Hugging Face tensors, in

@@ -1,4 +1,5 @@
-"""The one map between Megatron-Core ``GPTModel`` parameters and Hugging Face Qwen3 / Qwen3-MoE tensors.
+"""The one map between Megatron-Core ``GPTModel`` parameters and Hugging Face Qwen3 / Qwen3-MoE / Llama / Qwen2
+tensors.
 
 Pure torch: no megatron, no process groups. A Megatron parameter is named here with GLOBAL indices (the
 layer's ``layer_number - 1``, the expert's global id) and handled as a FULL tensor (gathered over tensor
@@ -15,9 +16,9 @@ KV heads (query groups), ``I`` MLP width, ``V`` vocabulary)::
     decoder.layers.L.input_layernorm.weight               model.layers.L.input_layernorm.weight   [H]
       (TE: decoder.layers.L.self_attention.linear_qkv.layer_norm_weight)
     decoder.layers.L.self_attention.linear_qkv.weight     self_attn.{q,k,v}_proj.weight           [ng*(nh/ng+2)*d, H]
-      (and .bias when attention_bias)                     self_attn.{q,k,v}_proj.bias
-    decoder.layers.L.self_attention.q_layernorm.weight    self_attn.q_norm.weight                 [d]
-    decoder.layers.L.self_attention.k_layernorm.weight    self_attn.k_norm.weight                 [d]
+      (and .bias: Qwen2)                                  self_attn.{q,k,v}_proj.bias
+    decoder.layers.L.self_attention.q_layernorm.weight    self_attn.q_norm.weight (Qwen3 only)    [d]
+    decoder.layers.L.self_attention.k_layernorm.weight    self_attn.k_norm.weight (Qwen3 only)    [d]
     decoder.layers.L.self_attention.linear_proj.weight    self_attn.o_proj.weight                 [H, nh*d]
     decoder.layers.L.pre_mlp_layernorm.weight             post_attention_layernorm.weight         [H]
       (TE, dense layers: decoder.layers.L.mlp.linear_fc1.layer_norm_weight)
@@ -50,7 +51,8 @@ from dataclasses import dataclass
 
 import torch
 
-SUPPORTED_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
+SUPPORTED_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
+                           "LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 """Hugging Face ``architectures`` entry -> ``model_type`` this module converts."""
 
 
@@ -193,7 +195,8 @@ def parse_megatron_name(name: str) -> MegatronParam:
         if m:
             d = m.groupdict()
             return MegatronParam(kind, int(d["L"]) if "L" in d else None, int(d["E"]) if "E" in d else None)
-    raise KeyError(f"no Hugging Face mapping for Megatron parameter {name!r} (supported: Qwen3 / Qwen3-MoE "
+    raise KeyError(f"no Hugging Face mapping for Megatron parameter {name!r} (supported: Qwen3 / Qwen3-MoE / "
+                   "Llama / Qwen2 "
                    "GPTModel with the local or Transformer Engine spec, no grouped-GEMM legacy MLP, "
                    "no shared experts)")
 
@@ -223,11 +226,12 @@ def megatron_params(shape) -> list[MegatronParam]:
 
         out += [p("decoder.layers.{L}.input_layernorm.weight"),
                 p("decoder.layers.{L}.self_attention.linear_qkv.weight")]
-        if shape.attention_bias:
+        if shape.qkv_bias:
             out.append(p("decoder.layers.{L}.self_attention.linear_qkv.bias"))
-        out += [p("decoder.layers.{L}.self_attention.q_layernorm.weight"),
-                p("decoder.layers.{L}.self_attention.k_layernorm.weight"),
-                p("decoder.layers.{L}.self_attention.linear_proj.weight"),
+        if shape.qk_norm:
+            out += [p("decoder.layers.{L}.self_attention.q_layernorm.weight"),
+                    p("decoder.layers.{L}.self_attention.k_layernorm.weight")]
+        out += [p("decoder.layers.{L}.self_attention.linear_proj.weight"),
                 p("decoder.layers.{L}.pre_mlp_layernorm.weight")]
         if moe[layer]:
             out.append(p("decoder.layers.{L}.mlp.router.weight"))

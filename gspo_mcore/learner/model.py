@@ -1,4 +1,4 @@
-"""Build the Megatron-Core ``GPTModel`` (Qwen3 / Qwen3-MoE) for this rank's stage, wrapped in Megatron DDP.
+"""Build the Megatron-Core ``GPTModel`` (Qwen3 / Qwen3-MoE / Llama / Qwen2) for this rank's stage, in Megatron DDP.
 
 The Transformer Engine layer spec is used when ``transformer_engine`` imports on a GPU host, the local
 (pure Megatron-Core) spec otherwise. :func:`init_weights` fills the parameters from a seed in a way that

@@ -1,9 +1,17 @@
-"""Model shape from a Hugging Face ``config.json`` (Qwen3 and Qwen3-MoE), and its Megatron-Core config.
+"""Model shape from a Hugging Face ``config.json`` (Qwen3, Qwen3-MoE, Llama, Qwen2), and its Megatron-Core config.
 
 The shape is read from the same ``config.json`` that converted checkpoints and SGLang use, so the three
 always agree on it. :func:`transformer_config` maps it to a ``TransformerConfig``: RMSNorm, SwiGLU,
-RoPE (``rope_theta``), grouped-query attention, QK-norm, no linear biases (``attention_bias`` is honoured
-for the QKV projection), and for Qwen3-MoE top-k softmax routing with normalised top-k probabilities.
+plain RoPE (``rope_theta``), grouped-query attention with any head ratio, no linear biases, and per family:
+
+- ``qwen3`` / ``qwen3_moe``: QK-norm (RMSNorm over each query and key head); Qwen3-MoE top-k softmax
+  routing with normalised top-k probabilities;
+- ``llama``: the Qwen3 block without QK-norm;
+- ``qwen2``: the Llama block with biases on the q/k/v projections (not on ``o_proj``).
+
+Refused by name (:class:`UnsupportedConfigError`): other ``model_type`` values, RoPE scaling of any kind
+(``rope_scaling`` / ``rope_parameters`` other than the default), sliding-window attention, an activation
+other than SiLU, and ``attention_bias`` / ``mlp_bias`` (Megatron cannot put a bias on ``o_proj`` alone).
 """
 
 from __future__ import annotations
@@ -15,15 +23,23 @@ from dataclasses import dataclass, field
 
 import torch
 
-SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe", "llama", "qwen2")
+QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
+"""Families whose attention normalises every query and key head (RMSNorm) before RoPE."""
+SUPPORTED_ROPE_TYPES = ("default",)
+"""RoPE kinds implemented exactly: ``default`` (plain RoPE, ``rope_scaling: null``)."""
+
+
+class UnsupportedConfigError(ValueError):
+    """A ``config.json`` asks for something the learner does not implement (named in the message)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelShape:
-    """The architecture fields of a Qwen3 / Qwen3-MoE ``config.json`` that the learner uses."""
+    """The architecture fields of a Qwen3 / Qwen3-MoE / Llama / Qwen2 ``config.json`` that the learner uses."""
 
     model_type: str
-    """``"qwen3"`` (dense) or ``"qwen3_moe"``."""
+    """``"qwen3"`` (dense), ``"qwen3_moe"``, ``"llama"`` or ``"qwen2"`` (see :data:`SUPPORTED_MODEL_TYPES`)."""
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -37,7 +53,15 @@ class ModelShape:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
     tie_word_embeddings: bool = False
+    """One matrix for the input embedding and the output layer (Megatron's
+    ``share_embeddings_and_output_weights``); the checkpoint then has no ``lm_head.weight``."""
     attention_bias: bool = False
+    """Llama / Qwen3 ``attention_bias``: biases on q, k, v AND ``o_proj``. Must be false (Megatron has no
+    bias on the output projection alone). Qwen2's q/k/v biases do not depend on it (see :attr:`qkv_bias`)."""
+    mlp_bias: bool = False
+    """Llama ``mlp_bias`` (biases on gate/up/down). Must be false."""
+    hidden_act: str = "silu"
+    """The MLP activation; must be ``"silu"`` (SwiGLU)."""
     initializer_range: float = 0.02
     # Qwen3-MoE
     num_experts: int = 0
@@ -54,7 +78,20 @@ class ModelShape:
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"model_type must be one of {SUPPORTED_MODEL_TYPES}, got {self.model_type!r}")
+            raise UnsupportedConfigError(f"model_type must be one of {SUPPORTED_MODEL_TYPES}, "
+                                         f"got {self.model_type!r}")
+        if self.hidden_act != "silu":
+            raise UnsupportedConfigError(f"hidden_act={self.hidden_act!r} is not supported (SwiGLU with 'silu' only)")
+        if self.attention_bias and self.model_type != "qwen2":
+            raise UnsupportedConfigError(
+                f"attention_bias=true is not supported for model_type {self.model_type!r}: it puts a bias on "
+                "o_proj too, which Megatron cannot do without biases on every MLP projection")
+        if self.mlp_bias:
+            raise UnsupportedConfigError(f"mlp_bias=true is not supported for model_type {self.model_type!r} "
+                                         "(SwiGLU without biases only)")
+        if self.model_type != "qwen3_moe" and self.num_experts:
+            raise ValueError(f"num_experts={self.num_experts}: model_type {self.model_type!r} is dense "
+                             "(MoE: qwen3_moe)")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
             value = getattr(self, name)
@@ -83,6 +120,16 @@ class ModelShape:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    @property
+    def qk_norm(self) -> bool:
+        """RMSNorm over each query and key head (Qwen3 / Qwen3-MoE)."""
+        return self.model_type in QK_NORM_MODEL_TYPES
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Biases on the q/k/v projections (Qwen2 always has them)."""
+        return self.model_type == "qwen2"
+
     def moe_layer_pattern(self) -> list[int]:
         """1 for a MoE layer, 0 for a dense layer (Qwen3-MoE's ``decoder_sparse_step``/``mlp_only_layers``)."""
         return [int(self.is_moe and i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0)
@@ -90,30 +137,39 @@ class ModelShape:
 
 
 def load_hf_config(source: str | os.PathLike | dict) -> ModelShape:
-    """A :class:`ModelShape` from a ``config.json`` path, a checkpoint folder holding one, or a dict."""
+    """A :class:`ModelShape` from a ``config.json`` path, a checkpoint folder holding one, or a dict.
+
+    Raises :class:`UnsupportedConfigError` naming the key for anything not implemented exactly (see the
+    module docstring), so that a checkpoint never loads into a model that computes something else.
+    """
     if isinstance(source, dict):
-        raw = dict(source)
+        raw, where = dict(source), "config"
     else:
         path = os.fspath(source)
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
         with open(path) as f:
             raw = json.load(f)
+        where = path
     model_type = raw.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"unsupported model_type {model_type!r} in config.json; supported: {SUPPORTED_MODEL_TYPES}")
-    if raw.get("rope_scaling"):
-        raise ValueError(f"rope_scaling={raw['rope_scaling']!r} is not supported (plain RoPE only)")
+        raise UnsupportedConfigError(f"{where}: unsupported model_type {model_type!r}; "
+                                     f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    _check_rope(raw, where)
     if raw.get("use_sliding_window"):
-        raise ValueError("use_sliding_window=true is not supported")
+        raise UnsupportedConfigError(f"{where}: use_sliding_window=true is not supported (full attention only)")
+    sliding = sorted({t for t in raw.get("layer_types") or () if t != "full_attention"})
+    if sliding:
+        raise UnsupportedConfigError(f"{where}: layer_types {sliding} are not supported (full_attention only)")
     # transformers >= 5 writes RoPE as ``rope_parameters`` (not ``rope_theta``/``rope_scaling``) and the
     # Qwen3-MoE expert count as ``num_local_experts``; older checkpoints use the top-level names.
     rope = raw.get("rope_parameters") or {}
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"rope_parameters={rope!r} is not supported (plain RoPE only)")
     names = {f.name for f in dataclasses.fields(ModelShape)}
-    kwargs = {k: v for k, v in raw.items() if k in names}
-    if "rope_theta" not in kwargs and "rope_theta" in rope:
+    kwargs = {k: v for k, v in raw.items() if k in names and v is not None}
+    if "rope_theta" in rope:
+        if kwargs.get("rope_theta", rope["rope_theta"]) != rope["rope_theta"]:
+            raise UnsupportedConfigError(f"{where}: rope_theta={kwargs['rope_theta']} and rope_parameters.rope_theta="
+                                         f"{rope['rope_theta']} disagree")
         kwargs["rope_theta"] = rope["rope_theta"]
     if "num_experts" not in kwargs and "num_local_experts" in raw:
         kwargs["num_experts"] = raw["num_local_experts"]
@@ -123,10 +179,31 @@ def load_hf_config(source: str | os.PathLike | dict) -> ModelShape:
         kwargs["num_key_value_heads"] = raw["num_attention_heads"]
     if "mlp_only_layers" in kwargs:
         kwargs["mlp_only_layers"] = tuple(kwargs["mlp_only_layers"])
-    if model_type == "qwen3":
+    if model_type != "qwen3_moe":
         for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
             kwargs.pop(k, None)
-    return ModelShape(**kwargs)
+    if model_type == "qwen2":
+        kwargs.pop("attention_bias", None)  # not a Qwen2 setting: its q/k/v always have biases, o_proj never
+    try:
+        return ModelShape(**kwargs)
+    except UnsupportedConfigError as exc:
+        raise UnsupportedConfigError(f"{where}: {exc}") from None
+
+
+def _check_rope(raw: dict, where: str) -> None:
+    """Refuse RoPE scaling: ``rope_scaling`` (transformers < 5) or ``rope_parameters`` (>= 5) of any
+    ``rope_type`` (older files: ``type``) but ``default``."""
+    for key in ("rope_scaling", "rope_parameters"):
+        value = raw.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise UnsupportedConfigError(f"{where}: {key}={value!r} is not a dict")
+        kind = value.get("rope_type", value.get("type", "default"))
+        if kind not in SUPPORTED_ROPE_TYPES:
+            raise UnsupportedConfigError(
+                f"{where}: {key} asks for RoPE scaling of type {kind!r}, which is not supported; supported: "
+                f"{', '.join(SUPPORTED_ROPE_TYPES)} (plain RoPE, rope_scaling: null)")
 
 
 def transformer_config(shape: ModelShape, *, tensor: int = 1, pipeline: int = 1, expert: int = 1,
@@ -148,11 +225,11 @@ def transformer_config(shape: ModelShape, *, tensor: int = 1, pipeline: int = 1,
         kv_channels=shape.head_dim,
         normalization="RMSNorm",
         layernorm_epsilon=shape.rms_norm_eps,
-        qk_layernorm=True,
+        qk_layernorm=shape.qk_norm,
         gated_linear_unit=True,
         activation_func=torch.nn.functional.silu,
         add_bias_linear=False,
-        add_qkv_bias=shape.attention_bias,
+        add_qkv_bias=shape.qkv_bias,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         init_method_std=shape.initializer_range,

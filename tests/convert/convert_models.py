@@ -1,4 +1,4 @@
-"""Tiny Qwen3 / Qwen3-MoE checkpoints built by transformers from a config (no download), tensor digests,
+"""Tiny Qwen3 / Qwen3-MoE / Llama / Qwen2 checkpoints built by transformers from a config (no download), digests,
 and a launcher for the worker scripts. Shared by the pytest process and the gloo workers; imports
 neither megatron nor transformers at module level."""
 
@@ -22,6 +22,7 @@ COMMON = dict(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_l
               num_key_value_heads=2, head_dim=16, max_position_embeddings=128, rope_theta=10000.0,
               rms_norm_eps=1e-6)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+_LLAMA = {k: v for k, v in COMMON.items() if k != "head_dim"} | dict(num_hidden_layers=2)
 MODELS = {
     "dense": ("qwen3", dict(COMMON)),
     "dense_tied": ("qwen3", dict(COMMON, num_hidden_layers=2, tie_word_embeddings=True)),
@@ -30,20 +31,30 @@ MODELS = {
     # tied embeddings; top-k of the full softmax, not renormalised
     "moe_tied": ("qwen3_moe", dict(COMMON, **MOE, num_hidden_layers=2, tie_word_embeddings=True,
                                    norm_topk_prob=False)),
+    # Llama: 6 query heads on 2 KV heads (3 per group, as SmolLM2's 9 on 3; TP2 holds 3 + 1 per rank),
+    # head_dim from hidden_size / heads, SmolLM2's epsilon and RoPE base
+    "llama": ("llama", dict(_LLAMA, hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
+                            rms_norm_eps=1e-5, rope_theta=100000.0)),
+    # tied; an explicit head_dim (16) unrelated to hidden_size / heads (64 / 8)
+    "llama_tied": ("llama", dict(_LLAMA, head_dim=16, tie_word_embeddings=True)),
+    # Qwen2: q/k/v biases, no o_proj bias, no QK-norm
+    "qwen2": ("qwen2", dict(_LLAMA, num_attention_heads=4)),
+    "qwen2_tied": ("qwen2", dict(_LLAMA, hidden_size=96, num_attention_heads=6, tie_word_embeddings=True)),
 }
+CONFIGS = {"qwen3": "Qwen3", "qwen3_moe": "Qwen3Moe", "llama": "Llama", "qwen2": "Qwen2"}
+"""model_type -> transformers class prefix (``{prefix}Config``, ``{prefix}ForCausalLM``)."""
 TOKENS_SHAPE = (3, 11)
 
 
 def build_hf_model(name: str, seed: int = 0):
     """A transformers model for ``MODELS[name]`` with every tensor drawn from ``seed``: matrices
-    N(0, 0.1), norm weights 1 + N(0, 0.2) (so q_norm and k_norm differ), router N(0, 1)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    N(0, 0.1) (biases too), norm weights 1 + N(0, 0.2) (so q_norm and k_norm differ), router N(0, 1)."""
+    import transformers
 
     model_type, kwargs = MODELS[name]
-    if model_type == "qwen3":
-        model = Qwen3ForCausalLM(Qwen3Config(**kwargs))
-    else:
-        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**kwargs))
+    prefix = CONFIGS[model_type]
+    config = getattr(transformers, f"{prefix}Config")(**kwargs)
+    model = getattr(transformers, f"{prefix}ForCausalLM")(config)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for pname, p in sorted(model.named_parameters()):

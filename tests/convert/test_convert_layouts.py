@@ -1,4 +1,5 @@
-"""Converted weights on 2-rank layouts (TP2, PP2, EP2, and the unsharded DP2), one launch for all cases.
+"""Converted weights on 2-rank layouts (TP2, PP2, EP2, and the unsharded DP2), one launch for all cases:
+Qwen3, Qwen3-MoE, Llama and Qwen2, each with and without tied embeddings.
 
 What each test checks, and why it is exact or bounded:
 - The gather of a layout-independently initialised model (every global tensor drawn from its own seed,
@@ -45,6 +46,16 @@ CASES = [
     ("moe_tied", "ep2", dict(ep=2, save=True)),
     ("moe_tied", "pp2", dict(pp=2, load="moe_tied-ep2")),
     ("moe_tied", "dp2", dict()),
+    ("llama", "tp2", dict(tp=2, save=True)),
+    ("llama", "pp2", dict(pp=2, load="llama-tp2")),
+    ("llama", "dp2", dict(bf16=True)),
+    ("llama_tied", "tp2", dict(tp=2, save=True)),
+    ("llama_tied", "dp2", dict(load="llama_tied-tp2")),
+    ("qwen2", "tp2", dict(tp=2, save=True)),
+    ("qwen2", "pp2", dict(pp=2, load="qwen2-tp2")),
+    ("qwen2", "dp2", dict()),
+    ("qwen2_tied", "tp2", dict(tp=2)),
+    ("qwen2_tied", "dp2", dict()),
 ]
 IDS = [f"{m}-{lay}" for m, lay, _ in CASES]
 

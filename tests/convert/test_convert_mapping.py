@@ -19,6 +19,7 @@ from gspo_mcore.convert.hf_mapping import (KINDS, from_hf, from_transformers_lay
                                            parse_hf_name, parse_megatron_name, split_qkv, to_hf, tp_shard,
                                            tp_unshard)
 from gspo_mcore.learner import load_hf_config
+from gspo_mcore.learner.model_config import UnsupportedConfigError
 
 # ------------------------------------------------------------------------------------------ layouts
 
@@ -130,20 +131,72 @@ def test_config_as_transformers_5_writes_it(hf_models):
     assert (shape.rope_theta, shape.num_experts, shape.mlp_only_layers) == (10000.0, 4, (1,))
     old = {k: v for k, v in config.items() if k not in ("rope_parameters", "num_local_experts")}
     assert load_hf_config(dict(old, rope_theta=10000.0, num_experts=4)) == shape
-    with pytest.raises(ValueError, match="plain RoPE only"):
+    with pytest.raises(UnsupportedConfigError, match="RoPE scaling of type 'yarn'"):
         load_hf_config(dict(config, rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}))
 
 
 # ------------------------------------------------------------------------------------------ errors
 
 
-@pytest.mark.parametrize("arch,model_type", [("LlamaForCausalLM", "llama"), ("Qwen2ForCausalLM", "qwen2"),
+@pytest.mark.parametrize("arch,model_type", [("MistralForCausalLM", "mistral"), ("GemmaForCausalLM", "gemma"),
                                              ("MixtralForCausalLM", "mixtral")])
 def test_unsupported_architecture_is_named(arch, model_type):
     with pytest.raises(UnsupportedArchitectureError) as exc:
         check_architecture({"architectures": [arch], "model_type": model_type})
     msg = str(exc.value)
-    assert arch in msg and "Qwen3ForCausalLM" in msg and "Qwen3MoeForCausalLM" in msg
+    assert arch in msg
+    for supported in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM"):
+        assert supported in msg
+    with pytest.raises(UnsupportedConfigError, match=f"unsupported model_type '{model_type}'; supported: "
+                                                     "qwen3, qwen3_moe, llama, qwen2"):
+        load_hf_config(dict(MODELS["dense"][1], model_type=model_type))
+
+
+@pytest.mark.parametrize("key", ["rope_scaling", "rope_parameters"])
+@pytest.mark.parametrize("kind", ["llama3", "linear", "dynamic", "yarn", "longrope"])
+def test_rope_scaling_is_refused_by_name(key, kind):
+    """transformers < 5 writes ``rope_scaling`` (``type`` in the oldest files), >= 5 ``rope_parameters``."""
+    field = "type" if kind == "linear" and key == "rope_scaling" else "rope_type"
+    config = dict(MODELS["llama"][1], model_type="llama", **{key: {field: kind, "factor": 8.0, "rope_theta": 5e5}})
+    with pytest.raises(UnsupportedConfigError, match=f"{key} asks for RoPE scaling of type '{kind}', which is not "
+                                                     "supported; supported: default"):
+        load_hf_config(config)
+
+
+def test_llama_and_qwen2_shapes():
+    """QK-norm only for Qwen3; q/k/v biases only for Qwen2 (whatever attention_bias says); rope_parameters
+    (transformers 5) give rope_theta; a null rope_scaling / head_dim is the default."""
+    raw = dict(MODELS["llama"][1], model_type="llama", rope_scaling=None, head_dim=None,
+               rope_parameters={"rope_type": "default", "rope_theta": 5e5})
+    with pytest.raises(UnsupportedConfigError, match="rope_theta=100000.0 and rope_parameters.rope_theta=500000.0"):
+        load_hf_config(raw)
+    llama = load_hf_config({k: v for k, v in raw.items() if k != "rope_theta"})
+    assert (llama.qk_norm, llama.qkv_bias, llama.head_dim, llama.rope_theta, llama.rms_norm_eps) == \
+        (False, False, 16, 5e5, 1e-5)
+    qwen2 = load_hf_config(dict(MODELS["qwen2"][1], model_type="qwen2", attention_bias=False))
+    assert (qwen2.qk_norm, qwen2.qkv_bias) == (False, True)
+    qwen3 = load_hf_config(dict(MODELS["dense"][1], model_type="qwen3"))
+    assert (qwen3.qk_norm, qwen3.qkv_bias) == (True, False)
+    names = {name: [p.name.split(".", 3)[-1] for p in megatron_params(s) if p.layer == 0]
+             for name, s in (("llama", llama), ("qwen2", qwen2), ("qwen3", qwen3))}
+    assert "self_attention.q_layernorm.weight" in names["qwen3"] and "self_attention.linear_qkv.bias" in names["qwen2"]
+    assert not any("layernorm.weight" in n and "self_attention" in n for n in names["llama"] + names["qwen2"])
+    assert not any(n.endswith(".bias") for n in names["llama"] + names["qwen3"])
+
+
+@pytest.mark.parametrize("edit,message", [
+    (dict(attention_bias=True), "attention_bias=true is not supported for model_type 'llama'"),
+    (dict(mlp_bias=True), "mlp_bias=true is not supported for model_type 'llama'"),
+    (dict(hidden_act="gelu"), "hidden_act='gelu' is not supported"),
+    (dict(layer_types=["full_attention", "sliding_attention"]), r"layer_types \['sliding_attention'\]"),
+    (dict(use_sliding_window=True), "use_sliding_window=true"),
+])
+def test_llama_features_not_implemented_are_refused(edit, message, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dict(MODELS["llama"][1], model_type="llama", **edit)))
+    with pytest.raises(UnsupportedConfigError, match=message) as exc:
+        load_hf_config(str(tmp_path))
+    assert str(path) in str(exc.value)  # names the file
 
 
 def test_architecture_and_model_type_must_agree():
@@ -224,15 +277,16 @@ def _tool(name):
 
 def test_tools_refuse_unsupported_architecture_and_bad_shapes(hf_models, tmp_path, capsys):
     """The command-line tools check before loading megatron: exit status 2 and a one-line reason."""
-    llama = tmp_path / "llama"
-    shutil.copytree(hf_models["dense"], llama)
-    config = json.loads((llama / "config.json").read_text())
-    config.update(architectures=["LlamaForCausalLM"], model_type="llama")
-    (llama / "config.json").write_text(json.dumps(config))
+    mistral = tmp_path / "mistral"
+    shutil.copytree(hf_models["dense"], mistral)
+    config = json.loads((mistral / "config.json").read_text())
+    config.update(architectures=["MistralForCausalLM"], model_type="mistral")
+    (mistral / "config.json").write_text(json.dumps(config))
     hf_to_mcore = _tool("convert_hf_to_mcore")
-    assert hf_to_mcore.main(["--hf", str(llama), "--out", str(tmp_path / "o1")]) == 2
+    assert hf_to_mcore.main(["--hf", str(mistral), "--out", str(tmp_path / "o1")]) == 2
     err = capsys.readouterr().err
-    assert "unsupported architecture LlamaForCausalLM" in err and "supported: Qwen3ForCausalLM" in err
+    assert "unsupported architecture MistralForCausalLM" in err and "supported: Qwen3ForCausalLM" in err
+    assert "LlamaForCausalLM (llama)" in err
 
     def edit(t):
         t["lm_head.weight"] = t["lm_head.weight"][:, :32].contiguous()

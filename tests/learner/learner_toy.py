@@ -13,7 +13,11 @@ DENSE = dict(model_type="qwen3", vocab_size=128, hidden_size=64, intermediate_si
 DENSE_TIED = dict(DENSE, tie_word_embeddings=True)
 MOE = dict(DENSE, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
            norm_topk_prob=True, router_aux_loss_coef=0.0)
-MODELS = {"dense": DENSE, "dense_tied": DENSE_TIED, "moe": MOE}
+# Llama: 6 query heads on 2 KV heads (TP2: 3 + 1 per rank); Qwen2 (q/k/v biases), tied
+LLAMA = dict(DENSE, model_type="llama", hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
+             rms_norm_eps=1e-5, rope_theta=100000.0)
+QWEN2_TIED = dict(DENSE, model_type="qwen2", tie_word_embeddings=True)
+MODELS = {"dense": DENSE, "dense_tied": DENSE_TIED, "moe": MOE, "llama": LLAMA, "qwen2_tied": QWEN2_TIED}
 
 # Per-sequence offsets added to the recomputed old log-probs: the first update then sees sequence ratios
 # exp(-offset) far from every clip boundary (0.99/1.01 for GSPO, 0.74/1.35 for GRPO), so the clipping
