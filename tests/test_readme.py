@@ -54,3 +54,4 @@ def test_install_line_builds_this_project():
 def test_ci_calls_make_test_and_the_sglang_tier():
     lines = [ln.strip() for ln in open(os.path.join(ROOT, ".ci", "run")) if not ln.lstrip().startswith("#")]
     assert "make test" in lines and "make test-sglang" in lines
+    assert lines.index("make lint") < lines.index("make test-fast") < lines.index("make test")

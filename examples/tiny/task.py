@@ -121,9 +121,11 @@ def prepare(out_dir: str, *, moe: bool = False, num_prompts: int = 4096, digits:
 
 
 def reward(response: str, metadata) -> float:
-    """Partial credit: 0.2 for the right length, plus 0.8 x the fraction of right digits. Every token but EOS
-    decodes to at least one visible character, so the right length means the answer ended with EOS."""
+    """Partial credit: 0.2 for an answer of the right length made of digits only, plus 0.8 x the fraction of
+    right digits. Every token but EOS decodes to at least one visible character and the digits are one token
+    each, so the length credit means exactly the answer's digits, then EOS. (The digit check is there
+    because an earlier version without it was gamed: ``"<s>"`` is three characters long.)"""
     answer = str(metadata["answer"])
     got = response
     right = sum(a == b for a, b in zip(got, answer))
-    return (float(len(got) == len(answer)) + 4.0 * right / len(answer)) / 5.0
+    return (float(len(got) == len(answer) and got.isdigit()) + 4.0 * right / len(answer)) / 5.0

@@ -90,18 +90,17 @@ def hf_to_mcore(hf_dir: str, out_dir: str, parallel=None, *, dtype: torch.dtype 
     from megatron.core import __version__ as mcore_version
 
     from gspo_mcore.learner.model import build_model
-    from gspo_mcore.learner.parallel import ParallelConfig, current_layout, init_parallel
+    from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
 
     parallel = parallel or ParallelConfig()
     reader, shape = preflight_hf(hf_dir)
     dtype = dtype or config_dtype(reader.config)
     owned = not dist.is_initialized()
-    init_parallel(parallel, shape)
+    layout = init_parallel(parallel, shape)
     try:
-        layout = current_layout()
         model = build_model(shape, parallel, seed=None, wrap_ddp=False)
         nbytes = sum(p.numel() * p.element_size() for p in model[0].parameters()) * layout.world_size
-        load_hf_weights(model, reader, shape, progress=_show_progress(progress, nbytes))
+        load_hf_weights(model, reader, shape, progress=_show_progress(progress, nbytes), layout=layout)
         if dtype is not None:
             model[0].to(dtype)
         meta = dict(source=os.path.abspath(hf_dir), model_type=shape.model_type,
@@ -135,13 +134,13 @@ def mcore_to_hf(mcore_dir: str, out_dir: str, parallel=None, *, config_dir: str 
     declared = config_dtype(config)
     dtype = dtype or declared
     owned = not dist.is_initialized()
-    init_parallel(parallel, shape)
+    layout = init_parallel(parallel, shape)
     try:
         model = build_model(shape, parallel, seed=None, wrap_ddp=False)
         load_model(model, ckpt)
-        plan = export_plan(model, shape, dtype=dtype)
+        plan = export_plan(model, shape, dtype=dtype, layout=layout)
         total = sum(it.nbytes for it in plan)
-        buckets = hf_buckets(model, shape, bucket_bytes=bucket_bytes, dtype=dtype, plan=plan)
+        buckets = hf_buckets(model, shape, bucket_bytes=bucket_bytes, dtype=dtype, plan=plan, layout=layout)
         files = []
         if _rank() == 0:
             bar = None

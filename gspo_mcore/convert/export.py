@@ -12,7 +12,7 @@ gets a bucket of its own). How each piece travels:
   rank ``r``'s ``j``-th being global expert ``r * num_experts / EP + j``);
 - pipeline parallelism: the stage that owns a bucket's tensors broadcasts them over the PP group, one
   flat buffer per (stage, dtype);
-- data parallelism: nothing; every replica gathers from its own TP/EP/PP groups.
+- data parallelism: nothing; every replica gathers from its own TP/EP/PP layout.
 
 Every collective moves equal-sized tensors (gloo cannot all-gather unequal ones). The plan (names,
 shapes, dtypes, owning stage) is exchanged once per call with ``all_gather_object`` over the PP group; pass
@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 
 from gspo_mcore.convert.hf_mapping import MegatronParam, tp_unshard, to_hf
-from gspo_mcore.convert.sharding import Groups, LocalParam, current_groups, local_parameters
+from gspo_mcore.convert.sharding import LocalParam, local_parameters, tp_split
+from gspo_mcore.learner.parallel import Layout, current_layout
 
 DEFAULT_BUCKET_BYTES = 512 * 2**20
 
@@ -52,15 +53,15 @@ class ExportItem:
         return n * self.dtype.itemsize
 
 
-def _units(local: list[LocalParam], groups: Groups) -> list[tuple[LocalParam, list[MegatronParam]]]:
+def _units(local: list[LocalParam], layout: Layout) -> list[tuple[LocalParam, list[MegatronParam]]]:
     """Per local parameter, the full Megatron parameters it yields after the TP/EP gathers."""
     out = []
     for lp in local:
         p = lp.param
-        if p.kind.expert and groups.ep_size > 1:
+        if p.kind.expert and layout.ep_size > 1:
             n_local = _num_local_experts(local, p.layer)
-            j = p.expert - groups.ep_rank * n_local
-            out.append((lp, [MegatronParam(p.kind, p.layer, r * n_local + j) for r in range(groups.ep_size)]))
+            j = p.expert - layout.ep_rank * n_local
+            out.append((lp, [MegatronParam(p.kind, p.layer, r * n_local + j) for r in range(layout.ep_size)]))
         else:
             out.append((lp, [p]))
     return out
@@ -70,25 +71,26 @@ def _num_local_experts(local: list[LocalParam], layer: int) -> int:
     return len({lp.param.expert for lp in local if lp.param.kind.expert and lp.param.layer == layer})
 
 
-def _full_shape(lp: LocalParam, groups: Groups) -> tuple[int, ...]:
-    size, _, _ = groups.split_for(lp.param)
+def _full_shape(lp: LocalParam, layout: Layout) -> tuple[int, ...]:
+    size, _, _ = tp_split(layout, lp.param)
     shape = list(lp.tensor.shape)
     if size > 1:
         shape[lp.param.kind.tp_dim] *= size
     return tuple(shape)
 
 
-def export_plan(model, shape, *, dtype: torch.dtype | None = None) -> list[ExportItem]:
-    """The Hugging Face tensors of ``model`` in export order (a collective over the PP group)."""
-    groups = current_groups()
+def export_plan(model, shape, *, dtype: torch.dtype | None = None, layout: Layout | None = None) -> list[ExportItem]:
+    """The Hugging Face tensors of ``model`` in export order (a collective over the PP group).
+    ``layout``: the model's parallel layout (default: the current one)."""
+    layout = layout or current_layout()
     mine = []
-    for lp, params in _units(local_parameters(model), groups):
-        meta = torch.empty(_full_shape(lp, groups), dtype=dtype or lp.tensor.dtype, device="meta")
+    for lp, params in _units(local_parameters(model, layout), layout):
+        meta = torch.empty(_full_shape(lp, layout), dtype=dtype or lp.tensor.dtype, device="meta")
         for p in params:
             mine += [(name, tuple(t.shape), str(t.dtype)) for name, t in to_hf(p, meta, shape)]
-    if groups.pp_size > 1:
-        stages = [None] * groups.pp_size
-        dist.all_gather_object(stages, mine, group=groups.pp_group)
+    if layout.pp_size > 1:
+        stages = [None] * layout.pp_size
+        dist.all_gather_object(stages, mine, group=layout.pp_group)
     else:
         stages = [mine]
     items = [ExportItem(name, s, getattr(torch, d.removeprefix("torch.")), stage)
@@ -108,14 +110,14 @@ def _gather(t: torch.Tensor, size: int, group) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def _produce(model, shape, groups: Groups, dtype) -> Iterator[tuple[str, torch.Tensor]]:
+def _produce(model, shape, layout: Layout, dtype) -> Iterator[tuple[str, torch.Tensor]]:
     """This rank's stage's Hugging Face tensors, in plan order (runs the TP/EP collectives lazily)."""
-    for lp, params in _units(local_parameters(model), groups):
+    for lp, params in _units(local_parameters(model, layout), layout):
         t = lp.tensor.detach()
-        size, _, group = groups.split_for(lp.param)
+        size, _, group = tp_split(layout, lp.param)
         if size > 1:
             t = tp_unshard(lp.param.kind, _gather(t, size, group))
-        fulls = _gather(t, groups.ep_size, groups.ep_group) if len(params) > 1 else [t]
+        fulls = _gather(t, layout.ep_size, layout.ep_group) if len(params) > 1 else [t]
         for p, full in zip(params, fulls):
             for name, hf in to_hf(p, full, shape):
                 yield name, (hf if dtype is None else hf.to(dtype)).contiguous()
@@ -134,7 +136,8 @@ def _cut(plan: list[ExportItem], bucket_bytes: int) -> Iterator[list[ExportItem]
 
 
 def hf_buckets(model, shape, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype: torch.dtype | None = None,
-               plan: list[ExportItem] | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
+               plan: list[ExportItem] | None = None,
+               layout: Layout | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Full Hugging Face ``(name, tensor)`` buckets of ``model``; every rank must iterate to the end.
 
     ``shape``: the :class:`~gspo_mcore.learner.ModelShape`; ``dtype``: cast to it (e.g. bf16 for the
@@ -142,10 +145,10 @@ def hf_buckets(model, shape, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype:
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-    groups = current_groups()
-    plan = export_plan(model, shape, dtype=dtype) if plan is None else plan
-    device = next(p.tensor.device for p in local_parameters(model))
-    producer = _produce(model, shape, groups, dtype)
+    layout = layout or current_layout()
+    plan = export_plan(model, shape, dtype=dtype, layout=layout) if plan is None else plan
+    device = next(p.tensor.device for p in local_parameters(model, layout))
+    producer = _produce(model, shape, layout, dtype)
     for bucket in _cut(plan, bucket_bytes):
         out = []
         start = 0
@@ -155,7 +158,7 @@ def hf_buckets(model, shape, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype:
             while end < len(bucket) and bucket[end].stage == stage:
                 end += 1
             items = bucket[start:end]
-            if stage == groups.pp_rank:
+            if stage == layout.pp_rank:
                 tensors = []
                 for it in items:
                     name, t = next(producer)
@@ -165,8 +168,8 @@ def hf_buckets(model, shape, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype:
                     tensors.append(t)
             else:
                 tensors = None
-            if groups.pp_size > 1:
-                tensors = _broadcast(items, tensors, stage, groups, device)
+            if layout.pp_size > 1:
+                tensors = _broadcast(items, tensors, stage, layout, device)
             out += [(it.name, t) for it, t in zip(items, tensors)]
             start = end
         yield out
@@ -174,7 +177,7 @@ def hf_buckets(model, shape, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype:
         raise RuntimeError("export made more tensors than its plan lists")
 
 
-def _broadcast(items: list[ExportItem], tensors, stage: int, groups: Groups, device) -> list[torch.Tensor]:
+def _broadcast(items: list[ExportItem], tensors, stage: int, layout: Layout, device) -> list[torch.Tensor]:
     """Send ``tensors`` (held by ``stage``) to every stage: one flat buffer per dtype."""
     result: list[torch.Tensor | None] = [None] * len(items)
     for dtype in dict.fromkeys(it.dtype for it in items):
@@ -184,13 +187,14 @@ def _broadcast(items: list[ExportItem], tensors, stage: int, groups: Groups, dev
             flat = torch.cat([tensors[i].reshape(-1) for i in idx])
         else:
             flat = torch.empty(sum(numels), dtype=dtype, device=device)
-        dist.broadcast(flat, group=groups.pp_group, group_src=stage)
+        dist.broadcast(flat, group=layout.pp_group, group_src=stage)
         for i, part in zip(idx, flat.split(numels)):
             result[i] = part.view(items[i].shape)
     return result
 
 
-def hf_state_dict(model, shape, *, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+def hf_state_dict(model, shape, *, dtype: torch.dtype | None = None,
+                  layout: Layout | None = None) -> dict[str, torch.Tensor]:
     """All Hugging Face tensors of ``model`` at once, on every rank (small models, tests)."""
-    return {name: t.clone() for bucket in hf_buckets(model, shape, dtype=dtype) for name, t in bucket}
+    return {name: t.clone() for bucket in hf_buckets(model, shape, dtype=dtype, layout=layout) for name, t in bucket}
 

@@ -16,7 +16,8 @@ import torch
 from gspo_mcore.convert.hf_io import HFCheckpoint
 from gspo_mcore.convert.hf_mapping import (MissingTensorError, ShapeMismatchError, check_architecture, from_hf,
                                            hf_shapes, tp_shard)
-from gspo_mcore.convert.sharding import current_groups, local_parameters
+from gspo_mcore.convert.sharding import local_parameters, tp_split
+from gspo_mcore.learner.parallel import Layout, current_layout
 
 
 def check_checkpoint_keys(names, shape) -> None:
@@ -46,10 +47,11 @@ def check_checkpoint(reader: HFCheckpoint, shape) -> None:
 
 @torch.no_grad()
 def load_hf_weights(model, source: str | HFCheckpoint | Mapping[str, torch.Tensor], shape=None, *,
-                    progress: bool = False) -> None:
+                    progress: bool = False, layout: Layout | None = None) -> None:
     """Fill ``model`` (this rank's chunk(s)) from a Hugging Face checkpoint folder, reader or state dict.
 
-    ``shape`` defaults to the folder's ``config.json``. Raises naming the tensor on any shape mismatch
+    ``shape`` defaults to the folder's ``config.json``; ``layout`` (the model's parallel layout) to the
+    current one. Raises naming the tensor on any shape mismatch
     and before touching the model if tensors are missing or unexpected.
     """
     from gspo_mcore.learner.model_config import load_hf_config
@@ -66,15 +68,15 @@ def load_hf_weights(model, source: str | HFCheckpoint | Mapping[str, torch.Tenso
             raise ValueError("load_hf_weights(state_dict) needs the model shape")
         check_checkpoint_keys(list(source), shape)
         get = source.__getitem__
-    groups = current_groups()
-    params = local_parameters(model)
+    layout = layout or current_layout()
+    params = local_parameters(model, layout)
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=len(params), desc="loading weights", unit="tensor")
     for lp in params:
-        size, rank, _ = groups.split_for(lp.param)
+        size, rank, _ = tp_split(layout, lp.param)
         target = lp.tensor
         padded = target.shape[0] * size if lp.param.kind.vocab else None
         full = from_hf(lp.param, get, shape, padded_vocab=padded)

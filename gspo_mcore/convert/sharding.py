@@ -12,58 +12,24 @@ import re
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from gspo_mcore.convert.hf_mapping import MegatronParam, parse_megatron_name
 from gspo_mcore.learner.model import unwrap
+from gspo_mcore.learner.parallel import Layout, current_layout
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
 _LOCAL_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(.*)$")
 _GROUPED_EXPERT = re.compile(r"^mlp\.experts\.(linear_fc[12])\.weight(\d+)$")  # TEGroupedMLP
 
 
-@dataclass(frozen=True)
-class Groups:
-    """The process groups a parameter's shards are spread over, with this rank's place in each."""
-
-    tp_size: int
-    tp_rank: int
-    tp_group: object
-    etp_size: int
-    etp_rank: int
-    etp_group: object
-    ep_size: int
-    ep_rank: int
-    ep_group: object
-    pp_size: int
-    pp_rank: int
-    pp_group: object
-
-    def split_for(self, p: MegatronParam) -> tuple[int, int, object]:
-        """(size, rank, group) of the tensor-parallel split that applies to ``p``."""
-        if p.kind.tp_dim is None:
-            return 1, 0, None
-        if p.kind.expert:
-            return self.etp_size, self.etp_rank, self.etp_group
-        return self.tp_size, self.tp_rank, self.tp_group
-
-
-def current_groups() -> Groups:
-    """Megatron's groups for this rank (1-sized everywhere without torch.distributed)."""
-    from megatron.core import parallel_state as ps
-
-    if not (dist.is_initialized() and ps.model_parallel_is_initialized()):
-        return Groups(1, 0, None, 1, 0, None, 1, 0, None, 1, 0, None)
-    return Groups(
-        tp_size=ps.get_tensor_model_parallel_world_size(), tp_rank=ps.get_tensor_model_parallel_rank(),
-        tp_group=ps.get_tensor_model_parallel_group(),
-        etp_size=ps.get_expert_tensor_parallel_world_size(), etp_rank=ps.get_expert_tensor_parallel_rank(),
-        etp_group=ps.get_expert_tensor_parallel_group(),
-        ep_size=ps.get_expert_model_parallel_world_size(), ep_rank=ps.get_expert_model_parallel_rank(),
-        ep_group=ps.get_expert_model_parallel_group(),
-        pp_size=ps.get_pipeline_model_parallel_world_size(), pp_rank=ps.get_pipeline_model_parallel_rank(),
-        pp_group=ps.get_pipeline_model_parallel_group(),
-    )
+def tp_split(layout: Layout, p: MegatronParam) -> tuple[int, int, object]:
+    """(size, rank, group) of the tensor-parallel split that applies to ``p`` under ``layout``: expert
+    weights follow the expert-TP group, everything else the TP group; unsplit parameters ``(1, 0, None)``."""
+    if p.kind.tp_dim is None:
+        return 1, 0, None
+    if p.kind.expert:
+        return layout.etp_size, layout.etp_rank, layout.etp_group
+    return layout.tp_size, layout.tp_rank, layout.tp_group
 
 
 @dataclass(frozen=True)
@@ -82,16 +48,17 @@ def model_chunks(model) -> list:
     return [unwrap(c) for c in chunks]
 
 
-def local_parameters(model, groups: Groups | None = None) -> list[LocalParam]:
+def local_parameters(model, layout: Layout | None = None) -> list[LocalParam]:
     """This rank's parameters, in module order, under global names. Checks Megatron's split attributes
-    against :mod:`~gspo_mcore.convert.hf_mapping` (a Megatron change that moved a split would fail here)."""
-    groups = groups or current_groups()
+    against :mod:`~gspo_mcore.convert.hf_mapping` (a Megatron change that moved a split would fail here).
+    ``layout``: the model's parallel layout (default: :func:`~gspo_mcore.learner.parallel.current_layout`)."""
+    layout = layout or current_layout()
     out = []
     for gpt in model_chunks(model):
         for name, prm in gpt.named_parameters():
             p = parse_megatron_name(_global_name(gpt, name))
             is_split = bool(getattr(prm, "tensor_model_parallel", False))
-            split_size = groups.etp_size if p.kind.expert else groups.tp_size
+            split_size = layout.etp_size if p.kind.expert else layout.tp_size
             # (checked where a split happens: Transformer Engine leaves the attributes off 1-way splits)
             if split_size > 1 and (is_split != (p.kind.tp_dim is not None)
                                    or (is_split and prm.partition_dim != p.kind.tp_dim)):

@@ -63,7 +63,9 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class Layout:
-    """This rank's place in the layout, with the process groups the learner passes around."""
+    """This rank's place in the parallel layout, with the process groups: the one description of a layout
+    that the learner, the converters and the checkpoints are given (``None`` groups on 1-sized axes of a
+    single process)."""
 
     world_size: int
     rank: int
@@ -79,6 +81,14 @@ class Layout:
     pp_group: object
     dp_group: object
     device: torch.device
+    ep_rank: int = 0
+    ep_group: object = None
+    etp_size: int = 1
+    """Expert tensor-parallel size (the TP split of expert weights)."""
+    etp_rank: int = 0
+    etp_group: object = None
+    cp_rank: int = 0
+    cp_group: object = None
 
     @property
     def is_first_stage(self) -> bool:
@@ -87,6 +97,13 @@ class Layout:
     @property
     def is_last_stage(self) -> bool:
         return self.pp_rank == self.pp_size - 1
+
+    @classmethod
+    def single(cls, device: torch.device | None = None) -> "Layout":
+        """One process, nothing split."""
+        return cls(world_size=1, rank=0, tp_size=1, tp_rank=0, pp_size=1, pp_rank=0, dp_size=1, dp_rank=0,
+                   ep_size=1, cp_size=1, tp_group=None, pp_group=None, dp_group=None,
+                   device=device or torch.device("cpu"))
 
 
 def validate_layout(cfg: ParallelConfig, world_size: int, shape: ModelShape, *, on_gpu: bool) -> int:
@@ -175,8 +192,13 @@ def init_parallel(cfg: ParallelConfig, shape: ModelShape, *, seed: int = 1234, t
 
 
 def current_layout() -> Layout:
+    """Megatron's groups for this rank as a :class:`Layout` (:meth:`Layout.single` when neither
+    torch.distributed nor Megatron's model parallelism is initialised)."""
     from megatron.core import parallel_state as ps
 
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    if not (dist.is_initialized() and ps.model_parallel_is_initialized()):
+        return Layout.single(device)
     return Layout(
         world_size=dist.get_world_size(),
         rank=dist.get_rank(),
@@ -191,7 +213,14 @@ def current_layout() -> Layout:
         tp_group=ps.get_tensor_model_parallel_group(),
         pp_group=ps.get_pipeline_model_parallel_group(),
         dp_group=ps.get_data_parallel_group(),
-        device=torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"),
+        device=device,
+        ep_rank=ps.get_expert_model_parallel_rank(),
+        ep_group=ps.get_expert_model_parallel_group(),
+        etp_size=ps.get_expert_tensor_parallel_world_size(),
+        etp_rank=ps.get_expert_tensor_parallel_rank(),
+        etp_group=ps.get_expert_tensor_parallel_group(),
+        cp_rank=ps.get_context_parallel_rank(),
+        cp_group=ps.get_context_parallel_group(),
     )
 
 

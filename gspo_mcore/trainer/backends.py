@@ -184,7 +184,8 @@ class SGLangRollout:
             self._run(self.engine.resume_memory())
         dtype = getattr(torch, self.cfg.sync_dtype)
         if self.cfg.weight_sync in ("tensor", "distributed"):
-            buckets = hf_buckets(model, shape, bucket_bytes=self.cfg.bucket_mb * 2**20, dtype=dtype)
+            buckets = hf_buckets(model, shape, bucket_bytes=self.cfg.bucket_mb * 2**20, dtype=dtype,
+                                 layout=self.layout)
             if self.is_driver:
                 if self.cfg.weight_sync == "distributed" and self.group is None:
                     self._init_group()
@@ -226,9 +227,9 @@ class SGLangRollout:
 
         path = os.path.join(self.output_dir, "weights", f"step_{version}")
         tmp = path + ".tmp"
-        plan = export_plan(model, shape, dtype=dtype)
+        plan = export_plan(model, shape, dtype=dtype, layout=self.layout)
         named = (item for bucket in hf_buckets(model, shape, bucket_bytes=self.cfg.bucket_mb * 2**20, dtype=dtype,
-                                                plan=plan) for item in bucket)
+                                                plan=plan, layout=self.layout) for item in bucket)
         if not self.is_driver:
             for _ in named:  # take part in the gather's collectives
                 pass

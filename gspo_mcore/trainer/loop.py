@@ -64,7 +64,7 @@ def run(cfg: TrainConfig) -> list[dict]:
     if cfg.model.load_hf_weights:
         from gspo_mcore.convert.hf_import import load_hf_weights
 
-        load_hf_weights(model, cfg.model.hf_dir, shape, progress=is_writer)
+        load_hf_weights(model, cfg.model.hf_dir, shape, progress=is_writer, layout=layout)
     optimizer, scheduler = build_optimizer(model, cfg.optim)
     engine = _rollout_backend(cfg, model, layout, shape, tokenizer)
     evaluator = Evaluator(cfg.eval, eval_sets, engine, tokenizer)
