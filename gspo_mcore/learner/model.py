@@ -8,6 +8,7 @@ checkpoint name, and this rank copies its shard), so 1 rank, TP, PP, EP and DP r
 
 from __future__ import annotations
 
+import logging
 import zlib
 from dataclasses import dataclass
 
@@ -16,16 +17,32 @@ import torch
 from gspo_mcore.learner.model_config import ModelShape, transformer_config
 from gspo_mcore.learner.parallel import ParallelConfig
 
+logger = logging.getLogger(__name__)
+
 
 def have_transformer_engine() -> bool:
-    """Whether the Transformer Engine layer spec can be used (TE importable and a GPU present)."""
+    """Whether the Transformer Engine layer spec can be used (TE importable and a GPU present). On a GPU host
+    where the import fails, the reason is logged once: the local spec is then used, which is slower."""
     if not torch.cuda.is_available():
         return False
     try:
         import transformer_engine  # noqa: F401
-    except Exception:
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not usable"; say which
+        _log_te_failure(exc)
         return False
     return True
+
+
+_te_failure_logged = False
+
+
+def _log_te_failure(exc: BaseException) -> None:
+    global _te_failure_logged
+    if _te_failure_logged:
+        return
+    _te_failure_logged = True
+    logger.warning("Transformer Engine does not import (%s: %s): using Megatron-Core's local layer spec",
+                   type(exc).__name__, exc)
 
 
 @dataclass(frozen=True, kw_only=True)
