@@ -1,1 +1,1 @@
-"""Adapters of third-party libraries to the host (see megatron_cpu)."""
+"""Adapters of third-party libraries (megatron_cpu: a CPU-only host; megatron_checkpoint: synchronous saves)."""

@@ -143,7 +143,7 @@ def test_checkpoint_config_from_yaml_and_overrides():
     assert parse_config(["--config", TINY_CONFIG]).checkpoint == CheckpointConfig()
     for bad, message in (("checkpoint.keep_last=0", "keep_last must be >= 1"),
                          ("checkpoint.save_every=-1", "save_every must be an int >= 0"),
-                         ("checkpoint.optimizer_format=zero", "optimizer_format must be one of"),
-                         ("checkpoint.verify=md5", "verify must be one of")):
+                         ("checkpoint.optimizer_format=zero", "checkpoint.optimizer_format: must be one of"),
+                         ("checkpoint.verify=md5", "checkpoint.verify: must be one of")):
         with pytest.raises(ConfigError, match=message):
             parse_config(["--config", TINY_CONFIG, bad])
