@@ -131,10 +131,8 @@ def _check_adam_steps(optimizer, where: str) -> None:
 
 def layout_dict(layout) -> dict:
     """``layout`` (a :class:`~gspo_mcore.learner.parallel.Layout`) as recorded in ``trainer_state.json``."""
-    from megatron.core import parallel_state as ps
-
     return {"world_size": layout.world_size, "tp": layout.tp_size, "pp": layout.pp_size, "dp": layout.dp_size,
-            "ep": layout.ep_size, "etp": ps.get_expert_tensor_parallel_world_size(), "cp": layout.cp_size}
+            "ep": layout.ep_size, "etp": layout.etp_size, "cp": layout.cp_size}
 
 
 def fmt_layout(layout: dict, keys) -> str:
