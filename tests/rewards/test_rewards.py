@@ -157,6 +157,96 @@ def test_code_reward_cannot_be_gamed_by_exiting_or_printing(code):
     assert code_reward(fenced(code), {"tests": ["assert add(1, 2) == 3"]}, config=cfg) == 0.0
 
 
+CALL = {"fn_name": "f", "inputs": [[1, 2], [3, 4]], "outputs": [3, 7]}
+
+
+@pytest.mark.parametrize(
+    "code, tests, expected",
+    [
+        ("def f(a, b):\n    return a + b", CALL, 1.0),
+        ("def f(a, b):\n    return 3", CALL, 0.5),
+        ("class Solution:\n    def f(self, a, b):\n        return a + b", CALL, 1.0),  # LeetCode style
+        ("def f(a, b):\n    return float(a + b)", CALL, 0.0),  # type-strict: 3.0 is not 3
+        ("def f(a, b):\n    return a + b == 3", {"fn_name": "f", "inputs": [[1, 2]], "outputs": [1]}, 0.0),
+        ("def f(xs):\n    return tuple(sorted(xs))", {"fn_name": "f", "inputs": [[[2, 1]]], "outputs": [[1, 2]]}, 1.0),
+        ("def f(xs):\n    return sorted(xs)", {"fn_name": "f", "inputs": [[[2, 1]]], "outputs": [[[1, 2]]]}, 1.0),  # APPS [x]
+        ("def f(a, b):\n    return a + b",  # LiveCodeBench: one JSON argument per line
+         {"fn_name": "f", "inputs": ["1\n2", "[1]\n[2]"], "outputs": ["3", "[1, 2]"]}, 1.0),
+        ("class Yes:\n    def __eq__(self, o):\n        return True\ndef f(a, b):\n    return Yes()", CALL, 0.0),
+        ("class I(int):\n    def __eq__(self, o):\n        return True\ndef f(a, b):\n    return I(0)", CALL, 0.0),
+        ("def g(a, b):\n    return a + b", CALL, 0.0),  # no such function
+        ("import os\nos._exit(0)", CALL, 0.0),
+    ],
+)
+def test_code_reward_call_based(code, tests, expected):
+    assert code_reward(fenced(code), {"tests": tests}, config=FAST) == expected
+
+
+def test_code_reward_call_based_float_tolerance():
+    tests = {"fn_name": "f", "inputs": [[1.0]], "outputs": [0.333333]}
+    code = fenced("def f(x):\n    return x / 3")
+    assert code_reward(code, {"tests": tests}, config=FAST) == 0.0
+    loose = CodeRewardConfig(sandbox=FAST.sandbox, float_tolerance=1e-5)
+    assert code_reward(code, {"tests": tests}, config=loose) == 1.0
+
+
+@pytest.mark.parametrize(
+    "test, expected",
+    [
+        ("assert not is_even(3)", 1.0),
+        ("assert is_even(2) and not is_even(5)", 1.0),
+        ("assert is_even(2) and is_even(5)", 0.0),
+        ("assert 2 in evens(5) and 3 not in evens(5)", 1.0),
+        ("assert 0 <= half(5) < 3", 1.0),
+        ("assert half(5) is not None", 1.0),
+        ("assert evens(4) == [0, 2]", 1.0),
+        ("assert evens(4) == (0, 2)", 0.0),  # a list is not a tuple, as in Python
+        ("assert half(4) == 2.0", 1.0),  # 2 == 2.0, as in Python
+        ("for n in range(6):\n    assert is_even(n) == (n % 2 == 0)", 1.0),
+        ("for n in range(6):\n    assert is_even(n) == (n < 3)", 0.0),
+        ("if half(3) > 100:\n    assert half(3) == 1", 0.0),  # a site never reached fails the test
+        ("try:\n    half('x')\n    assert False\nexcept TypeError:\n    pass", 1.0),
+        ("assert half(2) == 1, 'with a message'", 1.0),
+        ("assert half('x') == 1", 0.0),  # raising
+    ],
+)
+def test_assert_rewriting_keeps_python_semantics(test, expected):
+    code = fenced("def is_even(n):\n    return n % 2 == 0\ndef evens(n):\n    return list(range(0, n, 2))\n"
+                  "def half(n):\n    return n // 2")
+    assert code_reward(code, {"tests": [test]}, config=FAST) == expected
+
+
+def test_assert_literals_never_enter_the_sandbox():
+    from gspo_mcore.rewards.asserts import compile_test
+
+    c = compile_test("def check(candidate):\n    assert candidate(1) == 'SECRET-EXPECTED'\ncheck(f)")
+    assert "SECRET-EXPECTED" not in c.source and "candidate(1)" in c.source
+    assert compile_test("assert f(1) == 'SECRET'", hide_literals=False).source.count("SECRET") == 1
+
+
+def test_documented_boundary_a_truth_only_assert_can_be_forged():
+    """``assert pred(x)`` has a known expected value (true): code that writes the channel can forge it.
+
+    This is the trust boundary the docs state for assert-style tests; it is why stdio and call-based
+    tests are the recommended formats. Should the boundary move, update the docs with this test.
+    """
+    forge = ("import json, os, sys\nloc = sys._getframe(1).f_locals\n"
+             "os.write(loc['out'], (json.dumps({'i': 0, 's': 0, 'v': [True]}) + '\\n' + json.dumps({'done': 0}) + '\\n').encode())\n"
+             "os._exit(0)")
+    assert code_reward(fenced(forge), {"tests": ["assert is_prime(7)"]}, config=FAST) == 1.0
+    assert code_reward(fenced(forge), {"tests": ["assert is_prime(7) == True"]}, config=FAST) == 1.0
+    assert code_reward(fenced(forge), {"tests": ["assert next_prime(7) == 11"]}, config=FAST) == 0.0
+
+
+def test_malformed_json_tests_are_refused():
+    with pytest.raises(ValueError, match="do not parse"):
+        parse_tests('{"inputs": ["1"], "outputs": [')
+    with pytest.raises(ValueError, match="fn_name"):
+        parse_tests({"fn_name": "not an identifier", "inputs": [[1]], "outputs": [1]})
+    with pytest.raises(ValueError, match="'input' and 'output'"):
+        parse_tests([{"input": "1"}])
+
+
 def test_code_reward_without_code_block_is_zero():
     assert code_reward("I don't know", {"tests": "assert True"}, config=FAST) == 0.0
 
