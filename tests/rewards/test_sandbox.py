@@ -174,15 +174,19 @@ def _host_dir_outside_private_tmpfs() -> Path:
 
 
 @needs("readonly_fs")
-def test_host_filesystem_is_read_only_even_where_permissions_allow():
-    """A world-writable directory outside the tmpfs-covered ones: only the read-only remount stops this."""
+@pytest.mark.parametrize("private_root", [True, False])
+def test_host_filesystem_is_read_only_even_where_permissions_allow(private_root):
+    """A world-writable directory outside the tmpfs-covered ones: invisible in the private root; without
+    it (``private_root=False``, the fallback) only the read-only remount stops this."""
     open_dir = _host_dir_outside_private_tmpfs() / f".sandbox-test-{uuid.uuid4().hex}"
     open_dir.mkdir()
     try:
         open_dir.chmod(0o1777)
         src = f"try:\n    open({str(open_dir / 'escape')!r}, 'w')\n    print('WROTE')\nexcept OSError as e:\n    print(e.errno)"
-        r = run_python(src, config=SMALL)
-        assert r.ok and r.stdout.strip() == b"30"  # EROFS
+        cfg = dataclasses.replace(SMALL, private_root=private_root, require=())
+        r = run_python(src, config=cfg)
+        assert r.ok and r.stdout.strip() == (b"2" if private_root else b"30")  # ENOENT / EROFS
+        assert ("private_root" in r.layers) == private_root
         assert list(open_dir.iterdir()) == []
     finally:
         for p in open_dir.iterdir():
