@@ -186,7 +186,8 @@ def _check_binary_mask(loss_mask: torch.Tensor) -> None:
     if loss_mask.device.type == "cpu":
         if bool(bad.any()):
             t = int(torch.nonzero(bad)[0, 0])
-            raise ValueError(f"loss_mask must hold only 0 and 1 (or be bool), but loss_mask[{t}]={loss_mask[t].item()!r}")
+            raise ValueError(f"loss_mask must hold only 0 and 1 (or be bool), but "
+                             f"loss_mask[{t}]={loss_mask[t].item()!r}")
     else:
         torch._assert_async(~bad.any(), "loss_mask must hold only 0 and 1 (or be bool)")
 

@@ -104,7 +104,7 @@ def _call_cases(payload, namespace, limit, emit):
     if fn is None and isinstance(namespace.get("Solution"), type):  # LeetCode style
         fn = getattr(namespace["Solution"](), name, None)
     if not callable(fn):
-        print(f"the solution defines no function {name!r}", file=sys.stderr)
+        sys.stderr.write(f"the solution defines no function {name!r}\n")
         return
     for k, args in enumerate(payload["inputs"]):
         try:

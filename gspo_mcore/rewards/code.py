@@ -160,7 +160,8 @@ def run_assert_tests(code: str, tests: list[str], *, config: CodeRewardConfig, h
 
 def run_call_tests(code: str, cases: CallCases, *, config: CodeRewardConfig) -> float:
     """Fraction of call-based cases whose reported result equals the expected output (host-side)."""
-    payload = {"mode": "call", "fn_name": cases.fn_name, "inputs": cases.inputs, "test_timeout_s": config.test_timeout_s}
+    payload = {"mode": "call", "fn_name": cases.fn_name, "inputs": cases.inputs,
+               "test_timeout_s": config.test_timeout_s}
     results: dict[int, list] = {}
     for r in _records(_run_harness(code, payload, config)):
         k = r.get("c")

@@ -78,7 +78,8 @@ class RewardRunnerConfig:
         if not (isinstance(self.timeout_s, (int, float)) and math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"RewardRunnerConfig.timeout_s must be a finite number > 0, got {self.timeout_s!r}")
         if not (isinstance(self.max_error_fraction, (int, float)) and 0 <= self.max_error_fraction <= 1):
-            raise ValueError(f"RewardRunnerConfig.max_error_fraction must be in [0, 1], got {self.max_error_fraction!r}")
+            raise ValueError(
+                f"RewardRunnerConfig.max_error_fraction must be in [0, 1], got {self.max_error_fraction!r}")
         object.__setattr__(self, "required_fields", tuple(self.required_fields))
         object.__setattr__(self, "terms", tuple(self.terms))
         names = [t.name for t in self.terms]

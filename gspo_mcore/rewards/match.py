@@ -50,7 +50,8 @@ class RegexMatchConfig:
             raise ValueError(f"RegexMatchConfig.mode must be 'search' or 'fullmatch', got {self.mode!r}")
         if not self.timeout_s > 0:
             raise ValueError(f"RegexMatchConfig.timeout_s must be > 0, got {self.timeout_s!r}")
-        object.__setattr__(self, "patterns", (self.patterns,) if isinstance(self.patterns, str) else tuple(self.patterns))
+        patterns = (self.patterns,) if isinstance(self.patterns, str) else tuple(self.patterns)
+        object.__setattr__(self, "patterns", patterns)
         for p in self.patterns:
             try:
                 regex.compile(p)

@@ -169,7 +169,8 @@ CALL = {"fn_name": "f", "inputs": [[1, 2], [3, 4]], "outputs": [3, 7]}
         ("def f(a, b):\n    return float(a + b)", CALL, 0.0),  # type-strict: 3.0 is not 3
         ("def f(a, b):\n    return a + b == 3", {"fn_name": "f", "inputs": [[1, 2]], "outputs": [1]}, 0.0),
         ("def f(xs):\n    return tuple(sorted(xs))", {"fn_name": "f", "inputs": [[[2, 1]]], "outputs": [[1, 2]]}, 1.0),
-        ("def f(xs):\n    return sorted(xs)", {"fn_name": "f", "inputs": [[[2, 1]]], "outputs": [[[1, 2]]]}, 1.0),  # APPS [x]
+        ("def f(xs):\n    return sorted(xs)",  # APPS stores an output x as [x]
+         {"fn_name": "f", "inputs": [[[2, 1]]], "outputs": [[[1, 2]]]}, 1.0),
         ("def f(a, b):\n    return a + b",  # LiveCodeBench: one JSON argument per line
          {"fn_name": "f", "inputs": ["1\n2", "[1]\n[2]"], "outputs": ["3", "[1, 2]"]}, 1.0),
         ("class Yes:\n    def __eq__(self, o):\n        return True\ndef f(a, b):\n    return Yes()", CALL, 0.0),
@@ -231,7 +232,8 @@ def test_documented_boundary_a_truth_only_assert_can_be_forged():
     tests are the recommended formats. Should the boundary move, update the docs with this test.
     """
     forge = ("import json, os, sys\nloc = sys._getframe(1).f_locals\n"
-             "os.write(loc['out'], (json.dumps({'i': 0, 's': 0, 'v': [True]}) + '\\n' + json.dumps({'done': 0}) + '\\n').encode())\n"
+             "records = [{'i': 0, 's': 0, 'v': [True]}, {'done': 0}]\n"
+             "os.write(loc['out'], ''.join(json.dumps(r) + '\\n' for r in records).encode())\n"
              "os._exit(0)")
     assert code_reward(fenced(forge), {"tests": ["assert is_prime(7)"]}, config=FAST) == 1.0
     assert code_reward(fenced(forge), {"tests": ["assert is_prime(7) == True"]}, config=FAST) == 1.0
@@ -339,22 +341,51 @@ def test_rewards():
 
 
 def test_runner_hanging_and_throwing_rewards_give_zero_and_are_counted(test_rewards):
-    runner = RewardRunner(RewardRunnerConfig(reward="exact", timeout_s=0.5, max_workers=4))
-    responses = ["Paris", "x", "x", "x", "x", r"\boxed{\frac{1}{2}}"]
+    math_reward(r"\boxed{\frac{1}{2}}", {"answer": "0.5"})  # math-verify's first parse (seconds) before the clock
+    runner = RewardRunner(RewardRunnerConfig(reward="exact", timeout_s=0.5, max_workers=4, max_error_fraction=1.0))
+    responses = ["Paris", "x", "x", "x", r"\boxed{\frac{1}{2}}"]
     metadata = [
         {"answer": "Paris"},
         {"reward_fn": "t_hangs"},
         {"reward_fn": "t_throws"},
         {"reward_fn": "t_nan"},
-        {"reward_fn": "no_such_reward"},
         {"reward_fn": "math", "answer": "0.5"},
     ]
     t0 = time.monotonic()
     scores = runner.score(responses, metadata)
     assert time.monotonic() - t0 < 10  # the hanging call (20 s) was abandoned at its timeout
-    assert scores == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
-    assert runner.metrics() == {"reward_calls": 6.0, "reward_errors": 3.0, "reward_timeouts": 1.0}
+    assert scores == [1.0, 0.0, 0.0, 0.0, 1.0]
+    m = runner.metrics()
+    assert {k: m[k] for k in ("reward_calls", "reward_errors", "reward_timeouts")} == \
+        {"reward_calls": 5.0, "reward_errors": 2.0, "reward_timeouts": 1.0}
+    assert m["reward/t_throws/errors/RuntimeError"] == 1.0 and m["reward/t_nan/errors/ValueError"] == 1.0
+    assert m["reward/t_hangs/timeouts"] == 1.0 and m["reward/exact/mean"] == 1.0 and m["reward/math/calls"] == 1.0
     assert runner.metrics() == {"reward_calls": 0.0, "reward_errors": 0.0, "reward_timeouts": 0.0}  # reset
+
+
+def test_runner_stops_the_run_when_too_many_calls_fail(test_rewards):
+    runner = RewardRunner(RewardRunnerConfig(reward="t_throws"))  # default max_error_fraction 0.1
+    with pytest.raises(rewards.RewardFailure, match=r"4 of 4 reward calls failed.*'t_throws'.*RuntimeError: reward "
+                                                    r"bug.*prompt 'what is 2\+2\?'"):
+        runner.score(["a"] * 4, [{}] * 4, prompts=["what is 2+2?"] * 4)
+    assert runner.metrics()["reward/t_throws/errors/RuntimeError"] == 4.0  # counted before raising
+    # a misconfigured run: rows without the field the reward reads
+    with pytest.raises(rewards.RewardFailure, match=r"KeyError.*answer"):
+        RewardRunner(RewardRunnerConfig(reward="math")).score([r"\boxed{1}"] * 2, [{"question": "q"}] * 2)
+    # one failure in 20 calls (5%) is tolerated and counted
+    tolerant = RewardRunner(RewardRunnerConfig(reward="exact"))
+    assert tolerant.score(["a"] * 20, [{"answer": "a"}] * 19 + [{"reward_fn": "t_throws"}])[:2] == [1.0, 1.0]
+    assert tolerant.metrics()["reward_errors"] == 1.0
+
+
+def test_runner_stops_at_once_for_a_broken_setup(test_rewards):
+    runner = RewardRunner(RewardRunnerConfig(reward="exact", max_error_fraction=1.0))
+    with pytest.raises(rewards.RewardFailure, match="cannot run.*unknown reward 'no_such_reward'"):
+        runner.score(["a", "b"], [{"answer": "a"}, {"reward_fn": "no_such_reward"}])
+    with pytest.raises(rewards.RewardSetupError, match=r"reward.reward = 'no_such_reward'"):
+        RewardRunner(RewardRunnerConfig(reward="no_such_reward"))
+    with pytest.raises(rewards.RewardSetupError, match="cannot import"):
+        RewardRunner(RewardRunnerConfig(reward="no_such_module_xyz:fn"))
 
 
 def test_runner_runs_calls_concurrently(test_rewards):

@@ -66,8 +66,8 @@ def test_host_files_outside_the_work_dir_are_invisible(host_secret):
 
 @needs("private_root")
 def test_the_interpreter_still_has_its_standard_library():
-    r = run_python("import json, sqlite3, ssl, decimal, multiprocessing, os\nprint(json.dumps(sorted(os.listdir('/'))))",
-                   config=SMALL)
+    src = "import json, sqlite3, ssl, decimal, multiprocessing, os\nprint(json.dumps(sorted(os.listdir('/'))))"
+    r = run_python(src, config=SMALL)
     assert r.ok, r.stderr
     assert "work" not in r.stdout.decode() and "root" not in r.stdout.decode()
 
