@@ -396,26 +396,41 @@ def test_runner_runs_calls_concurrently(test_rewards):
 
 
 def test_runner_mixed_code_batch_with_attacks_keeps_going():
-    """Malicious code in a batch scores 0 and does not disturb the honest sample or the caller."""
+    """Attacks in a batch are stopped by the sandbox, and the honest sample and the caller are undisturbed.
+
+    Each attack defines a correct ``add`` after (or around) its attack, so its score shows what the
+    sandbox did: 0 where the attack itself is stopped before ``add`` exists (CPU and memory limits),
+    1 where the attack is contained and the program goes on (fork bomb, kill(-1)), and for the network
+    1 only if the host's listener could not be reached (``add`` is wrong when the connection succeeds).
+    """
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
     code_cfg = CodeRewardConfig(sandbox=SandboxConfig(cpu_time_s=1, wall_time_s=10, memory_mb=256, max_processes=8),
                                 test_timeout_s=5.0)
     rewards.register("t_code", lambda r, m: code_reward(r, m, config=code_cfg), overwrite=True)
+    add = "def add(a, b):\n    return a + b\n"
     try:
-        runner = RewardRunner(RewardRunnerConfig(reward="t_code", max_workers=4, timeout_s=60))
+        runner = RewardRunner(RewardRunnerConfig(reward="t_code", max_workers=4, timeout_s=60, max_error_fraction=1.0))
         attacks = [
-            "while True:\n    pass",
-            "x = bytearray(16 << 30)",
-            "import os, time\nfor _ in range(100):\n    try:\n        os.fork()\n    except OSError:\n        pass\ntime.sleep(1)",
-            "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)",
-            "import os\nos.kill(-1, 9)",
+            ("while True:\n    pass\n" + add, 0.0),
+            ("x = bytearray(16 << 30)\n" + add, 0.0),
+            ("import os\nfor _ in range(100):\n    try:\n        os.fork()\n    except OSError:\n        pass\n" + add, 1.0),
+            ("import _socket\ns = _socket.socket()\ntry:\n"
+             f"    s.connect(('127.0.0.1', {port}))\n    NET = True\nexcept OSError:\n    NET = False\n"
+             "def add(a, b):\n    return 0 if NET else a + b\n", 1.0),
+            ("import os\ntry:\n    os.kill(-1, 9)\nexcept OSError:\n    pass\n" + add, 1.0),
         ]
-        honest = fenced("def add(a, b):\n    return a + b")
-        responses = [honest] + [fenced(a) for a in attacks]
+        responses = [fenced(add)] + [fenced(a) for a, _ in attacks]
         scores = runner.score(responses, [{"tests": ["assert add(1, 2) == 3"]}] * len(responses))
-        assert scores == [1.0] + [0.0] * len(attacks)
+        assert scores == [1.0] + [want for _, want in attacks]
         assert runner.metrics()["reward_timeouts"] == 0.0
     finally:
         rewards.unregister("t_code")
+        server.close()
 
 
 def test_runner_config_validation():
