@@ -440,3 +440,39 @@ def test_runner_config_validation():
         RewardRunnerConfig(timeout_s=float("inf"))
     with pytest.raises(ValueError, match="responses"):
         RewardRunner().score(["a"], [])
+
+
+def test_plain_data_decoding_and_strict_equality():
+    from gspo_mcore.rewards.plain import NotPlain, decode, strict_equal
+
+    enc = [1, {"$": "tuple", "v": [2, "a"]}, {"$": "dict", "v": [[{"$": "tuple", "v": [1]}, None]]},
+           {"$": "frozenset", "v": [3]}, {"$": "bytes", "v": "ff"}, {"$": "float", "v": "nan"}]
+    got = decode(enc)
+    assert got[:5] == [1, (2, "a"), {(1,): None}, frozenset({3}), b"\xff"] and got[5] != got[5]
+    for bad in ({"a": 1}, {"$": "pickle", "v": "..."}, {"$": "set", "v": [[1]]}, {"$": "dict", "v": [[1]]},
+                {"$": "float", "v": "1e999"}):
+        with pytest.raises(NotPlain):
+            decode(bad)
+    nested = 1
+    for _ in range(100):
+        nested = [nested]
+    with pytest.raises(NotPlain, match="deeply"):
+        decode(nested)
+    assert strict_equal((1, 2), [1, 2]) and not strict_equal(True, 1) and not strict_equal(1, 1.0)
+    assert strict_equal(1, 1.0, float_tolerance=0.0) and strict_equal(0.1 + 0.2, 0.3, float_tolerance=1e-9)
+    assert not strict_equal({"a": [1]}, {"a": [True]}) and strict_equal({"a": [1.5]}, {"a": [1.5]})
+
+
+def test_judge_refuses_malformed_or_forged_records():
+    from gspo_mcore.rewards.asserts import compile_test, judge
+
+    tests = [compile_test("assert f(1) == 2\nassert f(2) == 3")]
+    good = [{"i": 0, "s": 0, "v": [2]}, {"i": 0, "s": 1, "v": [3]}, {"done": 0}]
+    assert judge(tests, good) == [True]
+    assert judge(tests, good[:1] + good[2:]) == [False]  # a site never reported
+    assert judge(tests, good[:2]) == [False]  # the test never finished
+    assert judge(tests, good + [{"i": 0, "s": 0, "v": [5]}]) == [False]  # one failing report is enough
+    assert judge(tests, good + [{"i": 0, "s": 0, "bad": "Yes is not plain data"}]) == [False]
+    assert judge(tests, good + [{"i": 0, "s": 9, "v": [2]}]) == [False]  # no such site
+    assert judge(tests, [{"i": 0, "s": 0, "v": [{"$": "evil", "v": 1}]}] + good[1:]) == [False]
+    assert judge(tests, [{"i": 0, "s": 0, "v": [2, 2]}] + good[1:]) == [False]  # wrong operand count

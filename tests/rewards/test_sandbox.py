@@ -261,6 +261,8 @@ print("done")
 
 @pytest.mark.skipif(not IS_ROOT, reason="the namespace-free fallback drops to a sandbox uid only as root")
 def test_fallback_without_namespaces_still_drops_privileges_and_blocks_sockets(tmp_path):
+    """The fallback's socket block is inside the interpreter: it stops ``socket``, not ``_socket`` (the
+    network namespace is the boundary; a default config refuses to run without it)."""
     cfg = dataclasses.replace(SMALL, namespaces=False, require=())
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -275,6 +277,10 @@ try:
     print("CONNECTED")
 except OSError:
     print("blocked")
+import _socket
+s = _socket.socket()
+s.connect(("127.0.0.1", {server.getsockname()[1]}))
+print("bypassed")
 try:
     open({str(target)!r}, "w")
 except OSError:
@@ -288,7 +294,8 @@ if os.fork() == 0:
         assert r.ok, r.stderr
         assert "netns" not in r.layers and {"uid", "rlimits"} <= set(r.layers)
         uid, *rest = r.stdout.decode().split()
-        assert rest == ["blocked", "denied"] and not target.exists()
+        assert rest == ["blocked", "bypassed", "denied"] and not target.exists()
+        server.accept()[0].close()  # only the _socket bypass got through: the guard is not a boundary
         with pytest.raises(BlockingIOError):
             server.accept()
         assert_no_leftovers(int(uid))  # no PID namespace: killed by uid instead
