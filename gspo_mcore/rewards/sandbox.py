@@ -72,6 +72,7 @@ from gspo_mcore.rewards import cgroups
 _LAUNCHER = str(Path(__file__).with_name("_launcher.py"))
 _PY_FLAGS = ("-E", "-s", "-S", "-B")
 _LAUNCHER_OVERHEAD_MB = 64
+_NO_REPORT = "the launcher died before reporting"
 _KNOWN_LAYERS = frozenset(
     {"netns", "mountns", "pidns", "ipcns", "utsns", "userns", "uid", "privilege", "readonly_fs", "private_tmp",
      "private_proc", "private_root", "cgroup", "rlimits", "no_new_privs"}
@@ -242,6 +243,8 @@ def run_python(
         layers = tuple(report.get("layers", ()))
         if uid is not None and "pidns" not in layers:
             _kill_uid(python, uid)  # no PID namespace: kill(-1) as the sandbox uid ends what is left
+        if timed_out and report.get("refused") == _NO_REPORT:  # the wall clock ran out while it set up
+            report = {"layers": [], "notes": ["killed by the wall clock before the program started"]}
         if report.get("refused"):
             raise SandboxUnavailable(f"{report['refused']} (notes: {notes + list(report.get('notes', ()))})")
         return SandboxResult(
@@ -467,7 +470,7 @@ def _read_report(fd: int) -> tuple[dict, int | None]:
             chunks.append(chunk)
     finally:
         os.close(fd)
-    report, status = {"refused": "the launcher died before reporting"}, None
+    report, status = {"refused": _NO_REPORT}, None
     for line in b"".join(chunks).splitlines():
         if line.strip():
             obj = json.loads(line)
