@@ -34,7 +34,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         old_logp: ``[T]`` log-probs under the behaviour policy (treated as constants).
         advantages: ``[B]`` per sequence; for ``gspo_token`` also ``[T]`` per token.
         cu_seqlens: ``[B+1]`` int32/int64 offsets of the packed sequences.
-        loss_mask: ``[T]`` 1 for tokens that count (response tokens), 0 otherwise (bool or float).
+        loss_mask: ``[T]`` 1 for tokens that count (response tokens), 0 otherwise: bool, or a float / int
+            tensor holding only 0 and 1 (any other value, e.g. a 0.5 weight, is refused: the loss is a
+            mean over counted tokens, not a weighted mean).
         variant: ``"gspo"``, ``"gspo_token"`` or ``"grpo"``.
         eps_low, eps_high: clip range ``[1 - eps_low, 1 + eps_high]``; defaults 3e-4/4e-4 for the GSPO
             variants and 0.2/0.27 for GRPO.
@@ -62,6 +64,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     check_length("old_logp", old_logp, T, "logp")
     check_tensor("loss_mask", loss_mask, dim=1, device=device)
     check_length("loss_mask", loss_mask, T, "logp")
+    _check_binary_mask(loss_mask)
     check_cu_seqlens(cu_seqlens, T, device)
     B = cu_seqlens.shape[0] - 1
     check_tensor("advantages", advantages, dim=1, dtypes=_FLOAT, device=device)
@@ -177,6 +180,20 @@ def _token_ratio_stats(ratio_tok, mask, ratio_sum, counts, cp_group):
     one = ratio_tok.new_tensor(1.0)
     any_counted = total > 0
     return (torch.where(any_counted, mean, one), torch.where(any_counted, vmin, one), torch.where(any_counted, vmax, one))
+
+
+def _check_binary_mask(loss_mask: torch.Tensor) -> None:
+    """A non-bool mask must hold only 0 and 1: at once on CPU, queued with ``_assert_async`` elsewhere."""
+    if loss_mask.dtype == torch.bool or loss_mask.numel() == 0:
+        return
+    bad = (loss_mask != 0) & (loss_mask != 1)  # (T,)
+    if loss_mask.device.type == "cpu":
+        if bool(bad.any()):
+            t = int(torch.nonzero(bad)[0, 0])
+            raise ValueError(f"loss_mask must hold only 0 and 1 (or be bool), but "
+                             f"loss_mask[{t}]={loss_mask[t].item()!r}")
+    else:
+        torch._assert_async(~bad.any(), "loss_mask must hold only 0 and 1 (or be bool)")
 
 
 def _clip_range(variant, eps_low, eps_high):

@@ -6,10 +6,14 @@ plan in ``argv[1]``; a pipe for the report is ``argv[2]``. It then, in this orde
 0. dies with its caller (parent-death signal) and joins the run's cgroups, if any;
 1. enters new namespaces where the kernel lets it: network (no interfaces but a down loopback), mount,
    PID, IPC, UTS; as a non-root user through a user namespace;
-2. in the mount namespace (made private first, so nothing propagates to the host): remounts every
-   mount read-only, mounts private, size-capped tmpfs over the world-writable directories (``/tmp``,
-   ``/var/tmp``, ``/dev/shm``, ``/run/lock``) and bind-mounts the work directory, writable, at
-   ``/tmp/sandbox``;
+2. in the mount namespace (made private first, so nothing propagates to the host) builds a private
+   root: a small tmpfs holding read-only binds of the plan's ``root_paths`` (/usr, /bin, /lib*, the
+   interpreter's prefix), a few device nodes, an empty /proc, and a ``tmpfs_bytes`` tmpfs at /tmp
+   with a copy of the work directory at ``/tmp/sandbox``; then ``pivot_root`` into it and detaches the
+   host's tree (nothing else of the host stays reachable; the run writes nothing to the host's disk).
+   Where that fails: remounts every mount read-only, mounts private, size-capped tmpfs over the
+   world-writable directories (``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/run/lock``) and bind-mounts
+   the work directory, writable, at ``/tmp/sandbox`` (no 'private_root' layer);
 3. becomes a child subreaper and forks; with a PID namespace the child is the namespace's PID 1, an
    init that mounts a fresh ``/proc`` (host processes become invisible) and forks the program (when
    PID 1 exits the kernel kills every process left in the namespace, including ones that left the
@@ -39,7 +43,10 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_NOATIME, MS_NODIRATIME = 1, 2, 4, 8, 32, 1024, 2048
 MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 4096, 16384, 1 << 18, 1 << 21, 1 << 24
+MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "ppc64": 203, "s390x": 217}
+DEVICES = ("null", "zero", "full", "random", "urandom")
 REFUSED = 125
 WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 SANDBOX_DIR = "/tmp/sandbox"
@@ -60,6 +67,13 @@ def _unshare(flags):
 def _mount(source, target, fstype, flags, data=None):
     enc = lambda s: None if s is None else s.encode()  # noqa: E731
     _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
+
+
+def _pivot_root(new, old):
+    nr = SYS_PIVOT_ROOT.get(os.uname().machine)
+    if nr is None:
+        raise OSError(0, f"pivot_root: unknown syscall number on {os.uname().machine}")
+    _check(_libc.syscall(ctypes.c_long(nr), new.encode(), old.encode()), "pivot_root")
 
 
 def _prctl(option, value):
@@ -125,6 +139,78 @@ def _read_only_everywhere(report):
         report["notes"].append(f"not remounted read-only: {failed}")
     else:
         report["layers"].append("readonly_fs")
+
+
+def _mount_flags_of(path, mounts):
+    """Flags of the mount holding ``path`` (a user namespace may not drop them on a bind remount)."""
+    best = ("", 0)
+    for point, flags, _ in mounts:
+        if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(best[0]):
+            best = (point, flags)
+    return best[1]
+
+
+def _read_tree(top):
+    out = {}
+    for root, _, names in os.walk(top):
+        for n in names:
+            p = os.path.join(root, n)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, top)] = f.read()
+    return out
+
+
+def _private_root(plan, report):
+    """A fresh root with only the system directories (read-only), /dev nodes, /proc and a capped /tmp."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # first: nothing below may propagate to the host
+    files = _read_tree(".")
+    mounts = _mount_points()
+    new = plan["root_dir"]
+    _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    for src in plan["root_paths"]:
+        dst = new + src
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        if os.path.islink(src):
+            os.symlink(os.readlink(src), dst)
+            continue
+        if os.path.isdir(src):
+            os.mkdir(dst)
+        else:
+            open(dst, "w").close()
+        _mount(src, dst, None, MS_BIND | MS_REC)
+        _mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | _mount_flags_of(src, mounts))
+    os.mkdir(new + "/dev", 0o755)
+    for name in DEVICES:
+        open(f"{new}/dev/{name}", "w").close()
+        _mount(f"/dev/{name}", f"{new}/dev/{name}", None, MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2"), ("shm", "/tmp")):
+        os.symlink(target, f"{new}/dev/{name}")
+    os.mkdir(new + "/proc", 0o555)
+    os.makedirs(new + "/var", 0o755)
+    os.symlink("/tmp", new + "/var/tmp")
+    os.mkdir(new + "/tmp")
+    _mount("tmpfs", new + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={plan['tmpfs_bytes']},mode=1777")
+    work = new + SANDBOX_DIR
+    os.mkdir(work, 0o700)
+    owner = (plan["uid"], plan["gid"]) if os.geteuid() == 0 and plan["uid"] is not None else None
+    for rel, data in files.items():
+        path = os.path.join(work, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+    if owner:
+        for root, dirs, names in os.walk(work):
+            for n in [root] + [os.path.join(root, x) for x in dirs + names]:
+                os.chown(n, *owner)
+    os.chdir(new)
+    _pivot_root(".", ".")  # the old root is stacked on the new one: detach it
+    _check(_libc.umount2(b".", ctypes.c_int(MNT_DETACH)), "umount old root")
+    os.chdir("/")
+    _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir(SANDBOX_DIR)
+    report["layers"] += ["private_root", "readonly_fs", "private_tmp"]
+    report["cwd"] = SANDBOX_DIR
 
 
 def _private_mounts(plan, report):
@@ -277,9 +363,15 @@ def main():
     namespaces = _enter_namespaces(plan, report) if plan["namespaces"] else set()
     if "mount" in namespaces:
         try:
-            _private_mounts(plan, report)
+            if not plan["private_root"]:
+                raise OSError(0, "not asked for")
+            _private_root(plan, report)
         except OSError as e:
-            report["notes"].append(f"private mounts: {e}")
+            report["notes"].append(f"private root: {e}")
+            try:
+                _private_mounts(plan, report)
+            except OSError as e2:
+                report["notes"].append(f"private mounts: {e2}")
     try:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
     except OSError as e:

@@ -1,29 +1,38 @@
 """Code reward: the response's last Python code block, run against the sample's tests in the sandbox.
 
-Test formats (``metadata["tests"]``):
+Test formats (``metadata["tests"]``, also as a JSON string), strongest first:
 
-- a string, or a list of strings: assert-style test code, run after the solution in its namespace
-  (one string: reward 1/0; a list: the fraction that pass). With ``metadata["entry_point"]`` set, each
-  test is followed by ``check(<entry_point>)`` (HumanEval style).
-- a list of ``{"input": str, "output": str}``, or ``{"inputs": [...], "outputs": [...]}`` (APPS
-  style, also as a JSON string): standard-input / standard-output cases, each a fresh sandboxed run;
-  a case passes when the program exits 0 and its output equals the expected one up to trailing
-  whitespace on each line and trailing blank lines. Reward: the fraction that pass.
+- **stdio** (recommended): a list of ``{"input": str, "output": str}``, or ``{"inputs": [...],
+  "outputs": [...]}`` (APPS style): each case a fresh sandboxed run; it passes when the program exits 0
+  and its output equals the expected one up to trailing whitespace on each line and trailing blank
+  lines. The expected output never leaves the host.
+- **call-based** (recommended): ``{"fn_name": str, "inputs": [...], "outputs": [...]}`` (APPS / TACO /
+  LiveCodeBench functional form). An input is a list of positional arguments, or a string of one JSON
+  value per line (LiveCodeBench; its output is then a JSON string too). The sandboxed harness calls
+  ``fn_name`` (or ``Solution().fn_name``) and reports each result as JSON plain data; the host compares
+  it with the expected output, type-strictly (``plain.strict_equal``; ``float_tolerance`` for numbers;
+  an expected ``[x]`` also accepts ``x``, as APPS stores outputs). A result that is not plain data fails.
+  Only the inputs are sent to the sandbox.
+- **assert-style**: a string or a list of strings of test code (one string: reward 1/0; a list: the
+  fraction that pass); with ``metadata["entry_point"]`` each test is followed by
+  ``check(<entry_point>)`` (HumanEval). Asserts are rewritten into probes judged on the host
+  (``asserts.py``); literals on the expected side never reach the sandbox. Read that module's
+  docstring for what the model's code can still forge in this format.
 
-Model-written code only ever runs through ``sandbox.run_python``. The sandbox protects the host; it
-does not make the verdicts tamper-proof: code that digs the harness's nonce out of the interpreter's
-memory could forge passes (``os._exit``, ``sys.exit`` and printing fake verdicts cannot).
+Each case or test passes or fails; the reward is the fraction that pass. Model-written code only ever
+runs through ``sandbox.run_python``; nothing it prints or writes decides a verdict by itself.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from gspo_mcore.rewards import asserts
 from gspo_mcore.rewards.extract import last_code_block
+from gspo_mcore.rewards.plain import NotPlain, decode, decode_line, strict_equal
 from gspo_mcore.rewards.sandbox import SandboxConfig, run_python
 
 _HARNESS = Path(__file__).with_name("_harness.py").read_text()
@@ -34,42 +43,72 @@ class CodeRewardConfig:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     """Limits and isolation of each sandboxed run."""
     tests_key: str = "tests"
+    """Metadata field with the sample's tests (see the module docstring for the formats)."""
     max_cases: int = 32
-    """Standard-input cases run at most (the first ones); the reward is the fraction of those."""
+    """Stdio / call-based cases run at most (the first ones); the reward is the fraction of those."""
     test_timeout_s: float | None = 5.0
-    """Time limit of each assert-style test inside the run (None: only the sandbox's limits)."""
+    """Time limit of each assert-style test or call inside the run (None: only the sandbox's limits)."""
+    float_tolerance: float | None = None
+    """Call-based tests: None compares numbers exactly and type-strictly; a value t accepts an int or
+    float result within ``math.isclose(rel_tol=t, abs_tol=t)`` of an expected number."""
 
     def __post_init__(self):
+        if not self.tests_key:
+            raise ValueError("CodeRewardConfig.tests_key must be non-empty")
         if isinstance(self.max_cases, bool) or not isinstance(self.max_cases, int) or self.max_cases < 1:
             raise ValueError(f"CodeRewardConfig.max_cases must be an int >= 1, got {self.max_cases!r}")
         if self.test_timeout_s is not None and not self.test_timeout_s > 0:
             raise ValueError(f"CodeRewardConfig.test_timeout_s must be > 0 or None, got {self.test_timeout_s!r}")
+        if self.float_tolerance is not None and not self.float_tolerance >= 0:
+            raise ValueError(f"CodeRewardConfig.float_tolerance must be >= 0 or None, got {self.float_tolerance!r}")
+
+
+@dataclass(frozen=True)
+class CallCases:
+    """Call-based cases: ``fn_name(*inputs[k])`` must return ``outputs[k]``."""
+
+    fn_name: str
+    inputs: list[list[Any]]
+    outputs: list[Any]
 
 
 def code_reward(response: str, metadata: Mapping[str, Any], *, config: CodeRewardConfig = CodeRewardConfig()) -> float:
     """Fraction of the sample's tests the response's code passes (0.0 without a code block)."""
     if metadata.get(config.tests_key) is None:
         raise KeyError(f"code reward needs metadata[{config.tests_key!r}]")
+    kind, tests = parse_tests(metadata[config.tests_key], metadata.get("entry_point"))
     code = last_code_block(response)
     if code is None:
         return 0.0
-    kind, tests = parse_tests(metadata[config.tests_key], metadata.get("entry_point"))
     if kind == "assert":
         return run_assert_tests(code, tests, config=config)
+    if kind == "call":
+        n = min(len(tests.inputs), config.max_cases)
+        return run_call_tests(code, CallCases(tests.fn_name, tests.inputs[:n], tests.outputs[:n]), config=config)
     return run_stdio_tests(code, tests[: config.max_cases], config=config)
 
 
-def parse_tests(tests: Any, entry_point: str | None = None) -> tuple[str, list]:
-    """``("assert", [code, ...])`` or ``("stdio", [(input, output), ...])``."""
-    if isinstance(tests, str) and tests.lstrip().startswith("{"):
+def check_code_metadata(metadata: Mapping[str, Any], *, config: CodeRewardConfig = CodeRewardConfig()) -> None:
+    """Raise ``ValueError`` / ``SyntaxError`` for tests this reward could not run (start-up check)."""
+    kind, tests = parse_tests(metadata[config.tests_key], metadata.get("entry_point"))
+    if kind == "assert":
+        for i, t in enumerate(tests):
+            asserts.compile_test(t, filename=f"<test {i}>")
+
+
+def parse_tests(tests: Any, entry_point: str | None = None) -> tuple[str, Any]:
+    """``("assert", [code, ...])``, ``("stdio", [(input, output), ...])`` or ``("call", CallCases)``."""
+    if isinstance(tests, str) and tests.lstrip().startswith(("{", "[{")):
         try:
             tests = json.loads(tests)
-        except json.JSONDecodeError:
-            pass
+        except json.JSONDecodeError as e:
+            raise ValueError(f"tests look like JSON but do not parse: {e}") from None
     if isinstance(tests, Mapping):
         inputs, outputs = tests.get("inputs"), tests.get("outputs")
-        if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
-            raise ValueError("stdio tests need equally long 'inputs' and 'outputs' lists")
+        if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs) or not inputs:
+            raise ValueError("stdio and call-based tests need equally long, non-empty 'inputs' and 'outputs' lists")
+        if tests.get("fn_name") is not None:
+            return "call", _call_cases(tests["fn_name"], inputs, outputs)
         return "stdio", [(_text(i), _text(o)) for i, o in zip(inputs, outputs)]
     if isinstance(tests, str):
         tests = [tests]
@@ -78,6 +117,9 @@ def parse_tests(tests: Any, entry_point: str | None = None) -> tuple[str, list]:
             f"tests must be a string, a non-empty list or an inputs/outputs mapping, got {type(tests).__name__}"
         )
     if all(isinstance(t, Mapping) for t in tests):
+        for k, t in enumerate(tests):
+            if "input" not in t or "output" not in t:
+                raise ValueError(f"stdio test case {k} needs 'input' and 'output', has {sorted(t)}")
         return "stdio", [(_text(t["input"]), _text(t["output"])) for t in tests]
     if all(isinstance(t, str) for t in tests):
         suffix = f"\ncheck({entry_point})\n" if entry_point else ""
@@ -85,16 +127,77 @@ def parse_tests(tests: Any, entry_point: str | None = None) -> tuple[str, list]:
     raise ValueError("a tests list must hold only strings or only {'input', 'output'} mappings")
 
 
-def run_assert_tests(code: str, tests: list[str], *, config: CodeRewardConfig) -> float:
-    nonce = secrets.token_hex(16)
-    payload = json.dumps({"nonce": nonce, "tests": tests, "test_timeout_s": config.test_timeout_s})
-    result = run_python(_HARNESS, stdin=payload.encode(), files={"solution.py": code}, config=config.sandbox)
-    passed = set()
+def _call_cases(fn_name: Any, inputs: list, outputs: list) -> CallCases:
+    if not isinstance(fn_name, str) or not fn_name.isidentifier():
+        raise ValueError(f"call-based tests: fn_name must be a Python identifier, got {fn_name!r}")
+    args, outs = [], []
+    for k, (i, o) in enumerate(zip(inputs, outputs)):
+        if isinstance(i, str):  # LiveCodeBench: one JSON argument per line, the output a JSON string
+            try:
+                args.append([json.loads(line) for line in i.splitlines() if line.strip()])
+                outs.append(json.loads(o) if isinstance(o, str) else o)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"call-based case {k}: input/output lines must be JSON: {e}") from None
+        elif isinstance(i, list):
+            args.append(i)
+            outs.append(o)
+        else:
+            raise ValueError(f"call-based case {k}: an input must be a list of arguments or a string, got {i!r:.60}")
+    return CallCases(fn_name, args, outs)
+
+
+def run_assert_tests(code: str, tests: list[str], *, config: CodeRewardConfig, hide_literals: bool = True) -> float:
+    """Fraction of assert-style tests that pass, judged on the host (``asserts.judge``).
+
+    ``hide_literals=False`` is for tests only: it sends literal expected values into the sandbox.
+    """
+    compiled = [asserts.compile_test(t, hide_literals=hide_literals, filename=f"<test {i}>")
+                for i, t in enumerate(tests)]
+    payload = {"mode": "assert", "tests": [c.source for c in compiled], "test_timeout_s": config.test_timeout_s}
+    records = _records(_run_harness(code, payload, config))
+    return sum(asserts.judge(compiled, records)) / len(tests)
+
+
+def run_call_tests(code: str, cases: CallCases, *, config: CodeRewardConfig) -> float:
+    """Fraction of call-based cases whose reported result equals the expected output (host-side)."""
+    payload = {"mode": "call", "fn_name": cases.fn_name, "inputs": cases.inputs,
+               "test_timeout_s": config.test_timeout_s}
+    results: dict[int, list] = {}
+    for r in _records(_run_harness(code, payload, config)):
+        k = r.get("c")
+        if type(k) is int and 0 <= k < len(cases.inputs):
+            results.setdefault(k, []).append(r)
+    passed = 0
+    for k, want in enumerate(cases.outputs):
+        reports = results.get(k, [])
+        passed += bool(reports) and all(_call_ok(r, want, config.float_tolerance) for r in reports)
+    return passed / len(cases.outputs)
+
+
+def _call_ok(record: Mapping[str, Any], want: Any, tol: float | None) -> bool:
+    if set(record) != {"c", "v"}:
+        return False  # "not plain data", or malformed
+    try:
+        got = decode(record["v"])
+    except (NotPlain, RecursionError):
+        return False
+    if strict_equal(got, want, float_tolerance=tol):
+        return True
+    return type(want) is list and len(want) == 1 and strict_equal(got, want[0], float_tolerance=tol)
+
+
+def _run_harness(code: str, payload: dict, config: CodeRewardConfig):
+    return run_python(_HARNESS, stdin=json.dumps(payload).encode(), files={"solution.py": code},
+                      config=config.sandbox)
+
+
+def _records(result) -> list[dict]:
+    out = []
     for line in result.stdout.decode(errors="replace").splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[0] == nonce and parts[2] == "1" and parts[1].isdigit():
-            passed.add(int(parts[1]))
-    return len(passed & set(range(len(tests)))) / len(tests)
+        obj = decode_line(line)
+        if type(obj) is dict:
+            out.append(obj)
+    return out
 
 
 def run_stdio_tests(code: str, cases: list[tuple[str, str]], *, config: CodeRewardConfig) -> float:

@@ -23,6 +23,7 @@ class ExactMatchConfig:
     use_boxed: bool = True
     """Compare the last ``\\boxed{}`` content when the response has one."""
     case_sensitive: bool = True
+    """False: compare case-insensitively (``str.casefold``)."""
 
     def __post_init__(self):
         if not self.answer_key:
@@ -33,9 +34,12 @@ class ExactMatchConfig:
 class RegexMatchConfig:
     pattern_key: str = "pattern"
     """Metadata field with the pattern (or a list of patterns: reward = fraction that match)."""
+    patterns: tuple[str, ...] = ()
+    """Fixed patterns for every sample (e.g. a format reward); empty: read ``metadata[pattern_key]``."""
     mode: Literal["search", "fullmatch"] = "search"
     """``search``: anywhere in the response; ``fullmatch``: the whole (stripped) response."""
     ignore_case: bool = False
+    """Match case-insensitively."""
     timeout_s: float = 1.0
     """Per-pattern matching time limit; exceeding it raises (the runner counts an error, reward 0)."""
 
@@ -46,6 +50,13 @@ class RegexMatchConfig:
             raise ValueError(f"RegexMatchConfig.mode must be 'search' or 'fullmatch', got {self.mode!r}")
         if not self.timeout_s > 0:
             raise ValueError(f"RegexMatchConfig.timeout_s must be > 0, got {self.timeout_s!r}")
+        patterns = (self.patterns,) if isinstance(self.patterns, str) else tuple(self.patterns)
+        object.__setattr__(self, "patterns", patterns)
+        for p in self.patterns:
+            try:
+                regex.compile(p)
+            except regex.error as e:
+                raise ValueError(f"RegexMatchConfig.patterns: {p!r} is not a valid pattern: {e}") from None
 
 
 def exact_match(response: str, metadata: Mapping[str, Any], *, config: ExactMatchConfig = ExactMatchConfig()) -> float:
@@ -59,7 +70,7 @@ def exact_match(response: str, metadata: Mapping[str, Any], *, config: ExactMatc
 
 def regex_match(response: str, metadata: Mapping[str, Any], *, config: RegexMatchConfig = RegexMatchConfig()) -> float:
     """Fraction of the sample's patterns that match the response (1.0 / 0.0 for a single pattern)."""
-    patterns = _required(metadata, config.pattern_key, "regex")
+    patterns = config.patterns or _required(metadata, config.pattern_key, "regex")
     patterns = patterns if isinstance(patterns, (list, tuple)) else [patterns]
     if not patterns:
         raise ValueError(f"regex reward: metadata[{config.pattern_key!r}] is an empty list")

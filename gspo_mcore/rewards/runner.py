@@ -1,11 +1,16 @@
-"""Score a batch of responses concurrently; a failing or hanging reward gives 0, never a crash.
+"""Score a batch of responses concurrently; count what fails; stop the run when too much does.
 
-Each call runs on its own daemon thread (at most ``max_workers`` at once). A call that raises, returns
-something that is not a finite number, or names an unknown reward counts in ``reward_errors``; a call
-still running ``timeout_s`` after it started counts in ``reward_timeouts`` and is abandoned: Python
-cannot stop a thread, so a reward function that never returns keeps its (daemon) thread until the
-process exits. Code rewards bound their own runs (the sandbox kills the program), so their threads
-come back.
+Each reward call (one per sample and term) runs on its own daemon thread (at most ``max_workers`` at
+once). A call that raises, or returns something that is not a finite number, is an error; a call
+still running ``timeout_s`` after it started is a timeout and is abandoned: Python cannot stop a
+thread, so a reward function that never returns keeps its (daemon) thread until the process exits.
+Code rewards bound their own runs (the sandbox kills the program), so their threads come back.
+
+A failed call contributes 0 to its sample's reward and is counted per reward and per cause. When more
+than ``max_error_fraction`` of one ``score`` call's reward calls failed, or when a failure shows the
+setup itself is broken (an unknown reward named by a row, an unavailable sandbox), ``score`` raises a
+``RewardError`` naming the first failure's cause and sample: training on rewards that are mostly
+zeros-by-accident is worse than stopping.
 """
 
 from __future__ import annotations
@@ -15,110 +20,173 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from gspo_mcore.rewards import registry
+from gspo_mcore.rewards.config import RewardRunnerConfig, RewardTermConfig
+from gspo_mcore.rewards.resolve import Reward, RewardError, RewardSetupError, default_terms, resolve, short_name
+from gspo_mcore.rewards.sandbox import SandboxUnavailable
+
+__all__ = ["RewardFailure", "RewardRunner", "RewardRunnerConfig", "RewardTermConfig"]
 
 logger = logging.getLogger(__name__)
 _LOGGED_ERRORS = 5
+_FATAL = (SandboxUnavailable, RewardSetupError)
 
 
-@dataclass(frozen=True, kw_only=True)
-class RewardRunnerConfig:
-    reward: str = "math"
-    """Reward used for a sample whose metadata names none: a registered name or a dotted path."""
-    reward_key: str = "reward_fn"
-    """Metadata field that names a sample's own reward (mixed datasets)."""
-    max_workers: int = 8
-    """Reward calls in flight at once."""
-    timeout_s: float = 60.0
-    """Per-call limit, counted from the call's start; then reward 0 and ``reward_timeouts`` += 1."""
-
-    def __post_init__(self):
-        if not self.reward:
-            raise ValueError("RewardRunnerConfig.reward must be non-empty")
-        if isinstance(self.max_workers, bool) or not isinstance(self.max_workers, int) or self.max_workers < 1:
-            raise ValueError(f"RewardRunnerConfig.max_workers must be an int >= 1, got {self.max_workers!r}")
-        if not (isinstance(self.timeout_s, (int, float)) and math.isfinite(self.timeout_s) and self.timeout_s > 0):
-            raise ValueError(f"RewardRunnerConfig.timeout_s must be a finite number > 0, got {self.timeout_s!r}")
+class RewardFailure(RewardError):
+    """Too many reward calls of one step failed, or one failed in a way no retry can fix."""
 
 
 class RewardRunner:
-    """``score(responses, metadata) -> list[float]``; ``metrics()`` counts what went wrong."""
+    """``score(responses, metadata) -> list[float]``; ``metrics()`` reports each reward and what failed."""
 
     def __init__(self, config: RewardRunnerConfig = RewardRunnerConfig()):
         self.config = config
-        self._counts = collections.Counter()
+        self.terms = default_terms(config)  # an unknown or unimportable reward fails here, at start-up
+        self._own: dict[str, list[Reward]] = {}
+        self._counts: collections.Counter = collections.Counter()
+        self._sums: collections.Counter = collections.Counter()
         self._logged = 0
 
-    def score(self, responses: Sequence[str], metadata: Sequence[Mapping[str, Any]]) -> list[float]:
+    def terms_for(self, meta: Mapping[str, Any]) -> list[Reward]:
+        """The rewards of one sample: its own (``metadata[reward_key]``) or the configured ones."""
+        spec = meta.get(self.config.reward_key)
+        if not spec:
+            return self.terms
+        if spec not in self._own:
+            self._own[spec] = [resolve(spec, self.config, name=short_name(spec),
+                                       where=f"metadata[{self.config.reward_key!r}]")]
+        return self._own[spec]
+
+    def score(self, responses: Sequence[str], metadata: Sequence[Mapping[str, Any]],
+              prompts: Sequence[str] | None = None) -> list[float]:
+        """One reward per response (the weighted sum of its terms). ``prompts`` only improve messages.
+
+        Raises ``RewardFailure`` when more than ``max_error_fraction`` of the calls failed or timed out,
+        or when one failed because the setup is broken (after all calls of the step are counted).
+        """
         if len(responses) != len(metadata):
             raise ValueError(f"{len(responses)} responses but {len(metadata)} metadata entries")
+        if prompts is not None and len(prompts) != len(responses):
+            raise ValueError(f"{len(responses)} responses but {len(prompts)} prompts")
         n = len(responses)
+        jobs: list[tuple[int, Reward]] = []
+        failures: list[tuple[int, Reward, str, BaseException | None]] = []  # (sample, reward, cause, error)
+        for i in range(n):
+            try:
+                jobs += [(i, r) for r in self.terms_for(metadata[i])]
+            except RewardSetupError as e:
+                failures.append((i, Reward("unknown", str(metadata[i].get(self.config.reward_key)), "", None),
+                                 "RewardSetupError", e))
+        values = self._run(jobs, responses, metadata, failures)
         rewards = [0.0] * n
-        pending = collections.deque(range(n))
-        running: dict[int, float] = {}  # index -> start time
+        for (i, r), v in zip(jobs, values):
+            if v is not None:
+                rewards[i] += r.weight * v
+        self._count(jobs, values, failures)
+        self._check(len(jobs) + sum(f[1].fn is None for f in failures), failures, responses, prompts)
+        return rewards
+
+    def metrics(self, reset: bool = True) -> dict[str, float]:
+        """Since the last reset: ``reward_calls`` / ``reward_errors`` / ``reward_timeouts`` (all rewards),
+        and per reward ``reward/<name>/mean`` (failed calls count 0), ``/calls``, ``/errors``,
+        ``/timeouts`` and ``/errors/<cause>`` (the exception type)."""
+        c = self._counts
+        out = {k: float(c[k]) for k in ("reward_calls", "reward_errors", "reward_timeouts")}
+        for name in sorted({k.split("/")[1] for k in c if k.startswith("reward/")}):
+            calls = c[f"reward/{name}/calls"]
+            out[f"reward/{name}/mean"] = self._sums[name] / calls if calls else 0.0
+            for k in ("calls", "errors", "timeouts"):
+                out[f"reward/{name}/{k}"] = float(c[f"reward/{name}/{k}"])
+        out.update({k: float(v) for k, v in c.items() if "/errors/" in k})
+        if reset:
+            self._counts.clear()
+            self._sums.clear()
+        return out
+
+    # ------------------------------------------------------------------------------------------------
+
+    def _run(self, jobs, responses, metadata, failures) -> list[float | None]:
+        """Values of the jobs (None: failed, recorded in ``failures``), ``max_workers`` at a time."""
+        values: list[float | None] = [None] * len(jobs)
+        pending = collections.deque(range(len(jobs)))
+        running: dict[int, float] = {}  # job -> start time
         finished: list[tuple[int, float | None, BaseException | None]] = []
         cond = threading.Condition()
 
-        def call(i: int, fn) -> None:
+        def call(j: int) -> None:
+            i, reward = jobs[j]
             value, error = None, None
             try:
-                value = _as_reward(fn(responses[i], metadata[i]))
-            except BaseException as e:  # noqa: BLE001 - any failure of a reward is a counted 0
+                value = _as_reward(reward.fn(responses[i], metadata[i]))
+            except BaseException as e:  # noqa: BLE001 - any failure of a reward is counted
                 error = e
             with cond:
-                if i in running:  # else it was abandoned after its timeout
-                    del running[i]
-                    finished.append((i, value, error))
+                if j in running:  # else it was abandoned after its timeout
+                    del running[j]
+                    finished.append((j, value, error))
                     cond.notify()
 
         with cond:
             while pending or running:
                 while pending and len(running) < self.config.max_workers:
-                    i = pending.popleft()
-                    try:
-                        fn = self._resolve(metadata[i])
-                    except Exception as e:  # noqa: BLE001 - unknown reward name: counted, reward 0
-                        self._error(i, e)
-                        continue
-                    running[i] = time.monotonic()
-                    threading.Thread(target=call, args=(i, fn), name=f"reward-{i}", daemon=True).start()
+                    j = pending.popleft()
+                    running[j] = time.monotonic()
+                    threading.Thread(target=call, args=(j,), name=f"reward-{j}", daemon=True).start()
                 if running and not finished:
                     deadline = min(running.values()) + self.config.timeout_s
                     cond.wait(timeout=max(0.0, deadline - time.monotonic()))
-                for i, value, error in finished:
+                for j, value, error in finished:
                     if error is not None:
-                        self._error(i, error)
+                        failures.append((jobs[j][0], jobs[j][1], type(error).__name__, error))
                     else:
-                        rewards[i] = value
+                        values[j] = value
                 finished.clear()
                 now = time.monotonic()
-                for i, started in list(running.items()):
+                for j, started in list(running.items()):
                     if now - started >= self.config.timeout_s:
-                        del running[i]
-                        self._counts["reward_timeouts"] += 1
-                        logger.warning("reward call %d timed out after %.1fs; reward 0", i, self.config.timeout_s)
-        self._counts["reward_calls"] += n
-        return rewards
+                        del running[j]
+                        failures.append((jobs[j][0], jobs[j][1], "timeout", None))
+        return values
 
-    def metrics(self, reset: bool = True) -> dict[str, float]:
-        """``reward_calls``, ``reward_errors``, ``reward_timeouts`` since the last reset."""
-        out = {k: float(self._counts[k]) for k in ("reward_calls", "reward_errors", "reward_timeouts")}
-        if reset:
-            self._counts.clear()
-        return out
+    def _count(self, jobs, values, failures) -> None:
+        c = self._counts
+        c["reward_calls"] += len(jobs)
+        for (_, r), v in zip(jobs, values):
+            c[f"reward/{r.name}/calls"] += 1
+            self._sums[r.name] += v or 0.0
+        for i, r, cause, error in failures:
+            if r.fn is None:  # the sample's reward could not even be resolved
+                c["reward_calls"] += 1
+                c[f"reward/{r.name}/calls"] += 1
+            kind = "timeouts" if cause == "timeout" else "errors"
+            c[f"reward_{kind}"] += 1
+            c[f"reward/{r.name}/{kind}"] += 1
+            if kind == "errors":
+                c[f"reward/{r.name}/errors/{cause}"] += 1
+            if self._logged < _LOGGED_ERRORS:
+                self._logged += 1
+                logger.warning("reward %r failed on sample %d (reward 0): %s", r.name, i,
+                               "timed out" if error is None else f"{cause}: {error}")
 
-    def _resolve(self, meta: Mapping[str, Any]):
-        name = meta.get(self.config.reward_key) or self.config.reward
-        return registry.get(name)
+    def _check(self, calls: int, failures, responses, prompts) -> None:
+        if not failures:
+            return
+        fatal = [f for f in failures if isinstance(f[3], _FATAL)]
+        fraction = len(failures) / max(calls, 1)
+        if not fatal and fraction <= self.config.max_error_fraction:
+            return
+        i, reward, cause, error = (fatal or sorted(failures, key=lambda f: f[0]))[0]
+        what = f"timed out after {self.config.timeout_s:g} s" if error is None else f"{cause}: {error}"
+        sample = f"prompt {_head(prompts[i])}" if prompts is not None else f"response {_head(responses[i])}"
+        why = "cannot run" if fatal else (f"{len(failures)} of {calls} reward calls failed "
+                                          f"(> reward.max_error_fraction={self.config.max_error_fraction:g})")
+        raise RewardFailure(f"rewards {why}; first: reward {reward.name!r} ({reward.spec}) on sample {i} {what}; "
+                            f"{sample}") from error
 
-    def _error(self, i: int, error: BaseException) -> None:
-        self._counts["reward_errors"] += 1
-        if self._logged < _LOGGED_ERRORS:
-            self._logged += 1
-            logger.warning("reward call %d failed (reward 0): %s: %s", i, type(error).__name__, error)
+
+def _head(text: str, n: int = 200) -> str:
+    return repr(text if len(text) <= n else text[:n] + "...")
 
 
 def _as_reward(value: Any) -> float:

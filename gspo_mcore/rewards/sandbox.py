@@ -8,20 +8,29 @@ threat                     as root (this project's hosts)            as a normal
 =========================  ========================================  ======================================
 infinite loop              RLIMIT_CPU (SIGXCPU), wall-clock kill     same
 memory bomb                RLIMIT_AS per process; a memory cgroup    RLIMIT_AS per process only (a tree
-                           bounds the whole tree when cgroup v1 is   of N processes may use N x memory_mb)
-                           mounted and writable
+                           (v2 or v1, ``cgroups.py``) bounds the     of N processes may use N x memory_mb)
+                           whole tree, tmpfs files included          unless ``cgroup_parent`` is delegated
+CPU hogging (threads)      RLIMIT_CPU counts all threads; cgroup     same
+                           ``cpu.max`` / CFS quota: ``cpu_cores``
 fork bomb                  RLIMIT_NPROC on a fresh uid of its own    RLIMIT_NPROC counts all the user's
                            (the count starts at 0), pids cgroup      tasks: set to current + limit (weaker)
 leftover / escaped         PID namespace: the kernel kills every     same with a user namespace; else the
 processes                  process in it when its init exits; else   process group only (setsid escapes)
                            kill(-1) as the sandbox uid
 network                    network namespace (no interfaces; even    same with a user namespace; else a
-                           loopback is down)                         socket block in the interpreter that
-                                                                     is NOT a boundary (ctypes, _socket)
-writing outside its dir    every mount remounted read-only in a      same with a user namespace (it runs as
-                           private mount namespace; unprivileged     the caller's user, mapped to root in
-                           uid; private tmpfs over /tmp, /var/tmp,   the namespace); else it can write what
-                           /dev/shm, /run/lock                       the user can
+                           loopback is down; abstract Unix sockets   socket block in the interpreter that
+                           are per namespace)                        is NOT a boundary (ctypes, _socket)
+reading host files         a private root (pivot_root): only /usr,   same with a user namespace; else it
+                           /bin, /lib*, the interpreter's prefix,    can read what the sandbox uid can
+                           a few /dev nodes, a fresh /proc (PID
+                           namespace only) and a tmpfs /tmp, with
+                           the work directory in it; nothing else
+                           of the host (datasets, /proc of host
+                           processes, Unix sockets) is reachable
+writing outside its dir    the root and every bind mount read-only;  same with a user namespace (it runs as
+filling the host disk      the work directory and /tmp live in one   the caller's user, mapped to root in
+                           tmpfs of ``tmpfs_mb``; stdout / stderr    the namespace); else it can write what
+                           capped by RLIMIT_FSIZE                    the user can
 signalling host processes  different uid; PID namespace              PID namespace via a user namespace
 big files / output         RLIMIT_FSIZE per file, capped tmpfs,      same
                            output read back is truncated
@@ -29,14 +38,14 @@ secrets in the environment clean environment (PATH, LANG, HOME)      same
 setuid binaries            no_new_privs                              same
 =========================  ========================================  ======================================
 
-Not covered (no seccomp filter or container image): reading world-readable host files, kernel
-exploits, CPU / disk-bandwidth contention, files filling the work directory up to CPU-time x write
-speed (each file is capped by RLIMIT_FSIZE, the work dir is on the host's disk), and the integrity of a
-reward against code that inspects the test harness's own memory (see ``code.py``).
+Not covered (no seccomp filter): kernel exploits, the contents of the read-only system directories
+(/usr ...), and disk-bandwidth contention. Verdicts never depend on the program's honesty: see
+``code.py`` and ``asserts.py``.
 
-By default a run is refused (``SandboxUnavailable``) unless the network namespace and privilege
-separation ('privilege': a uid drop, or a user namespace with a read-only filesystem) hold;
-``SandboxConfig.require=()`` accepts weaker isolation.
+By default a run is refused (``SandboxUnavailable``) unless the network namespace, privilege
+separation ('privilege': a uid drop, or a user namespace with a read-only filesystem) and the private
+root hold; ``SandboxConfig.require=()`` accepts weaker isolation. Without any cgroup layer a warning is
+logged once per process (``startup_check``); ``require_cgroup=True`` refuses such hosts.
 """
 
 from __future__ import annotations
@@ -58,13 +67,18 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from gspo_mcore.rewards import cgroups
+
 _LAUNCHER = str(Path(__file__).with_name("_launcher.py"))
 _PY_FLAGS = ("-E", "-s", "-S", "-B")
 _LAUNCHER_OVERHEAD_MB = 64
+_NO_REPORT = "the launcher died before reporting"
 _KNOWN_LAYERS = frozenset(
     {"netns", "mountns", "pidns", "ipcns", "utsns", "userns", "uid", "privilege", "readonly_fs", "private_tmp",
-     "private_proc", "cgroup", "rlimits", "no_new_privs"}
+     "private_proc", "private_root", "cgroup", "rlimits", "no_new_privs"}
 )
+# Read-only in the private root: the system's programs and libraries (and the interpreter's prefix).
+_ROOT_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache", "/etc/localtime")
 _SOCKET_GUARD = """\
 import runpy, socket, sys
 def _deny(*a, **k):
@@ -113,11 +127,25 @@ class SandboxConfig:
     namespaces: bool = True
     """Enter namespaces (network, mount, PID, IPC, UTS). False leaves rlimits, the uid drop and the
     in-interpreter socket block: for hosts that forbid ``unshare``, and to test that fallback."""
+    private_root: bool = True
+    """Give the program a private root (pivot_root) holding only the system directories and its work
+    directory; False keeps the host's tree visible, read-only (for hosts where pivot_root fails)."""
     use_cgroup: bool = True
-    """Join a fresh memory+pids cgroup when running as root and cgroups are writable (best effort)."""
-    require: tuple[str, ...] = ("netns", "privilege")
+    """Put each run in fresh cgroups (v2, else v1; see ``cgroups.py``) bounding the whole process tree's
+    memory (``memory_mb``), processes (``max_processes``) and CPU bandwidth (``cpu_cores``)."""
+    require_cgroup: bool = False
+    """Refuse to run (``SandboxUnavailable``) when no cgroup layer can be set up on this host."""
+    cgroup_parent: str | None = None
+    """A cgroup v2 directory delegated to the sandbox (the memory and pids controllers enabled in its
+    ``cgroup.subtree_control``, writable by this process); None: this process's own cgroup (v2), or
+    its v1 groups."""
+    cpu_cores: float | None = 1.0
+    """CPU bandwidth of the whole run in cores (cgroup ``cpu.max`` / CFS quota); None: no bandwidth cap
+    (RLIMIT_CPU still bounds the CPU time)."""
+    require: tuple[str, ...] = ("netns", "privilege", "private_root")
     """Layers without which a run is refused (before the program starts). 'privilege': a uid drop, or a
-    user namespace with a read-only filesystem."""
+    user namespace with a read-only filesystem; 'private_root': host files outside the work directory
+    and the system directories are invisible."""
 
     def __post_init__(self):
         for name in ("cpu_time_s", "memory_mb", "max_processes", "max_file_mb", "max_open_files", "tmpfs_mb",
@@ -130,6 +158,9 @@ class SandboxConfig:
         lo, hi = self.uid_range
         if not 0 < lo < hi <= 2**32 - 2:
             raise ValueError(f"SandboxConfig.uid_range must be 0 < lo < hi < 2**32-1, got {self.uid_range!r}")
+        if self.cpu_cores is not None and not (isinstance(self.cpu_cores, (int, float)) and self.cpu_cores >= 0.01):
+            raise ValueError(f"SandboxConfig.cpu_cores must be >= 0.01 or None, got {self.cpu_cores!r}")
+        object.__setattr__(self, "require", tuple(self.require))
         unknown = set(self.require) - _KNOWN_LAYERS
         if unknown:
             raise ValueError(
@@ -175,22 +206,33 @@ def run_python(
     """
     as_root = os.geteuid() == 0
     python = config.python or _default_python(as_root)
-    outer = tempfile.mkdtemp(prefix="gspo-sandbox-")  # holds the stdio files and the work dir
+    outer = tempfile.mkdtemp(prefix="gspo-sandbox-")  # holds the stdio files, the work dir, the new root
     os.chmod(outer, 0o711)  # the sandbox uid may pass through (to its own 0700 work dir), not list
     uid = None
-    cgroup_dirs: list[str] = []
+    groups = None
+    notes: list[str] = []
     try:
         work = os.path.join(outer, "work")
         os.mkdir(work, 0o700)
+        os.mkdir(os.path.join(outer, "root"), 0o700)
         for name, content in {**(files or {}), "main.py": source}.items():
             _write_file(work, name, content)
         if as_root:
             uid = _UIDS.acquire(config.uid_range)
             _chown_tree(work, uid)
-            if config.use_cgroup:
-                cgroup_dirs = _make_cgroups(config)
-        plan = _plan(config, python, args, uid, cgroup_dirs)
+        if config.use_cgroup:
+            groups, why = _make_cgroups(config)
+            if why:
+                notes.append(why)
+        if groups is None:
+            cgroups.warn_once_if_unavailable(config.cgroup_parent)
+            if config.require_cgroup:
+                raise SandboxUnavailable(f"sandbox.require_cgroup is set but no cgroup layer is available: "
+                                         f"{notes[-1] if notes else 'use_cgroup is false'}")
+        plan = _plan(config, python, args, uid, groups, os.path.join(outer, "root"))
         paths = {k: os.path.join(outer, k) for k in ("stdin", "stdout", "stderr")}
+        for k in paths:  # only the launcher's inherited descriptors reach them, never a path
+            os.close(os.open(paths[k], os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600))
         Path(paths["stdin"]).write_bytes(stdin)
         try:
             status, timed_out, wall, report = _launch(plan, paths, work, config.wall_time_s)
@@ -201,8 +243,10 @@ def run_python(
         layers = tuple(report.get("layers", ()))
         if uid is not None and "pidns" not in layers:
             _kill_uid(python, uid)  # no PID namespace: kill(-1) as the sandbox uid ends what is left
+        if timed_out and report.get("refused") == _NO_REPORT:  # the wall clock ran out while it set up
+            report = {"layers": [], "notes": ["killed by the wall clock before the program started"]}
         if report.get("refused"):
-            raise SandboxUnavailable(f"{report['refused']} (notes: {report.get('notes')})")
+            raise SandboxUnavailable(f"{report['refused']} (notes: {notes + list(report.get('notes', ()))})")
         return SandboxResult(
             returncode=-signal.SIGKILL if status is None else os.waitstatus_to_exitcode(status),
             stdout=_head(paths["stdout"], config.max_output_bytes),
@@ -210,14 +254,27 @@ def run_python(
             timed_out=timed_out,
             wall_s=wall,
             layers=layers + (("privilege",) if _privileged_apart(layers) else ()),
-            notes=tuple(report.get("notes", ())),
+            notes=tuple(notes) + tuple(report.get("notes", ())),
         )
     finally:
-        for d in cgroup_dirs:
-            _remove_cgroup(d)
+        for d in reversed(groups.dirs if groups else ()):
+            cgroups.remove(d)
         shutil.rmtree(outer, ignore_errors=True)
         if uid is not None:
             _UIDS.release(uid)
+
+
+def startup_check(config: SandboxConfig = SandboxConfig()) -> tuple[str, ...]:
+    """Run a trivial program with ``config``'s requirements; its layers, or ``SandboxUnavailable``.
+
+    Logs (once per process, as a warning) when no cgroup layer is available.
+    """
+    cgroups.warn_once_if_unavailable(config.cgroup_parent)
+    result = run_python("pass", config=config)
+    if not result.ok:
+        raise SandboxUnavailable(f"a trivial program failed in the sandbox (status {result.returncode}): "
+                                 f"{result.stderr.decode(errors='replace')[-500:]}")
+    return result.layers
 
 
 def _privileged_apart(layers: tuple[str, ...]) -> bool:
@@ -225,7 +282,7 @@ def _privileged_apart(layers: tuple[str, ...]) -> bool:
     return "uid" in layers or {"userns", "readonly_fs"} <= set(layers)
 
 
-def _plan(config: SandboxConfig, python: str, args: tuple[str, ...], uid: int | None, cgroup_dirs: list[str]) -> dict:
+def _plan(config: SandboxConfig, python: str, args: tuple[str, ...], uid: int | None, groups, root_dir: str) -> dict:
     """What the launcher is to do (it runs with ``-I -S`` and takes this as JSON)."""
     nproc = config.max_processes if uid is not None else _user_tasks(os.getuid()) + config.max_processes
     return {
@@ -241,12 +298,25 @@ def _plan(config: SandboxConfig, python: str, args: tuple[str, ...], uid: int | 
             "nofile": config.max_open_files,
             "nproc": nproc,
         },
-        "cgroup_procs": [os.path.join(d, "cgroup.procs") for d in cgroup_dirs],
+        "cgroup_procs": groups.procs if groups else [],
+        "private_root": config.private_root,
+        "root_dir": root_dir,
+        "root_paths": _root_paths(python),
         "require": list(config.require),
         "argv": [python, *_PY_FLAGS, "main.py", *args],
         "guard_argv": [python, *_PY_FLAGS, "-c", _SOCKET_GUARD, "main.py", *args],
         "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": "/tmp", "PYTHONHASHSEED": "0"},
     }
+
+
+@lru_cache(maxsize=None)
+def _root_paths(python: str) -> list[str]:
+    """Host paths bound read-only into the private root: system directories and the interpreter's prefix."""
+    prefix = os.path.dirname(os.path.dirname(os.path.realpath(python)))  # /usr for /usr/bin/python3.11
+    paths = [p for p in _ROOT_PATHS if os.path.lexists(p)]
+    if not any(prefix == p or prefix.startswith(p + "/") for p in paths) and prefix != "/":
+        paths.append(prefix)
+    return paths
 
 
 def _launch(plan: dict, paths: dict[str, str], work: str, wall_time_s: float):
@@ -400,7 +470,7 @@ def _read_report(fd: int) -> tuple[dict, int | None]:
             chunks.append(chunk)
     finally:
         os.close(fd)
-    report, status = {"refused": "the launcher died before reporting"}, None
+    report, status = {"refused": _NO_REPORT}, None
     for line in b"".join(chunks).splitlines():
         if line.strip():
             obj = json.loads(line)
@@ -429,36 +499,11 @@ def _user_tasks(uid: int) -> int:
     return n
 
 
-def _make_cgroups(config: SandboxConfig) -> list[str]:
-    """Fresh cgroup v1 memory and pids groups (best effort; [] where cgroups are not writable)."""
-    made = []
-    name = f"gspo-sandbox-{os.getpid()}-{random.randrange(1 << 30)}"
-    memory = (config.memory_mb + _LAUNCHER_OVERHEAD_MB) << 20  # the launcher and PID 1 are in it too
-    settings = {
-        "memory": {"memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory},
-        "pids": {"pids.max": config.max_processes + 2},
-    }
-    for controller, values in settings.items():
-        d = os.path.join("/sys/fs/cgroup", controller, name)
-        try:
-            os.mkdir(d)
-        except OSError:
-            continue
-        made.append(d)
-        for key, value in values.items():
-            try:
-                Path(d, key).write_text(str(value))
-            except OSError:
-                pass  # memsw absent without swap accounting
-    return made
-
-
-def _remove_cgroup(d: str) -> None:
-    for _ in range(50):
-        try:
-            os.rmdir(d)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.01)
+def _make_cgroups(config: SandboxConfig):
+    """``(RunGroups, None)``, or ``(None, why not)``: never a group whose limits could not be written."""
+    limits = cgroups.Limits(memory_bytes=(config.memory_mb + _LAUNCHER_OVERHEAD_MB) << 20,  # launcher + PID 1
+                            pids=config.max_processes + 2, cpu_cores=config.cpu_cores)
+    try:
+        return cgroups.make(limits, config.cgroup_parent), None
+    except cgroups.CgroupUnavailable as e:
+        return None, f"no cgroup: {e}"

@@ -548,3 +548,19 @@ def test_gspo_path_runs_compiled_ops(compiled):
     with ops.use_reference(True):
         names = _profiled(step)
     assert not any(n.startswith("gspo_mcore::") for n in names)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_non_binary_mask_is_refused(impl, variant):
+    """A 0.5 mask would give neither a mean nor the reference's ``.bool()`` result (counts sum m^2)."""
+    logp, old, adv, cu, mask = make_batch()
+    for dtype in (torch.float32, torch.int64):
+        loss, _ = policy_loss(logp, old, adv, cu, mask.to(dtype), variant=variant)  # 0/1 in any dtype is fine
+        assert torch.isfinite(loss)
+    weighted = mask.clone()
+    t = int(torch.nonzero(mask)[0, 0])
+    weighted[t] = 0.5
+    with pytest.raises(ValueError, match=rf"loss_mask must hold only 0 and 1.*loss_mask\[{t}\]=0.5"):
+        policy_loss(logp, old, adv, cu, weighted, variant=variant)
+    with pytest.raises(ValueError, match="loss_mask"):
+        policy_loss(logp, old, adv, cu, mask * 2, variant=variant)

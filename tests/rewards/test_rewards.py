@@ -157,6 +157,98 @@ def test_code_reward_cannot_be_gamed_by_exiting_or_printing(code):
     assert code_reward(fenced(code), {"tests": ["assert add(1, 2) == 3"]}, config=cfg) == 0.0
 
 
+CALL = {"fn_name": "f", "inputs": [[1, 2], [3, 4]], "outputs": [3, 7]}
+
+
+@pytest.mark.parametrize(
+    "code, tests, expected",
+    [
+        ("def f(a, b):\n    return a + b", CALL, 1.0),
+        ("def f(a, b):\n    return 3", CALL, 0.5),
+        ("class Solution:\n    def f(self, a, b):\n        return a + b", CALL, 1.0),  # LeetCode style
+        ("def f(a, b):\n    return float(a + b)", CALL, 0.0),  # type-strict: 3.0 is not 3
+        ("def f(a, b):\n    return a + b == 3", {"fn_name": "f", "inputs": [[1, 2]], "outputs": [1]}, 0.0),
+        ("def f(xs):\n    return tuple(sorted(xs))", {"fn_name": "f", "inputs": [[[2, 1]]], "outputs": [[1, 2]]}, 1.0),
+        ("def f(xs):\n    return sorted(xs)",  # APPS stores an output x as [x]
+         {"fn_name": "f", "inputs": [[[2, 1]]], "outputs": [[[1, 2]]]}, 1.0),
+        ("def f(a, b):\n    return a + b",  # LiveCodeBench: one JSON argument per line
+         {"fn_name": "f", "inputs": ["1\n2", "[1]\n[2]"], "outputs": ["3", "[1, 2]"]}, 1.0),
+        ("class Yes:\n    def __eq__(self, o):\n        return True\ndef f(a, b):\n    return Yes()", CALL, 0.0),
+        ("class I(int):\n    def __eq__(self, o):\n        return True\ndef f(a, b):\n    return I(0)", CALL, 0.0),
+        ("def g(a, b):\n    return a + b", CALL, 0.0),  # no such function
+        ("import os\nos._exit(0)", CALL, 0.0),
+    ],
+)
+def test_code_reward_call_based(code, tests, expected):
+    assert code_reward(fenced(code), {"tests": tests}, config=FAST) == expected
+
+
+def test_code_reward_call_based_float_tolerance():
+    tests = {"fn_name": "f", "inputs": [[1.0]], "outputs": [0.333333]}
+    code = fenced("def f(x):\n    return x / 3")
+    assert code_reward(code, {"tests": tests}, config=FAST) == 0.0
+    loose = CodeRewardConfig(sandbox=FAST.sandbox, float_tolerance=1e-5)
+    assert code_reward(code, {"tests": tests}, config=loose) == 1.0
+
+
+@pytest.mark.parametrize(
+    "test, expected",
+    [
+        ("assert not is_even(3)", 1.0),
+        ("assert is_even(2) and not is_even(5)", 1.0),
+        ("assert is_even(2) and is_even(5)", 0.0),
+        ("assert 2 in evens(5) and 3 not in evens(5)", 1.0),
+        ("assert 0 <= half(5) < 3", 1.0),
+        ("assert half(5) is not None", 1.0),
+        ("assert evens(4) == [0, 2]", 1.0),
+        ("assert evens(4) == (0, 2)", 0.0),  # a list is not a tuple, as in Python
+        ("assert half(4) == 2.0", 1.0),  # 2 == 2.0, as in Python
+        ("for n in range(6):\n    assert is_even(n) == (n % 2 == 0)", 1.0),
+        ("for n in range(6):\n    assert is_even(n) == (n < 3)", 0.0),
+        ("if half(3) > 100:\n    assert half(3) == 1", 0.0),  # a site never reached fails the test
+        ("try:\n    half('x')\n    assert False\nexcept TypeError:\n    pass", 1.0),
+        ("assert half(2) == 1, 'with a message'", 1.0),
+        ("assert half('x') == 1", 0.0),  # raising
+    ],
+)
+def test_assert_rewriting_keeps_python_semantics(test, expected):
+    code = fenced("def is_even(n):\n    return n % 2 == 0\ndef evens(n):\n    return list(range(0, n, 2))\n"
+                  "def half(n):\n    return n // 2")
+    assert code_reward(code, {"tests": [test]}, config=FAST) == expected
+
+
+def test_assert_literals_never_enter_the_sandbox():
+    from gspo_mcore.rewards.asserts import compile_test
+
+    c = compile_test("def check(candidate):\n    assert candidate(1) == 'SECRET-EXPECTED'\ncheck(f)")
+    assert "SECRET-EXPECTED" not in c.source and "candidate(1)" in c.source
+    assert compile_test("assert f(1) == 'SECRET'", hide_literals=False).source.count("SECRET") == 1
+
+
+def test_documented_boundary_a_truth_only_assert_can_be_forged():
+    """``assert pred(x)`` has a known expected value (true): code that writes the channel can forge it.
+
+    This is the trust boundary the docs state for assert-style tests; it is why stdio and call-based
+    tests are the recommended formats. Should the boundary move, update the docs with this test.
+    """
+    forge = ("import json, os, sys\nloc = sys._getframe(1).f_locals\n"
+             "records = [{'i': 0, 's': 0, 'v': [True]}, {'done': 0}]\n"
+             "os.write(loc['out'], ''.join(json.dumps(r) + '\\n' for r in records).encode())\n"
+             "os._exit(0)")
+    assert code_reward(fenced(forge), {"tests": ["assert is_prime(7)"]}, config=FAST) == 1.0
+    assert code_reward(fenced(forge), {"tests": ["assert is_prime(7) == True"]}, config=FAST) == 1.0
+    assert code_reward(fenced(forge), {"tests": ["assert next_prime(7) == 11"]}, config=FAST) == 0.0
+
+
+def test_malformed_json_tests_are_refused():
+    with pytest.raises(ValueError, match="do not parse"):
+        parse_tests('{"inputs": ["1"], "outputs": [')
+    with pytest.raises(ValueError, match="fn_name"):
+        parse_tests({"fn_name": "not an identifier", "inputs": [[1]], "outputs": [1]})
+    with pytest.raises(ValueError, match="'input' and 'output'"):
+        parse_tests([{"input": "1"}])
+
+
 def test_code_reward_without_code_block_is_zero():
     assert code_reward("I don't know", {"tests": "assert True"}, config=FAST) == 0.0
 
@@ -249,22 +341,51 @@ def test_rewards():
 
 
 def test_runner_hanging_and_throwing_rewards_give_zero_and_are_counted(test_rewards):
-    runner = RewardRunner(RewardRunnerConfig(reward="exact", timeout_s=0.5, max_workers=4))
-    responses = ["Paris", "x", "x", "x", "x", r"\boxed{\frac{1}{2}}"]
+    math_reward(r"\boxed{\frac{1}{2}}", {"answer": "0.5"})  # math-verify's first parse (seconds) before the clock
+    runner = RewardRunner(RewardRunnerConfig(reward="exact", timeout_s=0.5, max_workers=4, max_error_fraction=1.0))
+    responses = ["Paris", "x", "x", "x", r"\boxed{\frac{1}{2}}"]
     metadata = [
         {"answer": "Paris"},
         {"reward_fn": "t_hangs"},
         {"reward_fn": "t_throws"},
         {"reward_fn": "t_nan"},
-        {"reward_fn": "no_such_reward"},
         {"reward_fn": "math", "answer": "0.5"},
     ]
     t0 = time.monotonic()
     scores = runner.score(responses, metadata)
     assert time.monotonic() - t0 < 10  # the hanging call (20 s) was abandoned at its timeout
-    assert scores == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
-    assert runner.metrics() == {"reward_calls": 6.0, "reward_errors": 3.0, "reward_timeouts": 1.0}
+    assert scores == [1.0, 0.0, 0.0, 0.0, 1.0]
+    m = runner.metrics()
+    assert {k: m[k] for k in ("reward_calls", "reward_errors", "reward_timeouts")} == \
+        {"reward_calls": 5.0, "reward_errors": 2.0, "reward_timeouts": 1.0}
+    assert m["reward/t_throws/errors/RuntimeError"] == 1.0 and m["reward/t_nan/errors/ValueError"] == 1.0
+    assert m["reward/t_hangs/timeouts"] == 1.0 and m["reward/exact/mean"] == 1.0 and m["reward/math/calls"] == 1.0
     assert runner.metrics() == {"reward_calls": 0.0, "reward_errors": 0.0, "reward_timeouts": 0.0}  # reset
+
+
+def test_runner_stops_the_run_when_too_many_calls_fail(test_rewards):
+    runner = RewardRunner(RewardRunnerConfig(reward="t_throws"))  # default max_error_fraction 0.1
+    with pytest.raises(rewards.RewardFailure, match=r"4 of 4 reward calls failed.*'t_throws'.*RuntimeError: reward "
+                                                    r"bug.*prompt 'what is 2\+2\?'"):
+        runner.score(["a"] * 4, [{}] * 4, prompts=["what is 2+2?"] * 4)
+    assert runner.metrics()["reward/t_throws/errors/RuntimeError"] == 4.0  # counted before raising
+    # a misconfigured run: rows without the field the reward reads
+    with pytest.raises(rewards.RewardFailure, match=r"KeyError.*answer"):
+        RewardRunner(RewardRunnerConfig(reward="math")).score([r"\boxed{1}"] * 2, [{"question": "q"}] * 2)
+    # one failure in 20 calls (5%) is tolerated and counted
+    tolerant = RewardRunner(RewardRunnerConfig(reward="exact"))
+    assert tolerant.score(["a"] * 20, [{"answer": "a"}] * 19 + [{"reward_fn": "t_throws"}])[:2] == [1.0, 1.0]
+    assert tolerant.metrics()["reward_errors"] == 1.0
+
+
+def test_runner_stops_at_once_for_a_broken_setup(test_rewards):
+    runner = RewardRunner(RewardRunnerConfig(reward="exact", max_error_fraction=1.0))
+    with pytest.raises(rewards.RewardFailure, match="cannot run.*unknown reward 'no_such_reward'"):
+        runner.score(["a", "b"], [{"answer": "a"}, {"reward_fn": "no_such_reward"}])
+    with pytest.raises(rewards.RewardSetupError, match=r"reward.reward = 'no_such_reward'"):
+        RewardRunner(RewardRunnerConfig(reward="no_such_reward"))
+    with pytest.raises(rewards.RewardSetupError, match="cannot import"):
+        RewardRunner(RewardRunnerConfig(reward="no_such_module_xyz:fn"))
 
 
 def test_runner_runs_calls_concurrently(test_rewards):
@@ -275,26 +396,41 @@ def test_runner_runs_calls_concurrently(test_rewards):
 
 
 def test_runner_mixed_code_batch_with_attacks_keeps_going():
-    """Malicious code in a batch scores 0 and does not disturb the honest sample or the caller."""
+    """Attacks in a batch are stopped by the sandbox, and the honest sample and the caller are undisturbed.
+
+    Each attack defines a correct ``add`` after (or around) its attack, so its score shows what the
+    sandbox did: 0 where the attack itself is stopped before ``add`` exists (CPU and memory limits),
+    1 where the attack is contained and the program goes on (fork bomb, kill(-1)), and for the network
+    1 only if the host's listener could not be reached (``add`` is wrong when the connection succeeds).
+    """
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
     code_cfg = CodeRewardConfig(sandbox=SandboxConfig(cpu_time_s=1, wall_time_s=10, memory_mb=256, max_processes=8),
                                 test_timeout_s=5.0)
     rewards.register("t_code", lambda r, m: code_reward(r, m, config=code_cfg), overwrite=True)
+    add = "def add(a, b):\n    return a + b\n"
     try:
-        runner = RewardRunner(RewardRunnerConfig(reward="t_code", max_workers=4, timeout_s=60))
+        runner = RewardRunner(RewardRunnerConfig(reward="t_code", max_workers=4, timeout_s=60, max_error_fraction=1.0))
         attacks = [
-            "while True:\n    pass",
-            "x = bytearray(16 << 30)",
-            "import os, time\nfor _ in range(100):\n    try:\n        os.fork()\n    except OSError:\n        pass\ntime.sleep(1)",
-            "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)",
-            "import os\nos.kill(-1, 9)",
+            ("while True:\n    pass\n" + add, 0.0),
+            ("x = bytearray(16 << 30)\n" + add, 0.0),
+            ("import os\nfor _ in range(100):\n    try:\n        os.fork()\n    except OSError:\n        pass\n" + add, 1.0),
+            ("import _socket\ns = _socket.socket()\ntry:\n"
+             f"    s.connect(('127.0.0.1', {port}))\n    NET = True\nexcept OSError:\n    NET = False\n"
+             "def add(a, b):\n    return 0 if NET else a + b\n", 1.0),
+            ("import os\ntry:\n    os.kill(-1, 9)\nexcept OSError:\n    pass\n" + add, 1.0),
         ]
-        honest = fenced("def add(a, b):\n    return a + b")
-        responses = [honest] + [fenced(a) for a in attacks]
+        responses = [fenced(add)] + [fenced(a) for a, _ in attacks]
         scores = runner.score(responses, [{"tests": ["assert add(1, 2) == 3"]}] * len(responses))
-        assert scores == [1.0] + [0.0] * len(attacks)
+        assert scores == [1.0] + [want for _, want in attacks]
         assert runner.metrics()["reward_timeouts"] == 0.0
     finally:
         rewards.unregister("t_code")
+        server.close()
 
 
 def test_runner_config_validation():
@@ -304,3 +440,39 @@ def test_runner_config_validation():
         RewardRunnerConfig(timeout_s=float("inf"))
     with pytest.raises(ValueError, match="responses"):
         RewardRunner().score(["a"], [])
+
+
+def test_plain_data_decoding_and_strict_equality():
+    from gspo_mcore.rewards.plain import NotPlain, decode, strict_equal
+
+    enc = [1, {"$": "tuple", "v": [2, "a"]}, {"$": "dict", "v": [[{"$": "tuple", "v": [1]}, None]]},
+           {"$": "frozenset", "v": [3]}, {"$": "bytes", "v": "ff"}, {"$": "float", "v": "nan"}]
+    got = decode(enc)
+    assert got[:5] == [1, (2, "a"), {(1,): None}, frozenset({3}), b"\xff"] and got[5] != got[5]
+    for bad in ({"a": 1}, {"$": "pickle", "v": "..."}, {"$": "set", "v": [[1]]}, {"$": "dict", "v": [[1]]},
+                {"$": "float", "v": "1e999"}):
+        with pytest.raises(NotPlain):
+            decode(bad)
+    nested = 1
+    for _ in range(100):
+        nested = [nested]
+    with pytest.raises(NotPlain, match="deeply"):
+        decode(nested)
+    assert strict_equal((1, 2), [1, 2]) and not strict_equal(True, 1) and not strict_equal(1, 1.0)
+    assert strict_equal(1, 1.0, float_tolerance=0.0) and strict_equal(0.1 + 0.2, 0.3, float_tolerance=1e-9)
+    assert not strict_equal({"a": [1]}, {"a": [True]}) and strict_equal({"a": [1.5]}, {"a": [1.5]})
+
+
+def test_judge_refuses_malformed_or_forged_records():
+    from gspo_mcore.rewards.asserts import compile_test, judge
+
+    tests = [compile_test("assert f(1) == 2\nassert f(2) == 3")]
+    good = [{"i": 0, "s": 0, "v": [2]}, {"i": 0, "s": 1, "v": [3]}, {"done": 0}]
+    assert judge(tests, good) == [True]
+    assert judge(tests, good[:1] + good[2:]) == [False]  # a site never reported
+    assert judge(tests, good[:2]) == [False]  # the test never finished
+    assert judge(tests, good + [{"i": 0, "s": 0, "v": [5]}]) == [False]  # one failing report is enough
+    assert judge(tests, good + [{"i": 0, "s": 0, "bad": "Yes is not plain data"}]) == [False]
+    assert judge(tests, good + [{"i": 0, "s": 9, "v": [2]}]) == [False]  # no such site
+    assert judge(tests, [{"i": 0, "s": 0, "v": [{"$": "evil", "v": 1}]}] + good[1:]) == [False]
+    assert judge(tests, [{"i": 0, "s": 0, "v": [2, 2]}] + good[1:]) == [False]  # wrong operand count
