@@ -8,10 +8,11 @@ Hugging Face format, and a tiny Qwen3-style ``config.json``), so the job needs n
 Held out: a fixed tenth of all digit strings never appears in the training prompts; the held-out file
 holds exactly those, so evaluation measures the reversal on strings the policy was never trained on.
 
-Every token id the model can sample except EOS decodes to visible text (ids past the characters are filler
-tokens ``<u0>``, ``<u1>``, ...; ``<pad>`` and ``<s>`` are ordinary tokens, not special ones), and the reward
-does not strip whitespace: a response has the right length only when it is the 3 answer tokens followed by
-EOS, so the length credit is earned only by stopping.
+Every token the model can sample except EOS decodes to exactly one visible character (the pad and BOS
+tokens are the ordinary characters ``_`` and ``^``, and the ids past the task's characters are the capital
+letters), and the reward does not strip whitespace: a response has the right length only when it is three
+tokens followed by EOS, so the length credit is earned only by stopping. (An earlier version, with
+multi-character and invisible tokens, was gamed by the policy: ``"<s>"`` is three characters long.)
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import json
 import os
 import random
 
-SPECIALS = ["<pad>", "<s>", "</s>"]
+SPECIALS = ["_", "^", "</s>"]  # pad, BOS (single visible characters, not special tokens), EOS
 CHARS = list("0123456789") + list("abcdefghijklmnopqrstuvwxyz") + list(":>=+- ")
-VOCAB_SIZE = 64  # padded: ids beyond the tokenizer's are never a correct answer, the policy learns to avoid them
+FILLERS = list("ABCDEFGHIJKLMNOPQRS")  # the rest of the embedding table: never a right answer
+VOCAB_SIZE = 64
 
 
 def make_tokenizer(out_dir: str):
@@ -30,13 +32,12 @@ def make_tokenizer(out_dir: str):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    fillers = [f"<u{i}>" for i in range(VOCAB_SIZE - len(SPECIALS) - len(CHARS))]
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS + fillers)}
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS + FILLERS)}
     assert len(vocab) == VOCAB_SIZE
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIALS[0]))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tok.decoder = decoders.Fuse()
-    # only EOS is special (dropped when a response is decoded): "<pad>" and "<s>" decode as visible text
+    # only EOS is special (dropped when a response is decoded)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>")
     fast.save_pretrained(out_dir)
     return fast
@@ -121,11 +122,9 @@ def prepare(out_dir: str, *, moe: bool = False, num_prompts: int = 4096, digits:
 
 
 def reward(response: str, metadata) -> float:
-    """Partial credit: 0.2 for an answer of the right length made of digits only, plus 0.8 x the fraction of
-    right digits. Every token but EOS decodes to at least one visible character and the digits are one token
-    each, so the length credit means exactly the answer's digits, then EOS. (The digit check is there
-    because an earlier version without it was gamed: ``"<s>"`` is three characters long.)"""
+    """Partial credit: 0.2 for an answer of the right length, plus 0.8 x the fraction of right digits. Every
+    token but EOS is one visible character, so the right length means: that many tokens, then EOS."""
     answer = str(metadata["answer"])
     got = response
     right = sum(a == b for a, b in zip(got, answer))
-    return (float(len(got) == len(answer) and got.isdigit()) + 4.0 * right / len(answer)) / 5.0
+    return (float(len(got) == len(answer)) + 4.0 * right / len(answer)) / 5.0

@@ -116,7 +116,7 @@ def encode(text: str) -> list[int]:
     from examples.tiny.task import CHARS, SPECIALS
 
     vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
-    return [vocab["<s>"]] + [vocab[c] for c in text]
+    return [vocab[SPECIALS[1]]] + [vocab[c] for c in text]  # BOS, then the characters
 
 
 PROMPTS = [encode(t) for t in ("rev:407>", "rev:12>", "rev:9981>", "add:3+4=", "hello world:")]
