@@ -32,7 +32,7 @@ from gspo_mcore.data.template import PromptTemplate, load_tokenizer
 from gspo_mcore.learner import build_model, build_optimizer, init_parallel, load_hf_config, train_step
 from gspo_mcore.learner.checkpoint import Checkpointer
 from gspo_mcore.metrics import MetricsLogger, step_metrics
-from gspo_mcore.rewards.runner import RewardRunner
+from gspo_mcore.rewards import check_reward_setup
 from gspo_mcore.trainer.backends import InProcessRollout, RolloutBackend, SGLangRollout
 from gspo_mcore.trainer.batch import decode_responses, learner_samples, overlong_penalties
 from gspo_mcore.trainer.config import TrainConfig, resolve
@@ -51,7 +51,7 @@ def run(cfg: TrainConfig) -> list[dict]:
     eval_sets = [_eval_set(s, template) for s in cfg.eval.datasets]
     _check_lengths(cfg, shape, dataset, template, eval_sets)  # before anything is built
     loader = PromptLoader(dataset, PromptSampler(len(dataset), cfg.sampler), template)
-    rewards = RewardRunner(cfg.reward)
+    rewards = check_reward_setup(cfg.reward, dataset)  # names, sandbox, every row's fields: before any model
 
     layout = init_parallel(cfg.parallel, shape, seed=cfg.seed)
     is_writer = layout.rank == 0
@@ -119,7 +119,8 @@ def _train_one_step(cfg: TrainConfig, step, loader, engine, rewards, tokenizer, 
                                  seed=cfg.seed * 100_003 + step)
     with phases("reward"):
         metas = [p.sample.metadata for p in prompts for _ in range(G)]
-        scores = torch.tensor(rewards.score(decode_responses(groups, tokenizer), metas),
+        texts = [text for p in prompts for text in [tokenizer.decode(p.input_ids)] * G]  # for a failure's message
+        scores = torch.tensor(rewards.score(decode_responses(groups, tokenizer), metas, prompts=texts),
                               dtype=torch.float32)  # (num_groups * G,)
         shaped = scores + overlong_penalties(groups, max_new_tokens=cfg.rollout.sampling.max_new_tokens,
                                              buffer=cfg.rollout.overlong_buffer,
@@ -171,7 +172,7 @@ def _eval_set(cfg, template: PromptTemplate) -> EvalSet:
     dataset = PromptDataset(cfg.data)
     rows = list(dataset)[: cfg.max_prompts] if cfg.max_prompts else list(dataset)
     return EvalSet(name=cfg.name, prompts=[template.encode(r) for r in rows], metadata=[r.metadata for r in rows],
-                   rewards=RewardRunner(cfg.reward))
+                   rewards=check_reward_setup(cfg.reward, rows))
 
 
 def _check_lengths(cfg: TrainConfig, shape, dataset, template, eval_sets) -> None:

@@ -73,3 +73,20 @@ def test_a_prompt_longer_than_the_model_allows_is_refused_before_anything_is_bui
                                                     r"max_position_embeddings 64"):
             run(cfg)
         assert not (tmp_path / "out").exists()  # refused before the output directory or a model exists
+
+
+def test_an_eval_set_missing_the_rewards_field_is_refused_at_start_up(tmp_path):
+    subprocess.run([sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "8"],
+                   cwd=ROOT, check=True, capture_output=True)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "rev:123>", "answer": "321"}) + "\n" + json.dumps({"prompt": "rev:1>"}) + "\n")
+    from gspo_mcore.rewards import RewardSetupError
+    from gspo_mcore.train import parse_config
+    from gspo_mcore.trainer import run
+
+    cfg = parse_config(["--config", "examples/tiny/config.yaml", f"model.hf_dir={tmp_path}/model",
+                        f"data.paths=[{tmp_path}/prompts.jsonl]", f"log.output_dir={tmp_path}/out",
+                        f"eval.datasets=[{{name: h, data: {{paths: [{bad}]}}}}]"])
+    with pytest.raises(RewardSetupError, match=rf"{bad}:2.*answer"):
+        run(cfg)
+    assert not (tmp_path / "out").exists()
