@@ -67,7 +67,7 @@ def results(hf_models, tmp_path_factory):
     out = str(root / "results.jsonl")
     run(torchrun(os.path.join(HERE, "convert_worker.py"), 2,
                  ["--cases", json.dumps(cases), "--ckpt-root", str(root), "--out", out]),
-        timeout=240, what="convert_worker.py on 2 ranks")
+        timeout=480, what="convert_worker.py on 2 ranks")
     with open(out) as f:
         return {r["case"]: r for r in map(json.loads, f)}
 

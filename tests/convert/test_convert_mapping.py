@@ -298,6 +298,11 @@ def test_tools_refuse_unsupported_architecture_and_bad_shapes(hf_models, tmp_pat
     assert hf_to_mcore.main(["--hf", hf_models["dense"], "--out", str(tmp_path / "o3"), "--tp", "3"]) == 2
     assert "TP=3 does not divide num_attention_heads=8" in capsys.readouterr().err
 
+    # Llama with 6 query heads on 2 KV heads: TP3 divides the query heads but not the KV heads
+    assert hf_to_mcore.main(["--hf", hf_models["llama"], "--out", str(tmp_path / "o5"), "--tp", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "TP=3 does not divide num_key_value_heads=2" in err and "num_attention_heads" not in err
+
     assert _tool("convert_mcore_to_hf").main(["--mcore", str(tmp_path), "--out", str(tmp_path / "o4")]) == 2
     assert "no Megatron distributed checkpoint" in capsys.readouterr().err
-    assert not any((tmp_path / o).exists() for o in ("o1", "o2", "o3", "o4"))
+    assert not any((tmp_path / o).exists() for o in ("o1", "o2", "o3", "o4", "o5"))

@@ -69,8 +69,8 @@ def test_hf_config(tmp_path):
     assert load_hf_config(tmp_path / "config.json") == dense
     assert moe.is_moe and moe.moe_layer_pattern() == [1, 1, 1, 1]
     assert load_hf_config(dict(MOE, mlp_only_layers=[0], decoder_sparse_step=1)).moe_layer_pattern() == [0, 1, 1, 1]
-    with pytest.raises(ValueError, match="unsupported model_type 'llama'"):
-        load_hf_config(dict(DENSE, model_type="llama"))
+    with pytest.raises(ValueError, match="unsupported model_type 'mistral'"):
+        load_hf_config(dict(DENSE, model_type="mistral"))
     with pytest.raises(ValueError, match="rope_scaling"):
         load_hf_config(dict(DENSE, rope_scaling={"type": "yarn"}))
     with pytest.raises(ValueError, match="multiple of num_key_value_heads"):

@@ -21,9 +21,10 @@ from examples.smollm2_arithmetic import prepare
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 LOGITS_ATOL = 1e-3
-"""Bound on max |Megatron - transformers| over all logits of the prompt (float32, 30 layers, logits up to
-~30; measured 3.4e-5 on a 2-core AMD EPYC, AVX2): rounding in a different summation order, far below what
-a mapping slip moves (a wrong RMSNorm epsilon or RoPE base changes logits by more than 1e-2)."""
+"""Bound on max |Megatron - transformers| over all logits of the 44-token prompt (float32, 30 layers, logits
+up to 39.5; measured 8.2e-5, about 21 ulps at that size, on a 2-core AMD EPYC, AVX2): rounding in another
+summation order, far below what a mapping slip moves (twice the RMSNorm epsilon: 3.5e-2, while the greedy
+tokens still agree)."""
 
 
 def _model_dir() -> str:
@@ -66,3 +67,26 @@ def test_learner_logits_match_transformers(tmp_path):
     assert logits["num_tokens"] > 20 and logits["max_abs_logit"] > 5.0
     assert logits["max_abs_diff"] < LOGITS_ATOL, logits
     assert logits["greedy_agree"], logits
+
+
+def test_bigbench_items_become_prompt_rows(tmp_path):
+    """BIG-bench's ``{"input", "target"}`` -> a one-turn chat and the answer, readable by PromptDataset and
+    scored by the example's reward; an item of another form is refused naming the task and index."""
+    from examples.smollm2_arithmetic import prepare_data
+    from examples.smollm2_arithmetic.reward import last_integer
+    from gspo_mcore.data.dataset import DataConfig, PromptDataset
+
+    task = {"examples": [{"input": "What is 80 plus 29?", "target": "109"},
+                         {"input": "What is 3 minus 7?", "target": ["-4"]}]}
+    rows = prepare_data.bigbench_rows("2_digit_addition", task)
+    assert [r["expression"] for r in rows] == ["80 + 29", "3 - 7"] and [r["answer"] for r in rows] == ["109", "-4"]
+    path = str(tmp_path / "eval.jsonl")
+    prepare_data.write_jsonl(path, rows)
+    ds = PromptDataset(DataConfig(paths=(path,)))
+    assert ds[0].messages[0]["content"] == "What is 80 plus 29? Answer with the number only."
+    assert ds[1].metadata["source"] == "bigbench/arithmetic/2_digit_addition"
+    assert last_integer("80 plus 29 is 109.", ds[0].metadata) == 1.0
+    assert last_integer("It is -4", ds[1].metadata) == 1.0
+    assert last_integer("4", ds[1].metadata) == 0.0 and last_integer("-4.5", ds[1].metadata) == 0.0
+    with pytest.raises(prepare_data.DataError, match="bigbench 2_digit_addition example 1: unexpected item"):
+        prepare_data.bigbench_rows("2_digit_addition", {"examples": task["examples"][:1] + [{"input": "Hi?"}]})

@@ -1,0 +1,24 @@
+"""The arithmetic example's reward: 1.0 when the last integer in the response equals the answer.
+
+The prompts ask for "the number only" (no ``\\boxed{}``), so the project's ``math`` reward, which reads the
+last ``\\boxed{...}``, does not apply. Name this one in a job config by dotted path:
+``examples.smollm2_arithmetic.reward:last_integer``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+_INTEGER = re.compile(r"(?<![\d.])-?\d+(?:,\d{3})*(?![\d.]*\d)")
+
+
+def last_integer(response: str, metadata: Mapping[str, Any]) -> float:
+    """1.0 if the response's last integer (thousands commas allowed) equals ``metadata["answer"]``."""
+    if metadata.get("answer") is None:
+        raise KeyError("last_integer reward needs metadata['answer']")
+    found = _INTEGER.findall(response)
+    if not found:
+        return 0.0
+    return float(int(found[-1].replace(",", "")) == int(str(metadata["answer"]).strip()))
