@@ -90,3 +90,22 @@ def test_an_eval_set_missing_the_rewards_field_is_refused_at_start_up(tmp_path):
     with pytest.raises(RewardSetupError, match=rf"{bad}:2.*answer"):
         run(cfg)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.distributed
+def test_a_reward_that_always_fails_stops_the_run_before_any_update(tmp_path):
+    """``json:loads(response, metadata)`` raises TypeError on every call: the first step's reward stops the run
+    (reward.max_error_fraction 0.1 by default) with the cause and the prompt, before an optimizer step."""
+    subprocess.run([sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "16"],
+                   cwd=ROOT, check=True, capture_output=True)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", str(_free_port()),
+           "-m", "gspo_mcore.train", "--config", "examples/tiny/config.yaml", "steps=3", "reward.reward=json:loads",
+           "reward.required_fields=[]", f"model.hf_dir={tmp_path}/model", f"data.paths=[{tmp_path}/prompts.jsonl]",
+           f"log.output_dir={out}", "rollout.prompts_per_step=4", "rollout.group_size=4", "batch.num_minibatches=2",
+           "log.progress_bar=false", "log.tensorboard=false"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode != 0
+    assert "RewardFailure" in proc.stderr and "TypeError" in proc.stderr and "rev:" in proc.stderr
+    assert not (out / "metrics.jsonl").read_text().strip()  # no step was logged: nothing trained on zeros
