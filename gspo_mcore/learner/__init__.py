@@ -1,4 +1,4 @@
-"""The learner: Qwen3 / Qwen3-MoE on Megatron-Core, trained with GSPO (TP/PP/EP/DP; CPU with gloo or GPU).
+"""The learner: Qwen3 / Qwen3-MoE / Llama / Qwen2 on Megatron-Core, trained with GSPO (TP/PP/EP/DP; CPU with gloo or GPU).
 
 The pieces, in the order a trainer uses them::
 
