@@ -47,3 +47,100 @@ def logits_fn(model, layout: Layout):
         return logits[:, :L].float().cpu()
 
     return fn
+
+
+def decode_model(model, layout: Layout, *, kv_cache: bool = True):
+    """A :class:`gspo_mcore.rollout.inprocess.DecodeModel` over the live ``GPTModel`` of this rank.
+
+    ``kv_cache=True``: :class:`MegatronDecodeModel` (prefill, then one token per step over Megatron's
+    static KV cache). ``kv_cache=False``, or a model with sequence parallelism (a single decode token
+    cannot be split over the sequence): every step recomputes the batch through :func:`logits_fn`.
+    """
+    from gspo_mcore.rollout.inprocess import RecomputeModel
+
+    fn = logits_fn(model, layout)  # checks the layout
+    gpt = unwrap(model[0])
+    if not kv_cache or gpt.config.sequence_parallel:
+        return RecomputeModel(fn)
+    return MegatronDecodeModel(gpt, layout)
+
+
+class MegatronDecodeModel:
+    """Prefill and one-token decode steps of a Megatron ``GPTModel`` over a ``StaticInferenceContext``.
+
+    The model's own modules run in order (embedding, decoder block with the KV cache, output layer on the
+    last position only, vocabulary gathered over TP), so any ``GPTModel`` with rotary positions works.
+    Left-padded prompts of different lengths share a batch exactly: each row's positions count from its
+    first real token (its own rotary angles, one ``[S, B, 1, D]`` table passed to the decoder instead of
+    Megatron's shared one), and padded keys are masked out of every attention (a padded query attends to
+    itself only, so that nothing non-finite arises). The model is in ``eval()`` during each pass.
+    """
+
+    def __init__(self, gpt, layout: Layout):
+        if gpt.position_embedding_type not in ("rope", "learned_absolute", "none"):
+            raise ValueError(f"in-process KV decoding supports rope, learned_absolute or no position embedding, "
+                             f"not {gpt.position_embedding_type!r}")
+        if getattr(gpt.config, "flash_decode", False) or getattr(gpt.config, "multi_latent_attention", False):
+            raise ValueError("in-process KV decoding does not support flash_decode or multi-latent attention")
+        self.gpt, self.layout = gpt, layout
+
+    def start(self, tokens: torch.Tensor, lengths: torch.Tensor, max_new_tokens: int):
+        from megatron.core.inference.contexts import StaticInferenceContext
+
+        B, P = tokens.shape
+        S = P + max_new_tokens - 1  # the last drawn token is never fed back
+        dev = self.layout.device
+        pad = (P - lengths.long()).to(dev)  # (B,)
+        slots = torch.arange(S, device=dev)
+        session = _MegatronSession(self, StaticInferenceContext(B, S),
+                                   positions=(slots[None] - pad[:, None]).clamp(min=0),  # (B, S)
+                                   valid=slots[None] >= pad[:, None])  # (B, S): key holds a real token
+        causal = slots[None, :P] > slots[:P, None]  # (P, P)
+        mask = causal[None] | (~session.valid[:, None, :P] & ~torch.eye(P, dtype=torch.bool, device=dev))
+        logits = session.forward(tokens.to(dev), mask[:, None])  # mask (B, 1, P, P)
+        session.ctx.enable_decode_mode()
+        return session, logits
+
+
+class _MegatronSession:
+    def __init__(self, owner: MegatronDecodeModel, ctx, *, positions: torch.Tensor, valid: torch.Tensor):
+        self.gpt, self.layout, self.ctx = owner.gpt, owner.layout, ctx
+        self.positions, self.valid = positions, valid  # (B, S) each
+        self.rope = None  # (S, B, 1, D): each row's rotary angles at each cache slot
+        if self.gpt.position_embedding_type == "rope":
+            table = self.gpt.rotary_pos_emb(ctx.max_sequence_length)  # (S, 1, 1, D), positions 0..S-1
+            self.rope = table[:, 0, 0][positions].transpose(0, 1)[:, :, None].contiguous()
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``tokens [B, s]`` at cache slots ``offset .. offset+s-1``, ``mask [B, 1, s, offset+s]`` (True:
+        masked) -> next-token logits ``[B, V]`` float32 on the CPU."""
+        gpt, start = self.gpt, self.ctx.sequence_len_offset
+        positions = self.positions[:, start:start + tokens.shape[1]]  # (B, s)
+        was_training = gpt.training
+        gpt.eval()  # Megatron's attention refuses an inference context in training mode
+        try:
+            hidden = gpt.embedding(input_ids=tokens, position_ids=positions)  # (s, B, H)
+            hidden = gpt.decoder(hidden_states=hidden, attention_mask=mask, inference_context=self.ctx,
+                                 rotary_pos_emb=self.rope)  # (s, B, H), final norm applied
+            weight = gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else None
+            logits, _ = gpt.output_layer(hidden[-1:], weight=weight, runtime_gather_output=True)  # (1, B, V)
+        finally:
+            gpt.train(was_training)
+        self.ctx.increment_sequence_len_offset(tokens.shape[1])
+        return logits[0].float().cpu()
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        end = self.ctx.sequence_len_offset + 1
+        mask = ~self.valid[:, None, None, :end]  # (B, 1, 1, end)
+        return self.forward(tokens.to(self.layout.device)[:, None], mask)
+
+    def select(self, rows: torch.Tensor) -> None:
+        rows = rows.to(self.layout.device)
+        memory = self.ctx.key_value_memory_dict
+        for layer, (k, v) in memory.items():  # (S, B, groups, dim) each
+            memory[layer] = (k[:, rows].contiguous(), v[:, rows].contiguous())
+        self.ctx.max_batch_size = len(rows)
+        self.positions, self.valid = self.positions[rows], self.valid[rows]
+        if self.rope is not None:
+            self.rope = self.rope[:, rows].contiguous()
