@@ -60,5 +60,10 @@ paper-miniature: install
 bench: install
 	$(PY) tools/bench_logprobs.py
 
+# The in-process engine (KV cache) vs its recompute baseline and transformers' generate (docs/engine.md).
+.PHONY: bench-engine
+bench-engine: install
+	$(PY) tools/bench_engine.py --json bench_engine.json
+
 clean:
 	rm -rf build *.egg-info gspo_mcore/*.so $(VENV)/.ext-stamp
