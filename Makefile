@@ -63,7 +63,7 @@ bench: install
 # The in-process engine (KV cache) vs its recompute baseline and transformers' generate (docs/engine.md).
 .PHONY: bench-engine
 bench-engine: install
-	$(PY) tools/bench_engine.py --json bench_engine.json
+	mkdir -p runs && $(PY) tools/bench_engine.py --json runs/bench_engine.json
 
 clean:
 	rm -rf build *.egg-info gspo_mcore/*.so $(VENV)/.ext-stamp
