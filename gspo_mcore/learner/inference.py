@@ -1,10 +1,12 @@
-"""Full-vocabulary logits of the learner's own model, for the in-process rollout engine.
+"""The learner's own model as a sampler, for the in-process rollout engine.
 
-:func:`logits_fn` returns ``tokens [B, L] -> logits [B, L, V]`` (float32 on the CPU), running the live
-``GPTModel`` of this rank with a causal mask. Unlike training, the vocabulary-parallel logits ARE
-gathered over the tensor-parallel group here: sampling needs the whole distribution, and the engine
-handles a few rows at a time. Every rank of the TP group must call it with the same tokens.
-Pipeline parallelism is not supported for in-process sampling (use SGLang for PP > 1).
+:func:`decode_model` returns a :class:`gspo_mcore.rollout.inprocess.DecodeModel` over the live
+``GPTModel`` of this rank: a prefill of left-padded prompts, then one token per step over Megatron's
+static KV cache (:class:`MegatronDecodeModel`). :func:`logits_fn` returns ``tokens [B, L] -> logits
+[B, L, V]`` (float32 on the CPU), one full causal forward, for the recompute baseline and for tests.
+Unlike training, the vocabulary-parallel logits ARE gathered over the tensor-parallel group here:
+sampling needs the whole distribution. Every rank of the TP group must make the same calls with the
+same tokens. Pipeline parallelism is not supported for in-process sampling (use SGLang for PP > 1).
 """
 
 from __future__ import annotations
@@ -166,7 +168,6 @@ def _decode_attention(attentions, freqs: torch.Tensor | None):
     """While decoding: rotate new queries and keys at their projection (``freqs [s, B, 1, D]``; None: no
     rotary embedding) and run local core attention through ``scaled_dot_product_attention``. Each
     override is an instance attribute, removed on exit (the training forward never sees one)."""
-    from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
     from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import (
         _yarn_get_concentration_factor_from_config,
     )

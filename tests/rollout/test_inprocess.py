@@ -200,7 +200,7 @@ class TinyAttention(torch.nn.Module):
         return self.layer(tokens, torch.arange(L).expand_as(tokens), key_mask=causal)[0]
 
     def start(self, tokens, lengths, max_new_tokens):
-        B, P = tokens.shape
+        P = tokens.shape[1]
         pad = P - lengths
         slots = torch.arange(P + max_new_tokens)
         sess = _TinySession(self, (slots[None] - pad[:, None]).clamp(min=0), slots[None] < pad[:, None])

@@ -20,8 +20,14 @@ from learner_toy import DENSE  # noqa: E402
 
 def main():
     layout_name, tau = sys.argv[1], float(sys.argv[2])
-    from gspo_mcore.learner import (ParallelConfig, Sample, build_model, destroy_parallel, forward_logprobs,
-                                    init_parallel)
+    from gspo_mcore.learner import (
+        ParallelConfig,
+        Sample,
+        build_model,
+        destroy_parallel,
+        forward_logprobs,
+        init_parallel,
+    )
     from gspo_mcore.learner.inference import decode_model
     from gspo_mcore.learner.model_config import load_hf_config
     from gspo_mcore.rollout import InProcessEngine, SamplingParams
@@ -30,7 +36,7 @@ def main():
     shape = load_hf_config(DENSE)
     layout = init_parallel(parallel, shape, seed=7)
     model = build_model(shape, parallel, seed=7)
-    kw = dict(eos_token_id=2, vocab_size=shape.vocab_size, max_batch_size=8)
+    kw = {"eos_token_id": 2, "vocab_size": shape.vocab_size, "max_batch_size": 8}
     engine = InProcessEngine(decode_model(model, layout), **kw)
     recompute = InProcessEngine(decode_model(model, layout, kv_cache=False), **kw)
     prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16], [17]]
