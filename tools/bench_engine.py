@@ -203,6 +203,7 @@ def main(argv=None) -> int:
                 run_engine(engines[name], prompts, n_new)
             results.append({"engine": name, "new_tokens": n_new, "seconds": dt,
                             "tokens_per_s": args.batch * n_new / dt, "ms_per_step": 1e3 * dt / n_new})
+            print(f"  {name} x {n_new} new tokens: {dt:.2f} s", file=sys.stderr, flush=True)
     header["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     destroy_parallel()
 
