@@ -84,5 +84,10 @@ example-real: install
 	  -m gspo_mcore.train --config examples/smollm2_arithmetic/config.yaml
 	$(PY) tools/plot_metrics.py runs/smollm2/run/metrics.jsonl --title "SmolLM2-135M-Instruct, GSPO (1 CPU rank)"
 
+# The in-process engine (KV cache) vs its recompute baseline and transformers' generate (docs/engine.md).
+.PHONY: bench-engine
+bench-engine: install
+	mkdir -p runs && $(PY) tools/bench_engine.py --json runs/bench_engine.json
+
 clean:
 	rm -rf build *.egg-info gspo_mcore/*.so $(VENV)/.ext-stamp

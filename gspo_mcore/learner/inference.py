@@ -1,13 +1,17 @@
-"""Full-vocabulary logits of the learner's own model, for the in-process rollout engine.
+"""The learner's own model as a sampler, for the in-process rollout engine.
 
-:func:`logits_fn` returns ``tokens [B, L] -> logits [B, L, V]`` (float32 on the CPU), running the live
-``GPTModel`` of this rank with a causal mask. Unlike training, the vocabulary-parallel logits ARE
-gathered over the tensor-parallel group here: sampling needs the whole distribution, and the engine
-handles a few rows at a time. Every rank of the TP group must call it with the same tokens.
-Pipeline parallelism is not supported for in-process sampling (use SGLang for PP > 1).
+:func:`decode_model` returns a :class:`gspo_mcore.rollout.inprocess.DecodeModel` over the live
+``GPTModel`` of this rank: a prefill of left-padded prompts, then one token per step over Megatron's
+static KV cache (:class:`MegatronDecodeModel`). :func:`logits_fn` returns ``tokens [B, L] -> logits
+[B, L, V]`` (float32 on the CPU), one full causal forward, for the recompute baseline and for tests.
+Unlike training, the vocabulary-parallel logits ARE gathered over the tensor-parallel group here:
+sampling needs the whole distribution. Every rank of the TP group must make the same calls with the
+same tokens. Pipeline parallelism is not supported for in-process sampling (use SGLang for PP > 1).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -47,3 +51,170 @@ def logits_fn(model, layout: Layout):
         return logits[:, :L].float().cpu()
 
     return fn
+
+
+def decode_model(model, layout: Layout, *, kv_cache: bool = True):
+    """A :class:`gspo_mcore.rollout.inprocess.DecodeModel` over the live ``GPTModel`` of this rank.
+
+    ``kv_cache=True``: :class:`MegatronDecodeModel` (prefill, then one token per step over Megatron's
+    static KV cache). ``kv_cache=False``, or a model with sequence parallelism (a single decode token
+    cannot be split over the sequence): every step recomputes the batch through :func:`logits_fn`.
+    """
+    from gspo_mcore.rollout.inprocess import RecomputeModel
+
+    fn = logits_fn(model, layout)  # checks the layout
+    gpt = unwrap(model[0])
+    if not kv_cache or gpt.config.sequence_parallel:
+        return RecomputeModel(fn)
+    return MegatronDecodeModel(gpt, layout)
+
+
+class MegatronDecodeModel:
+    """Prefill and one-token decode steps of a Megatron ``GPTModel`` over a ``StaticInferenceContext``.
+
+    The model's own modules run in order (embedding, decoder block with Megatron's static KV cache, output
+    layer on the last position only, vocabulary gathered over TP), so any ``GPTModel`` with rotary
+    positions works (dense or MoE, any norm or MLP). Left-padded prompts of different lengths share a batch
+    exactly: each row's positions count from its first real token, and padded keys are masked out of every
+    attention (a padded query attends to itself only, so that nothing non-finite arises). The model is in
+    ``eval()`` during each pass.
+
+    Two things differ from Megatron's own static-batch path, for cost, not results. (1) Rotary embeddings
+    are applied to the new queries and keys right after their projection (each row at its own positions,
+    with Megatron's ``apply_rotary_pos_emb`` and the model's own angle table), so the cache holds rotated
+    keys; Megatron would re-rotate the whole cached key sequence at every step (a cost growing with the
+    length). (2) Where the core attention is Megatron's local ``DotProductAttention`` (no Transformer
+    Engine) it runs as one ``scaled_dot_product_attention`` with the query heads of each KV group folded
+    together, instead of repeating the cached keys and values for every query head.
+    """
+
+    def __init__(self, gpt, layout: Layout):
+        if gpt.position_embedding_type not in ("rope", "none"):
+            raise ValueError(f"in-process KV decoding supports rotary or no position embedding, "
+                             f"not {gpt.position_embedding_type!r}")
+        config = gpt.config
+        if getattr(config, "flash_decode", False) or getattr(config, "multi_latent_attention", False):
+            raise ValueError("in-process KV decoding does not support flash_decode or multi-latent attention")
+        self.gpt, self.layout = gpt, layout
+        self.attentions = [layer.self_attention for layer in gpt.decoder.layers]
+
+    def start(self, tokens: torch.Tensor, lengths: torch.Tensor, max_new_tokens: int):
+        from megatron.core.inference.contexts import StaticInferenceContext
+
+        B, P = tokens.shape
+        S = P + max_new_tokens - 1  # the last drawn token is never fed back
+        dev = self.layout.device
+        pad = (P - lengths.long()).to(dev)  # (B,)
+        slots = torch.arange(S, device=dev)
+        session = _MegatronSession(self, StaticInferenceContext(B, S),
+                                   positions=(slots[None] - pad[:, None]).clamp(min=0),  # (B, S)
+                                   valid=slots[None] >= pad[:, None])  # (B, S): key holds a real token
+        causal = slots[None, :P] > slots[:P, None]  # (P, P)
+        mask = causal[None] | (~session.valid[:, None, :P] & ~torch.eye(P, dtype=torch.bool, device=dev))
+        logits = session.forward(tokens.to(dev), mask[:, None])  # mask (B, 1, P, P)
+        session.ctx.enable_decode_mode()
+        return session, logits
+
+
+class _MegatronSession:
+    def __init__(self, owner: MegatronDecodeModel, ctx, *, positions: torch.Tensor, valid: torch.Tensor):
+        self.owner, self.gpt, self.layout, self.ctx = owner, owner.gpt, owner.layout, ctx
+        self.positions, self.valid = positions, valid  # (B, S) each
+        self.freqs = None  # (S, B, 1, D): each row's rotary angles at each cache slot
+        if self.gpt.position_embedding_type == "rope":
+            table = self.gpt.rotary_pos_emb(ctx.max_sequence_length)  # (S, 1, 1, D), positions 0..S-1
+            self.freqs = table[:, 0, 0][positions].transpose(0, 1)[:, :, None].contiguous()
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``tokens [B, s]`` at cache slots ``offset .. offset+s-1``, ``mask [B, 1, s, offset+s]`` (True:
+        masked) -> next-token logits ``[B, V]`` float32 on the CPU."""
+        gpt, start = self.gpt, self.ctx.sequence_len_offset
+        s = tokens.shape[1]
+        positions = self.positions[:, start:start + s]  # (B, s)
+        freqs = None if self.freqs is None else self.freqs[start:start + s]  # (s, B, 1, D)
+        was_training = gpt.training
+        gpt.eval()  # Megatron's attention refuses an inference context in training mode
+        try:
+            with _decode_attention(self.owner.attentions, freqs):
+                hidden = gpt.embedding(input_ids=tokens, position_ids=positions)  # (s, B, H)
+                hidden = gpt.decoder(hidden_states=hidden, attention_mask=mask, inference_context=self.ctx,
+                                     rotary_pos_emb=None)  # (s, B, H), final norm applied
+            weight = gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else None
+            logits, _ = gpt.output_layer(hidden[-1:], weight=weight, runtime_gather_output=True)  # (1, B, V)
+        finally:
+            gpt.train(was_training)
+        self.ctx.increment_sequence_len_offset(s)
+        return logits[0].float().cpu()
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        end = self.ctx.sequence_len_offset + 1
+        mask = ~self.valid[:, None, None, :end]  # (B, 1, 1, end)
+        return self.forward(tokens.to(self.layout.device)[:, None], mask)
+
+    def select(self, rows: torch.Tensor) -> None:
+        rows = rows.to(self.layout.device)
+        memory = self.ctx.key_value_memory_dict
+        for layer, (k, v) in memory.items():  # (S, B, groups, dim) each
+            memory[layer] = (k[:, rows].contiguous(), v[:, rows].contiguous())
+        self.ctx.max_batch_size = len(rows)
+        self.positions, self.valid = self.positions[rows], self.valid[rows]
+        if self.freqs is not None:
+            self.freqs = self.freqs[:, rows].contiguous()
+
+
+@contextlib.contextmanager
+def _decode_attention(attentions, freqs: torch.Tensor | None):
+    """While decoding: rotate new queries and keys at their projection (``freqs [s, B, 1, D]``; None: no
+    rotary embedding) and run local core attention through ``scaled_dot_product_attention``. Each
+    override is an instance attribute, removed on exit (the training forward never sees one)."""
+    from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import (
+        _yarn_get_concentration_factor_from_config,
+    )
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    patched = []
+    try:
+        for attn in attentions:
+            if freqs is not None:
+                mscale = _yarn_get_concentration_factor_from_config(attn.config)
+                attn.get_query_key_value_tensors = _rotating_qkv(attn.get_query_key_value_tensors, freqs,
+                                                                 attn.config, mscale)
+                patched.append((attn, "get_query_key_value_tensors"))
+            core = attn.core_attention
+            if (type(core) is DotProductAttention and core.softmax_offset is None
+                    and core.scale_mask_softmax.scale is None and core.scale_mask_softmax.window_size is None):
+                core.forward = _sdpa_attention(core.softmax_scale)
+                patched.append((core, "forward"))
+        yield
+    finally:
+        for module, name in patched:
+            delattr(module, name)
+
+
+def _rotating_qkv(qkv_fn, freqs: torch.Tensor, config, mscale: float):
+    from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+
+    def fn(*args, **kwargs):
+        out = qkv_fn(*args, **kwargs)  # query [s, B, np, hn], key [s, B, ng, hn], value, (gate)
+        query = apply_rotary_pos_emb(out[0], freqs, config=config, mscale=mscale)
+        key = apply_rotary_pos_emb(out[1], freqs, config=config, mscale=mscale)
+        return (query, key, *out[2:])
+
+    return fn
+
+
+def _sdpa_attention(scale: float):
+    def forward(query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
+        # query [sq, B, np, hn]; key, value [sk, B, ng, hn]; attention_mask [B, 1, sq, sk] bool, True: masked
+        sq, B, nh, hn = query.shape
+        sk, ng = key.shape[0], key.shape[2]
+        r = nh // ng  # query heads per KV group (Megatron: head h reads group h // r)
+        q = query.permute(1, 2, 0, 3).reshape(B, ng, r * sq, hn)  # (B, ng, r*sq, hn)
+        keep = ~attention_mask[:, :, None].expand(B, 1, r, sq, sk).reshape(B, 1, r * sq, sk)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, key.permute(1, 2, 0, 3), value.permute(1, 2, 0, 3), attn_mask=keep, scale=scale)  # (B, ng, r*sq, hn)
+        return out.reshape(B, nh, sq, hn).permute(2, 0, 1, 3).reshape(sq, B, nh * hn)  # (sq, B, np*hn)
+
+    return forward

@@ -1,14 +1,21 @@
 """The in-process rollout engine: samples from the learner's own model on the same ranks.
 
 The embedded default on CPU and in tests. It needs no weight sync (it reads the live parameters) and
-knows nothing of Megatron: it is given ``logits_fn(tokens [B, L] int64) -> logits [B, L, V]`` (the full
-vocabulary, gathered), which the learner provides (:func:`gspo_mcore.learner.inference.logits_fn`). Every
-rank of a tensor-parallel group must call :meth:`InProcessEngine.generate` with the same prompts and seed:
-the sampler is seeded identically, so all of them draw the same tokens.
+knows nothing of Megatron: it drives a :class:`DecodeModel`, a prefill over the (left-padded) prompts
+followed by one-token decode steps over a KV cache, which the learner provides for its ``GPTModel``
+(:func:`gspo_mcore.learner.inference.decode_model`). :class:`RecomputeModel` implements the same protocol
+over a plain ``logits_fn(tokens [B, L]) -> logits [B, L, V]`` by recomputing every sequence for every
+token (no cache): the pure-torch reference, and the benchmark's baseline.
 
-Each decoding step recomputes the forward pass over the whole batch (no KV cache): correctness first;
-the tiny CPU models this engine serves have prompts of a few dozen tokens. Batch whole groups together:
-per-call overhead dominates at small batch sizes.
+Every rank of a tensor-parallel group must call :meth:`InProcessEngine.generate_sync` with the same
+prompts, seed and prompt offset: every rank then draws the same tokens.
+
+Sampling is layout independent: the random numbers of sample ``j`` of the prompt at global index ``i``
+come from a counter-based stream keyed by ``derive_sample_seed(seed, i, j)`` and the decoding step, and
+each token is drawn by inverse CDF over that row's own (truncated) distribution. The samples therefore do
+not depend on how prompts are split over data-parallel ranks or chunked into batches (as long as the
+model's logits for a row do not: a real model's float rounding may differ with the batch composition
+by about 1e-7, which can flip a draw that lands that close to a CDF boundary).
 
 Log-probs follow the convention in :mod:`gspo_mcore.rollout.types`: ``log softmax(logits / tau)`` of the
 drawn token over the untruncated vocabulary, ``tau = 1`` when greedy.
@@ -17,7 +24,9 @@ drawn token over the untruncated vocabulary, ``tau = 1`` when greedy.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
+import numpy as np
 import torch
 
 from gspo_mcore.rollout.types import (
@@ -27,32 +36,98 @@ from gspo_mcore.rollout.types import (
     Sample,
     SamplingParams,
     check_generate_args,
+    derive_sample_seed,
     normalize_prompts,
 )
 
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]
 
 
+class DecodeSession(Protocol):
+    """One batch being decoded: the model's cache for its rows."""
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Append one token to every row: ``tokens [B] int64 -> next-token logits [B, V]``."""
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` (increasing indices into the current batch, int64); later calls see fewer rows."""
+
+
+class DecodeModel(Protocol):
+    """What the engine needs from a model: a prefill that starts a :class:`DecodeSession`."""
+
+    def start(self, tokens: torch.Tensor, lengths: torch.Tensor, max_new_tokens: int
+              ) -> tuple[DecodeSession, torch.Tensor]:
+        """Prefill ``tokens [B, P] int64``, LEFT-padded: row ``b``'s prompt is in its last ``lengths[b]``
+        columns and the padding before it must not influence anything (positions count from the first
+        prompt token). The session must have room for ``max_new_tokens - 1`` further steps.
+        Returns the session and the next-token logits ``[B, V]``."""
+
+
+class RecomputeModel:
+    """:class:`DecodeModel` over ``logits_fn(tokens [B, L]) -> logits [B, L, V]`` (causal, right padding
+    allowed): every step recomputes the whole batch. Exact but quadratic in the length."""
+
+    def __init__(self, logits_fn: LogitsFn, *, pad_token_id: int = 0):
+        self.logits_fn = logits_fn
+        self.pad_token_id = pad_token_id
+
+    def start(self, tokens: torch.Tensor, lengths: torch.Tensor, max_new_tokens: int):
+        B, P = tokens.shape
+        right = torch.full((B, P + max_new_tokens), self.pad_token_id, dtype=torch.long)  # (B, P + N)
+        for b in range(B):
+            n = int(lengths[b])
+            right[b, :n] = tokens[b, P - n:]
+        session = _RecomputeSession(self.logits_fn, right, lengths.clone().long())
+        return session, session.last_logits()
+
+
+class _RecomputeSession:
+    def __init__(self, logits_fn: LogitsFn, tokens: torch.Tensor, lengths: torch.Tensor):
+        self.logits_fn, self.tokens, self.lengths = logits_fn, tokens, lengths  # (B, L_max), (B,)
+
+    def last_logits(self) -> torch.Tensor:
+        B, width = self.tokens.shape[0], int(self.lengths.max())
+        logits = self.logits_fn(self.tokens[:, :width])  # (B, width, V)
+        if logits.dim() != 3 or logits.shape[:2] != (B, width):
+            raise RolloutError(f"in-process engine: logits_fn returned shape {tuple(logits.shape)}, "
+                               f"expected ({B}, {width}, V)")
+        return logits[torch.arange(B), self.lengths - 1]  # (B, V)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.tokens[torch.arange(len(tokens)), self.lengths] = tokens
+        self.lengths = self.lengths + 1
+        return self.last_logits()
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.tokens, self.lengths = self.tokens[rows], self.lengths[rows]
+
+
 class InProcessEngine(RolloutEngine):
-    """Sampling from a local model through ``logits_fn``.
+    """Sampling from a local model through a :class:`DecodeModel`.
 
     Args:
-        logits_fn: ``tokens [B, L] -> logits [B, L, V]``, causal, right padding allowed.
+        model: a :class:`DecodeModel`, or a plain ``logits_fn`` (wrapped in :class:`RecomputeModel`).
         eos_token_id: ends a response (kept as its last token, with its log-prob) unless ``ignore_eos``.
         vocab_size: ids ``>= vocab_size`` (a padded embedding table) are never sampled; ``None``: all.
-        pad_token_id: filler for finished rows and right padding.
-        max_batch_size: rows per forward pass (prompts x samples are chunked).
+        pad_token_id: filler for the left padding of prompts and the rows that have finished.
+        max_batch_size: rows per pass (prompts x samples are chunked, whole groups together).
+        compact_below: once the unfinished rows of a batch fall to this fraction of the session's rows,
+            the finished ones are dropped from the cache (``DecodeSession.select``); 0 never drops them.
     """
 
-    def __init__(self, logits_fn: LogitsFn, *, eos_token_id: int, vocab_size: int | None = None,
-                 pad_token_id: int = 0, max_batch_size: int = 512, version: int = 0):
+    def __init__(self, model: DecodeModel | LogitsFn, *, eos_token_id: int, vocab_size: int | None = None,
+                 pad_token_id: int = 0, max_batch_size: int = 512, version: int = 0, compact_below: float = 0.75):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        self._logits_fn = logits_fn
+        if not 0 <= compact_below <= 1:
+            raise ValueError(f"compact_below must be in [0, 1], got {compact_below}")
+        self.model: DecodeModel = model if hasattr(model, "start") else RecomputeModel(model, pad_token_id=pad_token_id)
         self.eos_token_id = eos_token_id
         self.vocab_size = vocab_size
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
+        self.compact_below = compact_below
         self._version = version
         self._paused = False
         self._calls = 0
@@ -68,79 +143,76 @@ class InProcessEngine(RolloutEngine):
     async def generate(self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams) -> list[list[Sample]]:
         return self.generate_sync(prompts, n, params)
 
-    def generate_sync(self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams) -> list[list[Sample]]:
+    def generate_sync(self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams, *,
+                      prompt_offset: int = 0) -> list[list[Sample]]:
+        """``n`` samples per prompt. ``prompt_offset``: the global index of ``prompts[0]`` (a data-parallel
+        rank's share starts there), so that sample ``j`` of global prompt ``i`` is drawn from the same
+        random numbers whatever the split. ``Sample.prompt_index`` stays local (``0 .. len(prompts)-1``)."""
         check_generate_args(n, params)
         if self._paused:
             raise RolloutError("in-process engine: generate() called while paused")
+        if not (isinstance(prompt_offset, int) and prompt_offset >= 0):
+            raise ValueError(f"prompt_offset must be an integer >= 0, got {prompt_offset!r}")
         prompts = normalize_prompts(prompts)
         rows = [(i, j) for i in range(len(prompts)) for j in range(n)]
         seed = params.seed if params.seed is not None else self._calls
         self._calls += 1
-        gen = torch.Generator().manual_seed(seed & 0x7FFF_FFFF_FFFF_FFFF)
         out: list[list[Sample | None]] = [[None] * n for _ in prompts]
         for start in range(0, len(rows), self.max_batch_size):
             chunk = rows[start:start + self.max_batch_size]
-            for (i, j), (ids, lps, reason) in zip(chunk, self._decode([prompts[i] for i, _ in chunk], params, gen)):
+            keys = np.array([derive_sample_seed(seed, prompt_offset + i, j) for i, j in chunk], dtype=np.int64)
+            decoded = self._decode([prompts[i] for i, _ in chunk], params, keys.view(np.uint64))
+            for (i, j), (ids, lps, reason) in zip(chunk, decoded):
                 out[i][j] = Sample(prompt_index=i, sample_index=j, prompt_ids=prompts[i], response_ids=tuple(ids),
                                    response_logprobs=tuple(lps), finish_reason=reason, weight_version=self._version)
         return out  # type: ignore[return-value]
 
     @torch.no_grad()
-    def _decode(self, prompts: list[tuple[int, ...]], params: SamplingParams, gen: torch.Generator):
+    def _decode(self, prompts: list[tuple[int, ...]], params: SamplingParams, keys: np.ndarray):
         B = len(prompts)
         lengths = torch.tensor([len(p) for p in prompts])  # (B,)
-        total = int(lengths.max()) + params.max_new_tokens
-        tokens = torch.full((B, total), self.pad_token_id, dtype=torch.long)  # (B, L_max)
+        P = int(lengths.max())
+        tokens = torch.full((B, P), self.pad_token_id, dtype=torch.long)  # (B, P), left padding
         for b, p in enumerate(prompts):
-            tokens[b, :len(p)] = torch.tensor(p)
-        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else {self.eos_token_id})
-        responses: list[list[int]] = [[] for _ in range(B)]
-        logprobs: list[list[float]] = [[] for _ in range(B)]
-        reasons = ["length"] * B
-        active = torch.ones(B, dtype=torch.bool)
+            tokens[b, P - len(p):] = torch.tensor(p)
+        stop_ids = torch.tensor(sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else
+                                                                     {self.eos_token_id})), dtype=torch.long)
+        session, logits = self.model.start(tokens, lengths, params.max_new_tokens)
+        out_ids = torch.full((B, params.max_new_tokens), -1, dtype=torch.long)  # (B, N)
+        out_lps = torch.zeros((B, params.max_new_tokens), dtype=torch.float32)  # (B, N)
+        finished = torch.zeros(B, dtype=torch.bool)
+        live = torch.arange(B)  # the session's rows, as indices into the batch
         tau = params.logprob_temperature
-        for _ in range(params.max_new_tokens):
-            width = int(lengths.max())
-            logits = self._logits_fn(tokens[:, :width])  # (B, width, V)
-            if logits.dim() != 3 or logits.shape[:2] != (B, width):
-                raise RolloutError(f"in-process engine: logits_fn returned shape {tuple(logits.shape)}, "
-                                   f"expected ({B}, {width}, V)")
-            last = logits[torch.arange(B), lengths - 1].float()  # (B, V)
+        steps = 0
+        for t in range(params.max_new_tokens):
+            if logits.dim() != 2 or logits.shape[0] != len(live):
+                raise RolloutError(f"in-process engine: the model returned logits of shape {tuple(logits.shape)}, "
+                                   f"expected ({len(live)}, V)")
+            last = logits.float()  # (B_live, V)
             if self.vocab_size is not None and last.shape[1] > self.vocab_size:
                 last[:, self.vocab_size:] = -torch.inf
-            logp_all = torch.log_softmax(last / tau, dim=-1)  # (B, V)
-            nxt = self._draw(last, params, gen)  # (B,)
-            lp = logp_all.gather(1, nxt[:, None]).squeeze(1)
-            for b in torch.nonzero(active).squeeze(1).tolist():
-                t = int(nxt[b])
-                responses[b].append(t)
-                logprobs[b].append(float(lp[b]))
-                tokens[b, lengths[b]] = t
-                if t in stop_ids:
-                    reasons[b] = "stop"
-                    active[b] = False
-            lengths = lengths + active.long()
-            if not bool(active.any()):
+            nxt = draw_tokens(last, params, _uniforms(keys[live.numpy()], t))  # (B_live,)
+            lp = torch.log_softmax(last / tau, dim=-1).gather(1, nxt[:, None]).squeeze(1)  # (B_live,)
+            active = ~finished[live]  # (B_live,)
+            rows = live[active]
+            out_ids[rows, t], out_lps[rows, t] = nxt[active], lp[active]
+            steps = t + 1
+            finished[rows] = torch.isin(nxt[active], stop_ids)
+            if bool(finished.all()) or t + 1 == params.max_new_tokens:
                 break
-        return list(zip(responses, logprobs, reasons))
-
-    @staticmethod
-    def _draw(last: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
-        """Draw one token per row from ``softmax(last / T)`` truncated by top-k and top-p."""
-        if params.temperature == 0:
-            return last.argmax(dim=-1)
-        z = last / params.temperature
-        if params.top_k > 0 and params.top_k < z.shape[1]:
-            kth = torch.topk(z, params.top_k, dim=-1).values[:, -1:]
-            z = z.masked_fill(z < kth, -torch.inf)
-        if params.top_p < 1.0:
-            sorted_z, order = torch.sort(z, dim=-1, descending=True)
-            probs = torch.softmax(sorted_z, dim=-1)
-            drop = probs.cumsum(-1) - probs > params.top_p  # keep the smallest prefix with mass >= top_p
-            sorted_z = sorted_z.masked_fill(drop, -torch.inf)
-            z = torch.full_like(z, -torch.inf).scatter(1, order, sorted_z)
-        probs = torch.softmax(z, dim=-1)
-        return torch.multinomial(probs, 1, generator=gen).squeeze(1)
+            feed = torch.where(finished[live], self.pad_token_id, nxt)  # (B_live,)
+            alive = ~finished[live]
+            if int(alive.sum()) <= self.compact_below * len(live):
+                keep = torch.nonzero(alive).squeeze(1)
+                session.select(keep)
+                live, feed = live[keep], feed[keep]
+            logits = session.step(feed)
+        results = []
+        for b in range(B):
+            ids = out_ids[b, :steps]
+            n = int((ids >= 0).sum())
+            results.append((ids[:n].tolist(), out_lps[b, :n].tolist(), "stop" if bool(finished[b]) else "length"))
+        return results
 
     async def update_weights(self, buckets: Iterable[NamedTensors], version: int) -> None:
         raise RolloutError("the in-process engine samples from the learner's live parameters: "
@@ -160,3 +232,47 @@ class InProcessEngine(RolloutEngine):
 
     async def close(self) -> None:
         self._paused = True
+
+
+def truncated_logits(last: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """``last / T`` with every token outside the top-k and the top-p nucleus set to ``-inf``: the
+    distribution tokens are drawn from (``last [B, V]`` float32; ``T > 0``). Ties at the k-th value are
+    all kept; the nucleus is the smallest prefix of the sorted distribution whose mass reaches ``top_p``."""
+    z = last / params.temperature  # (B, V)
+    if 0 < params.top_k < z.shape[1]:
+        kth = torch.topk(z, params.top_k, dim=-1).values[:, -1:]  # (B, 1)
+        z = z.masked_fill(z < kth, -torch.inf)
+    if params.top_p < 1.0:
+        sorted_z, order = torch.sort(z, dim=-1, descending=True)
+        probs = torch.softmax(sorted_z, dim=-1)
+        drop = probs.cumsum(-1) - probs > params.top_p  # keep the smallest prefix with mass >= top_p
+        z = torch.full_like(z, -torch.inf).scatter(1, order, sorted_z.masked_fill(drop, -torch.inf))
+    return z
+
+
+def draw_tokens(last: torch.Tensor, params: SamplingParams, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``last [B, V]`` (raw logits, float32) from ``softmax(last / T)`` truncated by
+    top-k / top-p, by inverse CDF at ``u [B]`` (float64 in [0, 1)); greedy (argmax) when ``T == 0``."""
+    if params.temperature == 0:
+        return last.argmax(dim=-1)
+    probs = torch.softmax(truncated_logits(last, params).double(), dim=-1)  # (B, V) float64
+    cdf = probs.cumsum(-1)  # (B, V); flat over excluded tokens, so they are never the first above u
+    target = (u.double() * cdf[:, -1])[:, None]  # (B, 1)
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(1)  # first index with cdf > target
+    # target rounded up to the total mass: the last token with a positive probability
+    last_kept = last.shape[1] - 1 - (probs > 0).flip(-1).to(torch.uint8).argmax(-1)
+    return torch.minimum(idx, last_kept)
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _uniforms(keys: np.ndarray, step: int) -> torch.Tensor:
+    """Counter-based uniforms in [0, 1), one per key (uint64): SplitMix64 of ``key + (step + 1) * golden``."""
+    with np.errstate(over="ignore"):  # uint64 arithmetic wraps modulo 2**64
+        z = keys + np.array([step + 1], dtype=np.uint64) * _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * _MIX1
+        z = (z ^ (z >> np.uint64(27))) * _MIX2
+        z = z ^ (z >> np.uint64(31))
+    return torch.from_numpy((z >> np.uint64(11)).astype(np.float64) * 2.0**-53)  # (B,)

@@ -97,11 +97,11 @@ class InProcessRollout:
     """Sampling from the learner's live model on the same ranks (see :mod:`gspo_mcore.rollout.inprocess`)."""
 
     def __init__(self, model, layout, shape, tokenizer, *, max_batch_size: int):
-        from gspo_mcore.learner.inference import logits_fn
+        from gspo_mcore.learner.inference import decode_model
         from gspo_mcore.rollout.inprocess import InProcessEngine
 
         self.layout = layout
-        self.engine = InProcessEngine(logits_fn(model, layout), eos_token_id=tokenizer.eos_token_id,
+        self.engine = InProcessEngine(decode_model(model, layout), eos_token_id=tokenizer.eos_token_id,
                                       vocab_size=shape.vocab_size, pad_token_id=tokenizer.pad_token_id or 0,
                                       max_batch_size=max_batch_size)
 
@@ -109,8 +109,9 @@ class InProcessRollout:
         """``n`` samples per prompt: each DP rank generates a contiguous share, then all ranks gather."""
         layout = self.layout
         share = dp_share(len(prompts), layout.dp_size, layout.dp_rank)
-        params = dataclasses.replace(params, seed=seed * 1_000 + layout.dp_rank)
-        mine = self.engine.generate_sync(prompts[share.start:share.stop], n, params) if len(share) else []
+        params = dataclasses.replace(params, seed=seed)
+        mine = self.engine.generate_sync(prompts[share.start:share.stop], n, params,
+                                         prompt_offset=share.start) if len(share) else []
         if layout.dp_size == 1:
             return mine
         parts = [None] * layout.dp_size

@@ -1,7 +1,8 @@
-"""The in-process engine's sampling, on a tiny deterministic bigram 'model' (logits depend on the last token).
+"""The in-process engine's sampling, on a tiny deterministic bigram 'model' (logits depend on the last token),
+and its KV-cache protocol on a one-layer torch attention model.
 
-The real model is exercised in tests/trainer (log-probs vs a learner forward pass). Here the logits
-function is exact and cheap, so each property can be checked precisely.
+The real model is exercised in tests/trainer (log-probs vs a learner forward pass, Megatron's KV cache).
+Here the logits are exact and cheap, so each property can be checked precisely.
 """
 
 import asyncio
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from gspo_mcore.rollout import InProcessEngine, RolloutError, SamplingParams
+from gspo_mcore.rollout.inprocess import _uniforms, draw_tokens, truncated_logits
 
 V = 40
 TABLE = torch.randn(V, V, generator=torch.Generator().manual_seed(0)) * 2  # (V, V) bigram logits
@@ -112,3 +114,131 @@ def test_bad_inputs():
     bad = InProcessEngine(lambda t: torch.zeros(1, 1, V), eos_token_id=2)
     with pytest.raises(RolloutError, match="logits_fn returned shape"):
         bad.generate_sync([[5], [6]], 1, SamplingParams(max_new_tokens=2))
+
+
+def ids_of(out):
+    return [[s.response_ids for s in g] for g in out]
+
+
+def test_samples_do_not_depend_on_batch_chunking_or_the_split_of_prompts():
+    prompts = [[5, 6], [7], [8, 9, 10], [11], [12, 13]]
+    params = SamplingParams(temperature=1.2, top_p=0.9, max_new_tokens=12, seed=42)
+    whole = engine(max_batch_size=64).generate_sync(prompts, 4, params)
+    assert ids_of(engine(max_batch_size=3).generate_sync(prompts, 4, params)) == ids_of(whole)
+    # two data-parallel shares: the second starts at global prompt index 2
+    first = engine(max_batch_size=5).generate_sync(prompts[:2], 4, params, prompt_offset=0)
+    second = engine(max_batch_size=7).generate_sync(prompts[2:], 4, params, prompt_offset=2)
+    assert ids_of(first) + ids_of(second) == ids_of(whole)
+    for a, b in zip(first + second, whole):
+        assert [s.response_logprobs for s in a] == [s.response_logprobs for s in b]
+    # the offset matters: the same prompts at another global index are other draws
+    shifted = engine().generate_sync(prompts[2:], 4, params, prompt_offset=0)
+    assert ids_of(shifted) != ids_of(whole[2:])
+
+
+@pytest.mark.parametrize("top_k, top_p", [(3, 1.0), (-1, 0.6), (6, 0.7)])
+def test_every_drawn_token_is_inside_the_top_k_and_nucleus_sets(top_k, top_p):
+    tau = 1.5
+    params = SamplingParams(temperature=tau, top_k=top_k, top_p=top_p, max_new_tokens=20, seed=9, ignore_eos=True)
+    out = engine().generate_sync([[p] for p in range(V)], 4, params)
+    allowed = []  # per previous token: the tokens it may be followed by
+    for p in range(V):
+        z = TABLE[p] / tau
+        order = torch.argsort(z, descending=True).tolist()
+        keep = set(order[:top_k]) if top_k > 0 else set(order)
+        if top_p < 1.0:  # the smallest prefix of the sorted distribution with mass >= top_p
+            mass = torch.softmax(z, -1)[order].cumsum(0)
+            keep &= set(order[:int((mass < top_p).sum()) + 1])
+        allowed.append(keep)
+    drawn = 0
+    for g in out:
+        for s in g:
+            prev = (s.prompt_ids[-1],) + s.response_ids[:-1]
+            for p, t in zip(prev, s.response_ids):
+                assert t in allowed[p], (p, t, sorted(allowed[p]))
+                drawn += 1
+    assert drawn == V * 4 * 20
+
+
+def test_inverse_cdf_draws_follow_the_truncated_distribution():
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, 3.0, -2.0, 1.5]])  # (1, 8)
+    params = SamplingParams(temperature=0.8, top_k=5)
+    n = 40_000
+    keys = torch.arange(n, dtype=torch.int64).numpy().view("uint64")
+    u = _uniforms(keys, 0)
+    assert float(u.min()) >= 0 and float(u.max()) < 1
+    counts = torch.bincount(draw_tokens(logits.expand(n, 8), params, u), minlength=8).double()
+    p = torch.softmax(truncated_logits(logits, params)[0].double(), -1)
+    assert bool((counts[p == 0] == 0).all())
+    sigma = (n * p * (1 - p)).sqrt()
+    assert bool(((counts - n * p).abs() <= 5 * sigma + 1).all()), (counts / n, p)
+
+
+class TinyAttention(torch.nn.Module):
+    """One causal attention layer with learned positions: a real full forward, and a KV-cache
+    :class:`DecodeModel` over left-padded prompts (positions from each row's first real token)."""
+
+    def __init__(self, vocab=V, dim=16, max_len=64):
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        self.emb = torch.randn(vocab, dim, generator=g)
+        self.pos = torch.randn(max_len, dim, generator=g) * 0.5
+        self.qkv = torch.randn(dim, 3 * dim, generator=g) / dim**0.5
+        self.out = torch.randn(dim, vocab, generator=g) * 2 / dim**0.5
+
+    def layer(self, x, pos, k_cache=None, v_cache=None, key_mask=None):
+        h = self.emb[x] + self.pos[pos]  # (B, s, D)
+        q, k, v = (h @ self.qkv).chunk(3, -1)
+        if k_cache is not None:
+            k, v = torch.cat([k_cache, k], 1), torch.cat([v_cache, v], 1)
+        scores = (q @ k.transpose(1, 2)).masked_fill(key_mask, -torch.inf)  # (B, s, S)
+        return (h + torch.softmax(scores, -1) @ v) @ self.out, k, v
+
+    def logits_fn(self, tokens):  # (B, L) right padded -> (B, L, V)
+        L = tokens.shape[1]
+        causal = torch.ones(L, L, dtype=torch.bool).triu(1)[None]
+        return self.layer(tokens, torch.arange(L).expand_as(tokens), key_mask=causal)[0]
+
+    def start(self, tokens, lengths, max_new_tokens):
+        P = tokens.shape[1]
+        pad = P - lengths
+        slots = torch.arange(P + max_new_tokens)
+        sess = _TinySession(self, (slots[None] - pad[:, None]).clamp(min=0), slots[None] < pad[:, None])
+        mask = (slots[None, :P] > slots[:P, None])[None] | (sess.padded[:, None, :P] & ~torch.eye(P, dtype=bool))
+        logits, sess.k, sess.v = self.layer(tokens, sess.positions[:, :P], key_mask=mask)
+        return sess, logits[:, -1]
+
+
+class _TinySession:
+    def __init__(self, model, positions, padded):
+        self.model, self.positions, self.padded = model, positions, padded  # (B, S) each
+
+    def step(self, tokens):
+        t = self.k.shape[1]
+        logits, self.k, self.v = self.model.layer(tokens[:, None], self.positions[:, t:t + 1], self.k, self.v,
+                                                  self.padded[:, None, :t + 1])
+        return logits[:, -1]
+
+    def select(self, rows):
+        self.positions, self.padded, self.k, self.v = (a[rows] for a in (self.positions, self.padded, self.k, self.v))
+
+
+@pytest.mark.parametrize("compact_below", [0.0, 0.75, 1.0])
+def test_kv_cache_protocol_matches_recompute_with_mixed_lengths_and_finished_rows(compact_below):
+    m = TinyAttention()
+    params = SamplingParams(temperature=1.0, max_new_tokens=14, seed=4, stop_token_ids=tuple(range(30, 40)))
+    prompts = [[5, 6, 7, 8, 9], [9], [11, 12, 13], [3, 4], [20, 21, 22, 23, 24, 25, 26]]
+    kv = InProcessEngine(m, eos_token_id=2, compact_below=compact_below, max_batch_size=16).generate_sync(
+        prompts, 3, params)
+    full = InProcessEngine(m.logits_fn, eos_token_id=2).generate_sync(prompts, 3, params)
+    assert ids_of(kv) == ids_of(full)
+    reasons = [s.finish_reason for g in kv for s in g]
+    assert "stop" in reasons and "length" in reasons
+    for a, b in zip(kv, full):
+        for x, y in zip(a, b):
+            # each sample alone, unpadded, through the full forward
+            seq = torch.tensor(x.prompt_ids + x.response_ids)
+            logp = torch.log_softmax(m.logits_fn(seq[None])[0, len(x.prompt_ids) - 1:-1], -1)  # (R, V)
+            ref = logp.gather(1, torch.tensor(x.response_ids)[:, None]).squeeze(1)
+            torch.testing.assert_close(torch.tensor(x.response_logprobs), ref, rtol=0, atol=2e-5)
+            torch.testing.assert_close(torch.tensor(y.response_logprobs), ref, rtol=0, atol=2e-5)

@@ -1,6 +1,10 @@
 """Worker (1 or 2 ranks): the in-process engine's log-probs vs the learner's forward-only log-probs.
 
 Usage: inprocess_worker.py LAYOUT TEMPERATURE   (LAYOUT: 1, dp2 or tp2). Prints one JSON line per rank.
+
+The engine runs on Megatron's KV cache (prompts of different lengths, left-padded in one batch; stop
+tokens end rows at different steps, so finished rows are dropped from the cache mid-batch) and, for
+comparison, through full recompute of every sequence at every step.
 """
 
 import json
@@ -16,9 +20,15 @@ from learner_toy import DENSE  # noqa: E402
 
 def main():
     layout_name, tau = sys.argv[1], float(sys.argv[2])
-    from gspo_mcore.learner import (ParallelConfig, Sample, build_model, destroy_parallel, forward_logprobs,
-                                    init_parallel)
-    from gspo_mcore.learner.inference import logits_fn
+    from gspo_mcore.learner import (
+        ParallelConfig,
+        Sample,
+        build_model,
+        destroy_parallel,
+        forward_logprobs,
+        init_parallel,
+    )
+    from gspo_mcore.learner.inference import decode_model
     from gspo_mcore.learner.model_config import load_hf_config
     from gspo_mcore.rollout import InProcessEngine, SamplingParams
 
@@ -26,11 +36,14 @@ def main():
     shape = load_hf_config(DENSE)
     layout = init_parallel(parallel, shape, seed=7)
     model = build_model(shape, parallel, seed=7)
-    engine = InProcessEngine(logits_fn(model, layout), eos_token_id=2, vocab_size=shape.vocab_size)
-    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16]]
-    params = SamplingParams(temperature=tau, max_new_tokens=12, seed=123)
+    kw = {"eos_token_id": 2, "vocab_size": shape.vocab_size, "max_batch_size": 8}
+    engine = InProcessEngine(decode_model(model, layout), **kw)
+    recompute = InProcessEngine(decode_model(model, layout, kv_cache=False), **kw)
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16], [17]]
+    params = SamplingParams(temperature=tau, max_new_tokens=16, seed=123, stop_token_ids=tuple(range(20, 32)))
     groups = engine.generate_sync(prompts, 3, params)
     again = engine.generate_sync(prompts, 3, params)
+    baseline = recompute.generate_sync(prompts, 3, params)
     samples, engine_lp = [], []
     for g in groups:
         for s in g:
@@ -43,8 +56,11 @@ def main():
     diff = max(float((lp[len(s.tokens) - 1 - len(e):] - e).abs().max()) for s, lp, e in
                zip(samples, learner_lp, engine_lp))
     ids = [list(s.response_ids) for g in groups for s in g]
+    reasons = [s.finish_reason for g in groups for s in g]
     line = json.dumps({"rank": layout.rank, "max_abs_diff": diff, "ids": ids,
                        "reproducible": ids == [list(s.response_ids) for g in again for s in g],
+                       "same_as_recompute": ids == [list(s.response_ids) for g in baseline for s in g],
+                       "num_stop": reasons.count("stop"), "num_length": reasons.count("length"),
                        "num_tokens": sum(len(e) for e in engine_lp)}) + "\n"
     os.write(1, line.encode())  # one write (< PIPE_BUF): the ranks' lines never interleave
     destroy_parallel()  # barrier + teardown: no rank exits while a peer still talks to it

@@ -1,10 +1,12 @@
-"""The in-process engine on the learner's real Megatron model (1 rank and TP2).
+"""The in-process engine on the learner's real Megatron model (1 rank and TP2), over Megatron's KV cache.
 
+Prompts of different lengths share a batch (left padding) and stop tokens end rows at different steps.
 Its returned log-probs must equal a learner forward pass over the generated sequences (same weights,
 same temperature): both are ``log softmax(logits / T)`` of one fp32 forward, the engine's over a gathered
 vocabulary, the learner's through the vocabulary-parallel kernel; the documented tolerance is 2e-5
 (fp32 rounding of different reduction orders over a few thousand logits). TP peers must draw the same
-tokens, and a fixed seed must reproduce the samples.
+tokens, a fixed seed must reproduce the samples, and the KV-cache engine must draw the same tokens as
+the engine that recomputes every sequence at every step.
 """
 
 import json
@@ -33,4 +35,6 @@ def test_engine_logprobs_equal_learner_forward(nproc, layout, tau):
         assert r["num_tokens"] > 0
         assert r["max_abs_diff"] < 2e-5, r
         assert r["reproducible"]
+        assert r["same_as_recompute"], "KV-cache and recompute engines drew different tokens"
+        assert r["num_stop"] > 0 and r["num_length"] > 0, r  # rows finished mid-batch and rows ran to the cap
     assert all(r["ids"] == rows[0]["ids"] for r in rows), "TP peers drew different tokens"

@@ -1,0 +1,28 @@
+"""tools/bench_engine.py --quick runs end to end (a subprocess: it initialises torch.distributed) and writes
+the documented JSON: a header naming the machine and model, and one record per engine and length."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_bench_engine_quick_writes_the_table_and_json(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "tools/bench_engine.py", "--quick", "--threads", "1", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "kv / transformers" in proc.stdout
+    data = json.loads(out.read_text())
+    header = data["header"]
+    for key in ("cpu", "isa", "threads", "load_avg", "model", "batch", "kv_vs_transformers_max_abs_logprob_diff"):
+        assert key in header, key
+    assert header["threads"] == 1
+    assert header["kv_vs_transformers_max_abs_logprob_diff"] < 1e-4  # the same weights in both
+    runs = {(r["engine"], r["new_tokens"]) for r in data["results"]}
+    assert runs == {(e, n) for e in ("kv", "recompute", "transformers") for n in (4, 8)}
+    for r in data["results"]:
+        assert r["tokens_per_s"] > 0 and r["seconds"] > 0 and r["ms_per_step"] > 0
