@@ -66,9 +66,9 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, vocab_start: 
         raise ValueError(f"vocab_start={vocab_start} needs tp_group: without a tensor-parallel group the "
                          "logits hold the whole vocabulary and vocab_start must be 0")
     if inplace_backward and torch.is_grad_enabled() and logits.requires_grad:
-        _check_inplace_logits(logits)
-        logp, entropy, _ = _TokenLogprobsInplace.apply(logits, targets, int(vocab_start), 1.0 / float(temperature),
-                                                       tp_group, bool(return_entropy))
+        owner = _check_inplace_logits(logits)
+        logp, entropy, _ = _TokenLogprobsInplace.apply(owner, targets, int(vocab_start), 1.0 / float(temperature),
+                                                       tp_group, bool(return_entropy), tuple(logits.shape))
         return (logp, entropy) if return_entropy else logp
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -143,38 +143,44 @@ class _TokenLogprobs(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
-def _check_inplace_logits(logits: torch.Tensor) -> None:
-    """The logits may be overwritten: contiguous, not a leaf, and not a view of only part of a tensor."""
+def _check_inplace_logits(logits: torch.Tensor) -> torch.Tensor:
+    """The tensor that owns the logits' storage, once it is clear that it may be overwritten: contiguous, not
+    a leaf, and the logits span all of it (``logits`` itself, or the base of a view spanning the whole base)."""
     if not logits.is_contiguous():
         raise ValueError(f"token_logprobs(inplace_backward=True) overwrites the logits, which must be contiguous "
                          f"(got shape {tuple(logits.shape)}, strides {logits.stride()}); pass a contiguous "
                          "tensor or use inplace_backward=False")
-    if logits.is_leaf:
-        raise ValueError("token_logprobs(inplace_backward=True) cannot overwrite logits that are a leaf tensor "
-                         "requiring grad (its .grad would be lost); pass the output of the layer that computed "
-                         "them, or use inplace_backward=False")
     base = logits._base
     if base is not None and not (base.is_contiguous() and base.numel() == logits.numel()
                                  and base.data_ptr() == logits.data_ptr()):
         raise ValueError(f"token_logprobs(inplace_backward=True): logits {tuple(logits.shape)} are a view of part "
                          f"of a larger tensor {tuple(base.shape)}, whose other elements must not be "
-                         "overwritten; pass a tensor of their own (e.g. .contiguous()) or inplace_backward=False")
+                         "overwritten; pass a tensor of their own (e.g. .clone()) or inplace_backward=False")
+    owner = logits if base is None else base
+    if owner.is_leaf:
+        raise ValueError("token_logprobs(inplace_backward=True) cannot overwrite logits that are a leaf tensor "
+                         "requiring grad (its .grad would be lost); pass the output of the layer that computed "
+                         "them, or use inplace_backward=False")
+    return owner
 
 
 class _TokenLogprobsInplace(torch.autograd.Function):
-    """As :class:`_TokenLogprobs`, but the forward turns ``logits`` into ``(onehot - p) * inv_temperature``
-    (marked dirty, returned as a third output so autograd versions it) and the backward scales it."""
+    """As :class:`_TokenLogprobs`, but the forward turns the logits into ``(onehot - p) * inv_temperature``
+    and the backward scales that by ``grad_logp`` per row. ``owner`` is the tensor owning the logits' storage
+    (the logits, or the base of a view spanning it: autograd cannot mark a view dirty in a function with
+    several outputs); it is marked dirty and returned as a third output, so that autograd versions it."""
 
     @staticmethod
-    def forward(ctx, logits, targets, vocab_start, inv_temperature, tp_group, with_entropy):
+    def forward(ctx, owner, targets, vocab_start, inv_temperature, tp_group, with_entropy, shape):
         ctx.set_materialize_grads(False)
+        logits = owner.view(shape)  # (T, V)
         logp, lse, entropy = _full_vocab_stats(logits, targets, vocab_start, inv_temperature, tp_group,
                                                with_entropy)
         _backend.op("token_logprob_grad_inplace_")(logits, targets, lse, vocab_start, inv_temperature)
-        ctx.mark_dirty(logits)
-        ctx.save_for_backward(logits)
-        ctx.consumed = False
-        return logp, (entropy if with_entropy else None), logits
+        ctx.mark_dirty(owner)
+        ctx.save_for_backward(owner)
+        ctx.shape, ctx.consumed = shape, False
+        return logp, (entropy if with_entropy else None), owner
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy, grad_logits):
@@ -189,10 +195,13 @@ class _TokenLogprobsInplace(torch.autograd.Function):
             raise RuntimeError("token_logprobs(inplace_backward=True): the backward already ran once and "
                                "scaled the gradient buffer in place; it cannot run again (retain_graph)")
         ctx.consumed = True
-        (buf,) = ctx.saved_tensors  # (T, V) = (onehot - p) * inv_temperature, in the logits' dtype
+        (owner,) = ctx.saved_tensors
+        buf = owner.view(ctx.shape)  # (T, V) = (onehot - p) * inv_temperature, in the logits' dtype
         if grad_logp is None:
-            return buf.zero_(), None, None, None, None, None
-        return buf.mul_(grad_logp.float()[:, None]), None, None, None, None, None
+            buf.zero_()
+        else:
+            buf.mul_(grad_logp.float()[:, None])
+        return owner, None, None, None, None, None, None
 
 
 def _check_owned(owners: torch.Tensor, targets: torch.Tensor) -> None:
