@@ -13,7 +13,10 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <sys/mman.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -122,6 +125,23 @@ void dispatch_logits_dtype(at::ScalarType dt, F&& f) {
 
 int64_t grain_for(int64_t V) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(V, 1)); }
 
+// A fresh [T, V] buffer for d logits. Large ones are 2 MB aligned and madvise'd into transparent huge pages
+// (where the kernel allows it): first-touching a [T, V] buffer in 4 KB pages costs one page fault per 4 KB,
+// which on virtual machines costs several times a streaming read of the logits (measured by
+// tools/bench_logprobs.py as "fresh [T,V] alloc + one write"). Small buffers use torch's allocator.
+at::Tensor empty_grad_buffer(int64_t T, int64_t V, const at::TensorOptions& options) {
+  const size_t bytes = static_cast<size_t>(T) * static_cast<size_t>(V) * options.dtype().itemsize();
+  constexpr size_t kHuge = size_t{2} << 20;
+  if (bytes < 2 * kHuge) return at::empty({T, V}, options);
+  const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+  void* p = nullptr;
+  if (posix_memalign(&p, kHuge, rounded) != 0 || p == nullptr) return at::empty({T, V}, options);
+#ifdef MADV_HUGEPAGE
+  (void)madvise(p, rounded, MADV_HUGEPAGE);  // advice only: without THP the buffer is ordinary memory
+#endif
+  return at::from_blob(p, {T, V}, [](void* q) { std::free(q); }, options);
+}
+
 }  // namespace
 
 std::string cpu_isa() { return isa_name(g_isa); }
@@ -204,7 +224,7 @@ at::Tensor token_logprob_backward_cpu(const at::Tensor& logits, const at::Tensor
                                       double inv_temperature) {
   check_backward_args(logits, targets, lse, grad_logp, entropy, grad_entropy);
   const int64_t T = logits.size(0), V = logits.size(1), ld = logits.stride(0);
-  auto grad = at::empty({T, V}, logits.options());
+  auto grad = empty_grad_buffer(T, V, logits.options());
   auto tgt = targets.contiguous();
   auto lse_c = lse.contiguous(), g_c = grad_logp.contiguous();
   const bool ent = entropy.has_value();

@@ -124,8 +124,8 @@ def row_bound_use(got, eager, truth, floor):
     to twice eager torch's error on that same row plus that row's rounding floor."""
     if got.numel() == 0:
         return 0.0
-    err = (got.double() - truth).abs()
-    bound = 2 * (eager.double() - truth).abs() + floor
+    err = (got.detach().double() - truth).abs()
+    bound = 2 * (eager.detach().double() - truth).abs() + floor
     return float((err / bound).max())
 
 
