@@ -409,6 +409,34 @@ def test_opcheck_token_logprob_backward(compiled, i, with_entropy):
     torch.library.opcheck(torch.ops.gspo_mcore.token_logprob_backward.default, args)
 
 
+@pytest.mark.parametrize("i", [0, 1])
+def test_opcheck_token_logprob_grad_inplace(compiled, i):
+    """The in-place op is registered consistently (its schema declares the mutation of logits)."""
+    logits, targets, vs, it, _ = _stats_samples()[i]
+    stats = reference.token_logprob_stats(logits, targets, vs, it, False)
+    _, lse, _, _ = combine_stats(stats[None])
+    torch.library.opcheck(torch.ops.gspo_mcore.token_logprob_grad_inplace_.default,
+                          (logits.clone(), targets, lse, vs, it))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+def test_grad_inplace_op_matches_reference(cpu_isa, dtype):
+    """token_logprob_grad_inplace_ on a vocabulary slice writes exactly what its twin writes (up to one
+    rounding step in bf16 / fp16): the backward for grad_logp = 1, into the logits themselves."""
+    vs, it = 1000, 1 / 1.3
+    logits, targets = _slice_case(dtype, vocab_start=vs)
+    stats = reference.token_logprob_stats(logits, targets, vs, it, False)
+    _, lse, _, _ = combine_stats(stats[None])
+    got, want = logits.clone(), logits.clone()
+    torch.ops.gspo_mcore.token_logprob_grad_inplace_(got, targets, lse, vs, it)
+    reference.token_logprob_grad_inplace_(want, targets, lse, vs, it)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    else:
+        assert bool(((got.double() - want.double()).abs() <= ulp(want.double(), dtype) + 1e-7).all())
+    assert not torch.equal(got, logits)
+
+
 # ---------------------------------------------------------------------------------------------------
 # NaN / inf
 # ---------------------------------------------------------------------------------------------------
