@@ -1,153 +1,74 @@
-// CPU kernels for per-token log-probs over a (possibly vocabulary-parallel) logits slice.
+// CPU op implementations of the per-token log-prob kernels over a (possibly vocabulary-parallel) logits slice.
 //
-// Forward: two passes over each row (max; then sum of exp), the second from cache. It writes five
-// float32 statistics per token and never materialises a [T, V] float32 tensor.
-// Backward: one pass per row writes d logits directly in the logits' dtype.
+// Forward (token_logprob_stats): one streaming pass per row in L1-sized chunks with an online log-sum-exp;
+// five float32 statistics per token, never a [T, V] float32 tensor.
+// Backward (token_logprob_backward): one pass per row writes d logits in the logits' dtype.
+// In-place (token_logprob_grad_inplace_): overwrites the logits with it * (onehot - p), the gradient for
+// grad_logp = 1, which the autograd backward then scales row by row.
 //
-// The row loops are written once (templates) and compiled for AVX-512, AVX2 and baseline x86-64 via
-// target attributes; the best supported variant is chosen once at load time (overridable for tests).
+// The row loops are explicit vector code (logprobs_isa_impl.h), compiled for AVX-512, AVX2 and baseline
+// x86-64 in their own translation units (logprobs_isa_*.cpp); the best supported set is chosen once at load
+// time (overridable for tests and benchmarks). Rows are split over torch's threads with at::parallel_for.
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <sys/mman.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 
 #include "checks.h"
+#include "logprobs_isa.h"
 #include "ops.h"
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#define GSPO_HAVE_X86_ISAS 1  // the AVX-512 and AVX2 kernels are built (logprobs_isa_avx*.cpp)
+#endif
+
 namespace gspo {
+
+double cpu::exp_double(double x) { return std::exp(x); }
+
 namespace {
 
 #define GSPO_INLINE inline __attribute__((always_inline))
 
-// ---- scalar conversions that the auto-vectoriser understands ----
 GSPO_INLINE float to_float(float x) { return x; }
-GSPO_INLINE float to_float(c10::BFloat16 x) {
-  uint32_t u = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+GSPO_INLINE float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
 GSPO_INLINE float to_float(c10::Half x) { return static_cast<float>(x); }
 
-GSPO_INLINE void from_float(float v, float* out) { *out = v; }
-GSPO_INLINE void from_float(float v, c10::BFloat16* out) {
-  uint32_t u;
-  std::memcpy(&u, &v, sizeof u);
-  // round to nearest even; NaN stays a quiet NaN
-  uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  out->x = static_cast<uint16_t>(v != v ? 0x7FC0u : r);
-}
-GSPO_INLINE void from_float(float v, c10::Half* out) { *out = c10::Half(v); }
-
-// exp(x) for x <= ~0 (the kernels only call it on z - max or z - lse), accurate to ~1 ulp
-// (Cody-Waite range reduction + Cephes' degree-6 polynomial). Branch free so that it vectorises.
-// NaN propagates; x < -87.3 gives 0.
-GSPO_INLINE float fast_exp(float x) {
-  float xc = x > 88.0f ? 88.0f : x;
-  xc = xc < -87.3f ? -87.3f : xc;
-  const float t = xc * 1.44269504088896341f;
-  const float n = (t + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23 trick)
-  float r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return x < -87.3f ? 0.0f : y * scale;
-}
-
-constexpr int64_t kChunk = 2048;  // float lane accumulators are flushed into double every chunk
-
-template <typename T, bool kEntropy>
-GSPO_INLINE void row_stats(const T* __restrict__ x, int64_t V, float it, float* out) {
-  float m = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : m)
-  for (int64_t v = 0; v < V; ++v) {
-    const float z = to_float(x[v]) * it;
-    m = z > m ? z : m;
-  }
-  double s = 0.0, w = 0.0;
-  for (int64_t c0 = 0; c0 < V; c0 += kChunk) {
-    const int64_t c1 = c0 + kChunk < V ? c0 + kChunk : V;
-    float sc = 0.0f, wc = 0.0f;
-    if constexpr (kEntropy) {
-#pragma omp simd reduction(+ : sc, wc)
-      for (int64_t v = c0; v < c1; ++v) {
-        const float d = to_float(x[v]) * it - m;
-        const float e = fast_exp(d);
-        sc += e;
-        wc += e * d;
-      }
-    } else {
-#pragma omp simd reduction(+ : sc)
-      for (int64_t v = c0; v < c1; ++v) sc += fast_exp(to_float(x[v]) * it - m);
-    }
-    s += sc;
-    w += wc;
-  }
-  out[kMax] = m;
-  out[kSumExp] = static_cast<float>(s);
-  out[kXSum] = static_cast<float>(w);
-}
-
-// d logits for one row: it * (g * (onehot - p) - gh * p * (log p + H)), p = exp(z - lse).
-template <typename T, bool kEntropy>
-GSPO_INLINE void row_backward(const T* __restrict__ x, T* __restrict__ dx, int64_t V, float it, float lse,
-                              float g, float h, float gh) {
-#pragma omp simd
-  for (int64_t v = 0; v < V; ++v) {
-    const float lp = to_float(x[v]) * it - lse;
-    const float p = fast_exp(lp);
-    float d = -p * g;
-    if constexpr (kEntropy) d -= gh * p * (lp + h);
-    from_float(d * it, dx + v);
-  }
-}
+// The storage type the ISA kernels take for each logits dtype (same bits).
+template <typename T>
+struct KernelType;
+template <>
+struct KernelType<float> {
+  using type = float;
+  static const cpu::RowKernelsFor<float>& of(const cpu::RowKernels& k) { return k.f32; }
+};
+template <>
+struct KernelType<c10::BFloat16> {
+  using type = cpu::Bf16;
+  static const cpu::RowKernelsFor<cpu::Bf16>& of(const cpu::RowKernels& k) { return k.bf16; }
+};
+template <>
+struct KernelType<c10::Half> {
+  using type = cpu::F16;
+  static const cpu::RowKernelsFor<cpu::F16>& of(const cpu::RowKernels& k) { return k.f16; }
+};
+static_assert(sizeof(c10::BFloat16) == sizeof(cpu::Bf16) && sizeof(c10::Half) == sizeof(cpu::F16));
 
 template <typename T>
-struct RowFns {
-  void (*stats)(const T*, int64_t, float, float*);
-  void (*stats_entropy)(const T*, int64_t, float, float*);
-  void (*backward)(const T*, T*, int64_t, float, float, float, float, float);
-  void (*backward_entropy)(const T*, T*, int64_t, float, float, float, float, float);
-};
-
-#define GSPO_DEFINE_ISA(NAME, TARGET)                                                                    \
-  template <typename T>                                                                                 \
-  TARGET void NAME##_stats(const T* x, int64_t V, float it, float* o) { row_stats<T, false>(x, V, it, o); } \
-  template <typename T>                                                                                 \
-  TARGET void NAME##_stats_ent(const T* x, int64_t V, float it, float* o) {                             \
-    row_stats<T, true>(x, V, it, o);                                                                    \
-  }                                                                                                     \
-  template <typename T>                                                                                 \
-  TARGET void NAME##_bwd(const T* x, T* dx, int64_t V, float it, float l, float g, float h, float gh) {  \
-    row_backward<T, false>(x, dx, V, it, l, g, h, gh);                                                  \
-  }                                                                                                     \
-  template <typename T>                                                                                 \
-  TARGET void NAME##_bwd_ent(const T* x, T* dx, int64_t V, float it, float l, float g, float h, float gh) { \
-    row_backward<T, true>(x, dx, V, it, l, g, h, gh);                                                   \
-  }                                                                                                     \
-  template <typename T>                                                                                 \
-  RowFns<T> NAME##_fns() {                                                                              \
-    return {&NAME##_stats<T>, &NAME##_stats_ent<T>, &NAME##_bwd<T>, &NAME##_bwd_ent<T>};                \
-  }
-
-#if defined(__x86_64__) && defined(__GNUC__)
-GSPO_DEFINE_ISA(isa_avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,prefer-vector-width=512"))))
-GSPO_DEFINE_ISA(isa_avx2, __attribute__((target("avx2,fma,f16c"))))
-#define GSPO_HAVE_X86_ISAS 1
-#endif
-GSPO_DEFINE_ISA(isa_default, )
+const typename KernelType<T>::type* kptr(const T* p) {
+  return reinterpret_cast<const typename KernelType<T>::type*>(p);
+}
+template <typename T>
+typename KernelType<T>::type* kptr(T* p) {
+  return reinterpret_cast<typename KernelType<T>::type*>(p);
+}
 
 enum class Isa { kDefault, kAvx2, kAvx512 };
 
@@ -180,13 +101,12 @@ Isa best_isa() {
 
 Isa g_isa = best_isa();
 
-template <typename T>
-RowFns<T> row_fns() {
+const cpu::RowKernels& row_kernels() {
 #ifdef GSPO_HAVE_X86_ISAS
-  if (g_isa == Isa::kAvx512) return isa_avx512_fns<T>();
-  if (g_isa == Isa::kAvx2) return isa_avx2_fns<T>();
+  if (g_isa == Isa::kAvx512) return cpu::kRowKernelsAvx512;
+  if (g_isa == Isa::kAvx2) return cpu::kRowKernelsAvx2;
 #endif
-  return isa_default_fns<T>();
+  return cpu::kRowKernelsDefault;
 }
 
 template <typename F>
@@ -204,6 +124,23 @@ void dispatch_logits_dtype(at::ScalarType dt, F&& f) {
 }
 
 int64_t grain_for(int64_t V) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(V, 1)); }
+
+// A fresh [T, V] buffer for d logits. Large ones are 2 MB aligned and madvise'd into transparent huge pages
+// (where the kernel allows it): first-touching a [T, V] buffer in 4 KB pages costs one page fault per 4 KB,
+// which on virtual machines costs several times a streaming read of the logits (measured by
+// tools/bench_logprobs.py as "fresh [T,V] alloc + one write"). Small buffers use torch's allocator.
+at::Tensor empty_grad_buffer(int64_t T, int64_t V, const at::TensorOptions& options) {
+  const size_t bytes = static_cast<size_t>(T) * static_cast<size_t>(V) * options.dtype().itemsize();
+  constexpr size_t kHuge = size_t{2} << 20;
+  if (bytes < 2 * kHuge) return at::empty({T, V}, options);
+  const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+  void* p = nullptr;
+  if (posix_memalign(&p, kHuge, rounded) != 0 || p == nullptr) return at::empty({T, V}, options);
+#ifdef MADV_HUGEPAGE
+  (void)madvise(p, rounded, MADV_HUGEPAGE);  // advice only: without THP the buffer is ordinary memory
+#endif
+  return at::from_blob(p, {T, V}, [](void* q) { std::free(q); }, options);
+}
 
 }  // namespace
 
@@ -244,13 +181,13 @@ at::Tensor token_logprob_stats_cpu(const at::Tensor& logits, const at::Tensor& t
   dispatch_logits_dtype(logits.scalar_type(), [&](auto tag) {
     using T_ = decltype(tag);
     const T_* xp = logits.data_ptr<T_>();
-    const RowFns<T_> fns = row_fns<T_>();
-    auto stats = with_entropy ? fns.stats_entropy : fns.stats;
+    const auto& k = KernelType<T_>::of(row_kernels());
+    auto stats = with_entropy ? k.stats_entropy : k.stats;
     at::parallel_for(0, T, grain_for(V), [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
         const T_* row = xp + t * ld;
         float* o = op + t * kNumStats;
-        stats(row, V, it, o);
+        stats(kptr(row), V, it, o);  // o[kMax], o[kSumExp], o[kXSum]
         const int64_t local = tp[t] - vocab_start;
         const bool owned = local >= 0 && local < V;
         o[kTarget] = owned ? to_float(row[local]) * it : 0.0f;
@@ -261,13 +198,33 @@ at::Tensor token_logprob_stats_cpu(const at::Tensor& logits, const at::Tensor& t
   return out;
 }
 
+namespace {
+
+// d logits of (g * logp + gh * H) into drow (which may be row itself), one-hot term included.
+template <typename T_>
+GSPO_INLINE void grad_row(const cpu::RowKernelsFor<typename KernelType<T_>::type>& k, bool ent, const T_* row,
+                          T_* drow, int64_t V, int64_t local, float it, float lse, float g, float h, float gh) {
+  const bool owned = local >= 0 && local < V;
+  const float xt = owned ? to_float(row[local]) : 0.0f;  // read before the row is overwritten
+  (ent ? k.grad_entropy : k.grad)(kptr(row), kptr(drow), V, it, lse, g, h, gh);
+  if (owned) {  // the one-hot term, in float, over the value the vector loop wrote
+    const float lpv = xt * it - lse;
+    const float p = std::exp(lpv);
+    float d = g * (1.0f - p);
+    if (ent) d -= gh * p * (lpv + h);
+    drow[local] = static_cast<T_>(d * it);
+  }
+}
+
+}  // namespace
+
 at::Tensor token_logprob_backward_cpu(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse,
                                       const at::Tensor& grad_logp, const std::optional<at::Tensor>& entropy,
                                       const std::optional<at::Tensor>& grad_entropy, int64_t vocab_start,
                                       double inv_temperature) {
   check_backward_args(logits, targets, lse, grad_logp, entropy, grad_entropy);
   const int64_t T = logits.size(0), V = logits.size(1), ld = logits.stride(0);
-  auto grad = at::empty({T, V}, logits.options());
+  auto grad = empty_grad_buffer(T, V, logits.options());
   auto tgt = targets.contiguous();
   auto lse_c = lse.contiguous(), g_c = grad_logp.contiguous();
   const bool ent = entropy.has_value();
@@ -282,27 +239,34 @@ at::Tensor token_logprob_backward_cpu(const at::Tensor& logits, const at::Tensor
     using T_ = decltype(tag);
     const T_* xp = logits.data_ptr<T_>();
     T_* dp = grad.data_ptr<T_>();
-    const RowFns<T_> fns = row_fns<T_>();
-    auto bwd = ent ? fns.backward_entropy : fns.backward;
+    const auto& k = KernelType<T_>::of(row_kernels());
     at::parallel_for(0, T, grain_for(V), [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) {
-        const T_* row = xp + t * ld;
-        T_* drow = dp + t * V;
-        const float g = gp[t];
-        bwd(row, drow, V, it, lp[t], g, ent ? hp[t] : 0.0f, ent ? ghp[t] : 0.0f);
-        const int64_t local = tp[t] - vocab_start;
-        if (local >= 0 && local < V) {
-          // add the one-hot term to the already written value, in float
-          const float lpv = to_float(row[local]) * it - lp[t];
-          const float p = std::exp(lpv);
-          float d = g * (1.0f - p);
-          if (ent) d -= ghp[t] * p * (lpv + hp[t]);
-          from_float(d * it, drow + local);
-        }
-      }
+      for (int64_t t = b; t < e; ++t)
+        grad_row<T_>(k, ent, xp + t * ld, dp + t * V, V, tp[t] - vocab_start, it, lp[t], gp[t],
+                     ent ? hp[t] : 0.0f, ent ? ghp[t] : 0.0f);
     });
   });
   return grad;
+}
+
+void token_logprob_grad_inplace_cpu(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse,
+                                    int64_t vocab_start, double inv_temperature) {
+  check_inplace_args(logits, targets, lse);
+  const int64_t T = logits.size(0), V = logits.size(1), ld = logits.stride(0);
+  auto tgt = targets.contiguous();
+  auto lse_c = lse.contiguous();
+  const int64_t* tp = tgt.data_ptr<int64_t>();
+  const float* lp = lse_c.data_ptr<float>();
+  const float it = static_cast<float>(inv_temperature);
+  dispatch_logits_dtype(logits.scalar_type(), [&](auto tag) {
+    using T_ = decltype(tag);
+    T_* xp = logits.data_ptr<T_>();
+    const auto& k = KernelType<T_>::of(row_kernels());
+    at::parallel_for(0, T, grain_for(V), [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t)
+        grad_row<T_>(k, false, xp + t * ld, xp + t * ld, V, tp[t] - vocab_start, it, lp[t], 1.0f, 0.0f, 0.0f);
+    });
+  });
 }
 
 }  // namespace gspo

@@ -45,6 +45,15 @@ void check_backward_args(const at::Tensor& logits, const at::Tensor& targets, co
   }
 }
 
+void check_inplace_args(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse) {
+  check_stats_args(logits, targets);
+  GSPO_CHECK_CONTIG(logits, "logits (overwritten in place)");
+  const int64_t T = logits.size(0);
+  GSPO_CHECK(lse.dim() == 1 && lse.size(0) == T, "lse must have shape [", T, "], got ", lse.sizes());
+  GSPO_CHECK_DTYPE(lse, at::kFloat, "lse");
+  GSPO_CHECK_SAME_DEVICE(lse, logits, "lse", "logits");
+}
+
 void check_segment_args(const at::Tensor& values, const at::Tensor& mask, const at::Tensor& cu_seqlens) {
   GSPO_CHECK_DIM(values, 1, "values");
   GSPO_CHECK_DIM(mask, 1, "mask");
@@ -81,6 +90,10 @@ TORCH_LIBRARY(gspo_mcore, m) {
   // d logits of (sum_t grad_logp[t] * logp[t] + grad_entropy[t] * entropy[t]) given the global lse.
   m.def("token_logprob_backward(Tensor logits, Tensor targets, Tensor lse, Tensor grad_logp, "
         "Tensor? entropy, Tensor? grad_entropy, int vocab_start, float inv_temperature) -> Tensor");
+  // Overwrites logits with d logp / d logits for grad_logp = 1: inv_temperature * (onehot(target) - p), p the
+  // full-vocabulary softmax given the global lse (the in-place backward scales it by grad_logp per row).
+  m.def("token_logprob_grad_inplace_(Tensor(a!) logits, Tensor targets, Tensor lse, int vocab_start, "
+        "float inv_temperature) -> ()");
   // out[b] = sum_{t in segment b, mask[t] != 0} mask[t] * values[t]   (float32 [B]; masked values never count)
   m.def("segment_sum(Tensor values, Tensor mask, Tensor cu_seqlens) -> Tensor");
   // out[t] = mask[t] != 0 ? mask[t] * grad[segment(t)] : 0  (float32 [T]); the backward of segment_sum
@@ -94,6 +107,7 @@ TORCH_LIBRARY(gspo_mcore, m) {
 TORCH_LIBRARY_IMPL(gspo_mcore, CPU, m) {
   m.impl("token_logprob_stats", &gspo::token_logprob_stats_cpu);
   m.impl("token_logprob_backward", &gspo::token_logprob_backward_cpu);
+  m.impl("token_logprob_grad_inplace_", &gspo::token_logprob_grad_inplace_cpu);
   m.impl("segment_sum", &gspo::segment_sum_cpu);
   m.impl("segment_expand", &gspo::segment_expand_cpu);
   m.impl("gspo_sequence_terms", &gspo::gspo_sequence_terms_cpu);

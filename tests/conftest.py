@@ -102,7 +102,7 @@ def pytest_configure(config):
 def error_report(request):
     """``report(key, kernel_err, eager_err, floor=0, use=None)``: keeps, per key, the worst kernel error,
     the worst eager error and the worst use of the bound (``kernel / (2 * eager + floor)`` unless the test
-    passes its own ``use``; a test fails above 1) seen by any test."""
+    passes its own ``use``) seen by any test. A use above 1 fails the calling test here (AssertionError)."""
     store = request.config._gspo_errors
 
     def report(key, kernel_err, eager_err, floor=0.0, use=None):
@@ -110,6 +110,8 @@ def error_report(request):
         bound = 2 * eager_err + floor
         this_use = use if use is not None else (kernel_err / bound if bound > 0 else 0.0)
         store[key] = (max(k, float(kernel_err)), max(e, float(eager_err)), max(worst, float(this_use)))
+        assert this_use <= 1.0, (f"{key}: error {float(kernel_err):.3e} uses {float(this_use):.2f} of its bound "
+                                 f"(eager {float(eager_err):.3e}, floor {float(floor):.3e})")
 
     return report
 

@@ -20,7 +20,8 @@ void launch_token_logprob_stats(const void* logits, LogitsDtype dtype, int64_t T
                                 const int64_t* targets, int64_t vocab_start, float inv_temperature,
                                 bool with_entropy, float* out, cudaStream_t stream);
 
-// grad_out: [T, V] contiguous, in the logits' dtype. lse, grad_logp: float32 [T] contiguous.
+// grad_out: [T, V] contiguous, in the logits' dtype; it may be the logits themselves when they are contiguous
+// (ld == V): every element is read before it is written, by the same thread. lse, grad_logp: float32 [T] contiguous.
 // entropy and grad_entropy: float32 [T] contiguous, both null or both non-null.
 void launch_token_logprob_backward(const void* logits, LogitsDtype dtype, int64_t T, int64_t V, int64_t ld,
                                    const int64_t* targets, const float* lse, const float* grad_logp,

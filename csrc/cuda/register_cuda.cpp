@@ -76,6 +76,26 @@ at::Tensor token_logprob_backward_cuda(const at::Tensor& logits, const at::Tenso
   return grad;
 }
 
+// The backward kernel is elementwise (each thread reads x[i] before it writes d[i], target column included),
+// so with grad_out == logits (contiguous: ld == V) and grad_logp = 1 it overwrites the logits in place.
+void token_logprob_grad_inplace_cuda(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse,
+                                     int64_t vocab_start, double inv_temperature) {
+  check_inplace_args(logits, targets, lse);
+  check_cuda(logits, "logits");
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const int64_t T = logits.size(0), V = logits.size(1);
+  if (T == 0) return;
+  auto tgt = targets.contiguous();
+  auto lse_c = lse.contiguous();
+  auto ones = at::ones({T}, lse.options());
+  cuda::launch_token_logprob_backward(logits.const_data_ptr(), logits_dtype(logits), T, V, V,
+                                      tgt.const_data_ptr<int64_t>(), lse_c.const_data_ptr<float>(),
+                                      ones.const_data_ptr<float>(), nullptr, nullptr, vocab_start,
+                                      static_cast<float>(inv_temperature), logits.mutable_data_ptr(),
+                                      current_stream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 at::Tensor segment_sum_cuda(const at::Tensor& values, const at::Tensor& mask, const at::Tensor& cu_seqlens) {
   check_segment_args(values, mask, cu_seqlens);
   check_cuda(values, "values");
@@ -135,6 +155,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gspo_sequence_terms_c
 TORCH_LIBRARY_IMPL(gspo_mcore, CUDA, m) {
   m.impl("token_logprob_stats", &gspo::token_logprob_stats_cuda);
   m.impl("token_logprob_backward", &gspo::token_logprob_backward_cuda);
+  m.impl("token_logprob_grad_inplace_", &gspo::token_logprob_grad_inplace_cuda);
   m.impl("segment_sum", &gspo::segment_sum_cuda);
   m.impl("segment_expand", &gspo::segment_expand_cuda);
   m.impl("gspo_sequence_terms", &gspo::gspo_sequence_terms_cuda);

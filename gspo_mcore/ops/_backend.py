@@ -61,6 +61,10 @@ if HAVE_EXTENSION:
     def _(logits, targets, lse, grad_logp, entropy, grad_entropy, vocab_start, inv_temperature):
         return torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
 
+    @torch.library.register_fake(lib + "token_logprob_grad_inplace_")
+    def _(logits, targets, lse, vocab_start, inv_temperature):
+        return None
+
     @torch.library.register_fake(lib + "segment_sum")
     def _(values, mask, cu_seqlens):
         return values.new_empty((cu_seqlens.shape[0] - 1,))

@@ -4,6 +4,11 @@
 token of this rank's vocabulary slice, ONE all-reduce of those packed statistics finishes the
 full-vocabulary log-sum-exp across the tensor-parallel group, and the backward writes ``d logits`` in one
 pass per row, in the logits' dtype, with no communication.
+
+With ``inplace_backward=True`` the forward instead overwrites the logits with ``d logp / d logits`` for a unit
+upstream gradient, ``(onehot - p) / temperature``, and the backward only scales each row by its upstream
+gradient, in place: no ``[T, V]`` gradient buffer is allocated (the scheme of Megatron-Core's fused
+cross-entropy and Liger-Kernel).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, vocab_start: int = 0, tp_group=None,
-                   return_entropy: bool = False, temperature: float = 1.0):
+                   return_entropy: bool = False, temperature: float = 1.0, inplace_backward: bool = False):
     """Log-probability of ``targets`` under ``softmax(logits / temperature)`` over the full vocabulary.
 
     Args:
@@ -31,6 +36,15 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, vocab_start: 
         tp_group: the torch.distributed group the vocabulary is split over (``None``: not split).
         return_entropy: also return the per-token entropy of the full distribution.
         temperature: the sampling temperature; the policy is ``softmax(logits / temperature)``.
+        inplace_backward: overwrite ``logits`` during the forward with the gradient for a unit upstream
+            gradient and scale it in place in the backward (no new ``[T, V]`` buffer). Only when autograd
+            records (grad mode on and ``logits.requires_grad``); otherwise the logits are left alone. The
+            contract: ``logits`` must be a contiguous non-leaf tensor (e.g. the LM head's output), or a
+            view spanning the whole of such a tensor; after the call its values are gone, so nothing else may
+            read it. Another autograd node that saved it raises torch's "modified by an inplace operation"
+            error at backward, and so does any later differentiable use of it. The entropy is returned
+            for logging only: a loss on it raises at backward (use ``inplace_backward=False``). The
+            backward may run once (no ``retain_graph`` re-runs).
 
     Returns:
         ``logp`` ``[T]`` float32, or ``(logp, entropy)``. Differentiable with respect to ``logits``.
@@ -51,6 +65,11 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, vocab_start: 
     if tp_group is None and vocab_start != 0:
         raise ValueError(f"vocab_start={vocab_start} needs tp_group: without a tensor-parallel group the "
                          "logits hold the whole vocabulary and vocab_start must be 0")
+    if inplace_backward and torch.is_grad_enabled() and logits.requires_grad:
+        owner = _check_inplace_logits(logits)
+        logp, entropy, _ = _TokenLogprobsInplace.apply(owner, targets, int(vocab_start), 1.0 / float(temperature),
+                                                       tp_group, bool(return_entropy), tuple(logits.shape))
+        return (logp, entropy) if return_entropy else logp
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     logp, entropy = _TokenLogprobs.apply(logits, targets, int(vocab_start), 1.0 / float(temperature),
@@ -79,23 +98,31 @@ def combine_stats(stats: torch.Tensor):
     return logp, lse, entropy, owners
 
 
+def _full_vocab_stats(logits, targets, vocab_start, inv_temperature, tp_group, with_entropy):
+    """``(logp, lse, entropy)`` [T] float32 over the full vocabulary: this rank's statistics and ONE
+    all-reduce of them across ``tp_group``."""
+    stats = _backend.op("token_logprob_stats")(logits, targets, vocab_start, inv_temperature, with_entropy)
+    if tp_group is not None and dist.get_world_size(tp_group) > 1:
+        # One all-reduce: rank r writes its statistics into slot r of a zeroed buffer.
+        world, rank = dist.get_world_size(tp_group), dist.get_rank(tp_group)
+        packed = stats.new_zeros((world,) + tuple(stats.shape))  # (R, T, 5)
+        packed[rank] = stats
+        dist.all_reduce(packed, group=tp_group)
+    else:
+        packed = stats[None]
+    logp, lse, entropy, owners = combine_stats(packed)
+    _check_owned(owners, targets)
+    return logp, lse, entropy
+
+
 class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, vocab_start, inv_temperature, tp_group, with_entropy):
         # An output the loss does not use gets grad None (not zeros): an entropy returned only for logging
         # then costs nothing in the backward, and cannot turn d logp into 0 * NaN where it is NaN.
         ctx.set_materialize_grads(False)
-        stats = _backend.op("token_logprob_stats")(logits, targets, vocab_start, inv_temperature, with_entropy)
-        if tp_group is not None and dist.get_world_size(tp_group) > 1:
-            # One all-reduce: rank r writes its statistics into slot r of a zeroed buffer.
-            world, rank = dist.get_world_size(tp_group), dist.get_rank(tp_group)
-            packed = stats.new_zeros((world,) + tuple(stats.shape))  # (R, T, 5)
-            packed[rank] = stats
-            dist.all_reduce(packed, group=tp_group)
-        else:
-            packed = stats[None]
-        logp, lse, entropy, owners = combine_stats(packed)
-        _check_owned(owners, targets)
+        logp, lse, entropy = _full_vocab_stats(logits, targets, vocab_start, inv_temperature, tp_group,
+                                               with_entropy)
         ctx.vocab_start, ctx.inv_temperature, ctx.with_entropy = vocab_start, inv_temperature, with_entropy
         if not with_entropy:
             entropy = None
@@ -114,6 +141,67 @@ class _TokenLogprobs(torch.autograd.Function):
             grad_entropy.float().contiguous() if use_entropy else None,
             ctx.vocab_start, ctx.inv_temperature)
         return grad, None, None, None, None, None
+
+
+def _check_inplace_logits(logits: torch.Tensor) -> torch.Tensor:
+    """The tensor that owns the logits' storage, once it is clear that it may be overwritten: contiguous, not
+    a leaf, and the logits span all of it (``logits`` itself, or the base of a view spanning the whole base)."""
+    if not logits.is_contiguous():
+        raise ValueError(f"token_logprobs(inplace_backward=True) overwrites the logits, which must be contiguous "
+                         f"(got shape {tuple(logits.shape)}, strides {logits.stride()}); pass a contiguous "
+                         "tensor or use inplace_backward=False")
+    base = logits._base
+    if base is not None and not (base.is_contiguous() and base.numel() == logits.numel()
+                                 and base.data_ptr() == logits.data_ptr()):
+        raise ValueError(f"token_logprobs(inplace_backward=True): logits {tuple(logits.shape)} are a view of part "
+                         f"of a larger tensor {tuple(base.shape)}, whose other elements must not be "
+                         "overwritten; pass a tensor of their own (e.g. .clone()) or inplace_backward=False")
+    owner = logits if base is None else base
+    if owner.is_leaf:
+        raise ValueError("token_logprobs(inplace_backward=True) cannot overwrite logits that are a leaf tensor "
+                         "requiring grad (its .grad would be lost); pass the output of the layer that computed "
+                         "them, or use inplace_backward=False")
+    return owner
+
+
+class _TokenLogprobsInplace(torch.autograd.Function):
+    """As :class:`_TokenLogprobs`, but the forward turns the logits into ``(onehot - p) * inv_temperature``
+    and the backward scales that by ``grad_logp`` per row. ``owner`` is the tensor owning the logits' storage
+    (the logits, or the base of a view spanning it: autograd cannot mark a view dirty in a function with
+    several outputs); it is marked dirty and returned as a third output, so that autograd versions it."""
+
+    @staticmethod
+    def forward(ctx, owner, targets, vocab_start, inv_temperature, tp_group, with_entropy, shape):
+        ctx.set_materialize_grads(False)
+        logits = owner.view(shape)  # (T, V)
+        logp, lse, entropy = _full_vocab_stats(logits, targets, vocab_start, inv_temperature, tp_group,
+                                               with_entropy)
+        _backend.op("token_logprob_grad_inplace_")(logits, targets, lse, vocab_start, inv_temperature)
+        ctx.mark_dirty(owner)
+        ctx.save_for_backward(owner)
+        ctx.shape, ctx.consumed = shape, False
+        return logp, (entropy if with_entropy else None), owner
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy, grad_logits):
+        if grad_entropy is not None:
+            raise RuntimeError("token_logprobs(inplace_backward=True) cannot differentiate the entropy (the "
+                               "logits were overwritten with the gradient of logp alone); use "
+                               "inplace_backward=False for a loss on the entropy")
+        if grad_logits is not None:
+            raise RuntimeError("logits overwritten by token_logprobs(inplace_backward=True) were used again in "
+                               "a differentiable computation; their values were gone after that call")
+        if ctx.consumed:
+            raise RuntimeError("token_logprobs(inplace_backward=True): the backward already ran once and "
+                               "scaled the gradient buffer in place; it cannot run again (retain_graph)")
+        ctx.consumed = True
+        (owner,) = ctx.saved_tensors
+        buf = owner.view(ctx.shape)  # (T, V) = (onehot - p) * inv_temperature, in the logits' dtype
+        if grad_logp is None:
+            buf.zero_()
+        else:
+            buf.mul_(grad_logp.float()[:, None])
+        return owner, None, None, None, None, None, None
 
 
 def _check_owned(owners: torch.Tensor, targets: torch.Tensor) -> None:

@@ -1,0 +1,155 @@
+// The row kernels of logprobs_isa.h, written once against a small vector type `Vec` that each ISA file
+// defines (inside its own namespace) before including this file. Not a standalone header: no include guard,
+// no includes (see logprobs_isa.h for why).
+//
+// Vec must provide: F (a vector of W floats), W, set1, load(const float*/Bf16*/F16*), store(float*/Bf16*/F16*, F),
+// add, mul, fmadd(a, b, c) = a * b + c, max(a, b) (returns b when either is NaN, like maxps), min(a, b)
+// (likewise), round_int (nearest even, as int32 lanes) and its float, and_not_lt(x, c, y) (y where x < c is
+// false, else 0), exp2i(n) (2^n from int lanes), hsum, hmax.
+
+// exp(x) for x <= 88, vectorised: Cody-Waite reduction x = n ln2 + r (|r| <= ln2 / 2) and Cephes' degree-6
+// polynomial for exp(r), about 1 ulp in float32 (checked against float64 by the tests). x < -87.3 gives
+// exactly 0 (so -inf gives 0); NaN stays NaN.
+static inline __attribute__((always_inline)) F vexp(F x) {
+  F xc = Vec::min(Vec::set1(88.0f), x);  // NaN in x passes through both clamps
+  xc = Vec::max(Vec::set1(-87.3f), xc);
+  const F n = Vec::round(Vec::mul(xc, Vec::set1(1.44269504088896341f)));
+  F r = Vec::fmadd(n, Vec::set1(-0.693359375f), xc);  // n * 0.693359375 is exact: no FMA needed for it
+  r = Vec::fmadd(n, Vec::set1(2.12194440e-4f), r);
+  F p = Vec::set1(1.9875691500e-4f);
+  p = Vec::fmadd(p, r, Vec::set1(1.3981999507e-3f));
+  p = Vec::fmadd(p, r, Vec::set1(8.3334519073e-3f));
+  p = Vec::fmadd(p, r, Vec::set1(4.1665795894e-2f));
+  p = Vec::fmadd(p, r, Vec::set1(1.6666665459e-1f));
+  p = Vec::fmadd(p, r, Vec::set1(5.0000001201e-1f));
+  const F y = Vec::add(Vec::fmadd(p, Vec::mul(r, r), r), Vec::set1(1.0f));
+  return Vec::and_not_lt(x, Vec::set1(-87.3f), Vec::mul(y, Vec::exp2i(n)));
+}
+
+static constexpr int64_t kChunk = 2048;  // elements per chunk: 8 KB of float32, stays in L1 between passes
+
+// Negative infinity in each storage type (tail padding contributes nothing to a max or an exp-sum).
+static inline void set_neg_inf(float* p) { *p = -__builtin_inff(); }
+static inline void set_neg_inf(Bf16* p) { p->bits = 0xFF80u; }
+static inline void set_neg_inf(F16* p) { p->bits = 0xFC00u; }
+
+// Max of x[0..n) (NaN ignored: the exp-sum carries NaN into the result instead).
+template <typename T>
+static inline __attribute__((always_inline)) float chunk_max(const T* x, int64_t n) {
+  F m0 = Vec::set1(-__builtin_inff()), m1 = m0;
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    m0 = Vec::max(Vec::load(x + i), m0);
+    m1 = Vec::max(Vec::load(x + i + W), m1);
+  }
+  for (; i + W <= n; i += W) m0 = Vec::max(Vec::load(x + i), m0);
+  if (i < n) {
+    T pad[W];
+    for (int k = 0; k < W; ++k) set_neg_inf(pad + k);
+    for (int64_t k = 0; k < n - i; ++k) pad[k] = x[i + k];
+    m1 = Vec::max(Vec::load(pad), m1);
+  }
+  return Vec::hmax(Vec::max(m0, m1));
+}
+
+// sum exp(z - m) and (kEnt) sum exp(z - m) (z - m) over x[0..n), z = x * it, in float lanes.
+// (z - m) is clamped at -100 for the second sum: exp is 0 there, and 0 * -inf would be NaN.
+template <typename T, bool kEnt>
+static inline __attribute__((always_inline)) void chunk_sums(const T* x, int64_t n, F it, F neg_m, float* s_out,
+                                                             float* w_out) {
+  F s0 = Vec::set1(0.0f), s1 = s0, w0 = s0, w1 = s0;
+  const F lo = Vec::set1(-100.0f);
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    const F d0 = Vec::fmadd(Vec::load(x + i), it, neg_m), d1 = Vec::fmadd(Vec::load(x + i + W), it, neg_m);
+    const F e0 = vexp(d0), e1 = vexp(d1);
+    s0 = Vec::add(s0, e0);
+    s1 = Vec::add(s1, e1);
+    if (kEnt) {
+      w0 = Vec::fmadd(e0, Vec::max(lo, d0), w0);
+      w1 = Vec::fmadd(e1, Vec::max(lo, d1), w1);
+    }
+  }
+  for (; i < n; i += W) {
+    F v;
+    if (i + W <= n) {
+      v = Vec::load(x + i);
+    } else {
+      T pad[W];
+      for (int k = 0; k < W; ++k) set_neg_inf(pad + k);
+      for (int64_t k = 0; k < n - i; ++k) pad[k] = x[i + k];
+      v = Vec::load(pad);
+    }
+    const F d = Vec::fmadd(v, it, neg_m);
+    const F e = vexp(d);
+    s0 = Vec::add(s0, e);
+    if (kEnt) w0 = Vec::fmadd(e, Vec::max(lo, d), w0);
+  }
+  *s_out = Vec::hsum(Vec::add(s0, s1));
+  *w_out = kEnt ? Vec::hsum(Vec::add(w0, w1)) : 0.0f;
+}
+
+template <typename T, bool kEnt>
+static void row_stats(const T* x, int64_t n, float it, float* out) {
+  const float ninf = -__builtin_inff();
+  float m = ninf;           // running max of z
+  double s = 0.0, w = 0.0;  // sums relative to m (relative to 0 while m == -inf)
+  const F itv = Vec::set1(it);
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int64_t len = n - c0 < kChunk ? n - c0 : kChunk;
+    const T* p = x + c0;
+    // max(x) * it == max(x * it): rounding is monotone and it > 0.
+    const float cm = chunk_max(p, len) * it;
+    if (cm > m) {
+      if (m == ninf) {  // the sums so far were of exp(-inf or NaN): 0 or NaN, kept as such
+        s *= 0.0;
+        w *= 0.0;
+      } else {
+        const double a = exp_double(static_cast<double>(m) - static_cast<double>(cm));
+        w = a * (w + (static_cast<double>(m) - static_cast<double>(cm)) * s);
+        s *= a;
+      }
+      m = cm;
+    }
+    float sc, wc;
+    chunk_sums<T, kEnt>(p, len, itv, Vec::set1(m == ninf ? 0.0f : -m), &sc, &wc);
+    s += sc;
+    w += wc;
+  }
+  out[0] = m;
+  out[1] = static_cast<float>(s);
+  out[2] = static_cast<float>(w);
+}
+
+template <typename T, bool kEnt>
+static inline __attribute__((always_inline)) F grad_vec(F v, F it, F neg_lse, F cg, F cgh, F h) {
+  const F lp = Vec::fmadd(v, it, neg_lse);
+  const F p = vexp(lp);
+  // it * p * (-g - gh (lp + h)) = p * (cg + cgh (lp + h)), cg = -g it, cgh = -gh it
+  return kEnt ? Vec::mul(p, Vec::fmadd(cgh, Vec::add(lp, h), cg)) : Vec::mul(p, cg);
+}
+
+template <typename T, bool kEnt>
+static void row_grad(const T* x, T* dx, int64_t n, float it, float lse, float g, float h, float gh) {
+  const F itv = Vec::set1(it), nl = Vec::set1(-lse), cg = Vec::set1(-g * it), cgh = Vec::set1(-gh * it);
+  const F hv = Vec::set1(h);
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {  // load both before storing: dx may alias x
+    const F a = Vec::load(x + i), b = Vec::load(x + i + W);
+    Vec::store(dx + i, grad_vec<T, kEnt>(a, itv, nl, cg, cgh, hv));
+    Vec::store(dx + i + W, grad_vec<T, kEnt>(b, itv, nl, cg, cgh, hv));
+  }
+  for (; i + W <= n; i += W) Vec::store(dx + i, grad_vec<T, kEnt>(Vec::load(x + i), itv, nl, cg, cgh, hv));
+  if (i < n) {
+    T pad[W];
+    for (int k = 0; k < W; ++k) set_neg_inf(pad + k);
+    for (int64_t k = 0; k < n - i; ++k) pad[k] = x[i + k];
+    Vec::store(pad, grad_vec<T, kEnt>(Vec::load(pad), itv, nl, cg, cgh, hv));
+    for (int64_t k = 0; k < n - i; ++k) dx[i + k] = pad[k];
+  }
+}
+
+template <typename T>
+static constexpr RowKernelsFor<T> kernels_for() {
+  return {&row_stats<T, false>, &row_stats<T, true>, &row_grad<T, false>, &row_grad<T, true>};
+}
