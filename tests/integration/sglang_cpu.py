@@ -14,14 +14,11 @@ import json
 import math
 import os
 import subprocess
-import sys
 import time
 from functools import lru_cache
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-if ROOT not in sys.path:  # examples.tiny (the tokenizer and model shape), also under a bare `pytest`
-    sys.path.insert(0, ROOT)
 VENV = os.environ.get("GSPO_SGLANG_VENV", os.path.join(ROOT, ".venv-sglang"))
 PYTHON = os.path.join(VENV, "bin", "python")
 STANDIN_DIR = os.path.join(HERE, "sgl_kernel_cpu")

@@ -17,7 +17,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-import learner_toy as toy
+from helpers import learner_toy as toy
 
 
 def rms_norm(x, w, eps):

@@ -20,8 +20,8 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-import learner_toy as toy
-from worker_cases import run_cases
+from helpers import learner_toy as toy
+from helpers.worker_cases import run_cases
 
 MAX_TOKENS = 1000  # one micro-batch per rank unless a case asks for less
 # Adam divides by sqrt(v) + eps: with eps = 1e-8 an element whose gradient is ~1e-8 (the rounding level of

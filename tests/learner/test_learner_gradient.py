@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from learner_launch import run_ranks
+from helpers.launch import run_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.distributed
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("grad") / "grad.jsonl"
-    run_ranks("grad_worker.py", 1, ["--out", str(out)], timeout=120)
+    run_ranks("learner/grad_worker.py", 1, ["--out", str(out)], timeout=120)
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 

@@ -24,7 +24,7 @@ import os
 
 import pytest
 
-from learner_launch import run_ranks
+from helpers.launch import run_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -64,7 +64,7 @@ FOUR_RANKS = (
 
 
 def _run(cases, nproc, ref_dir, out, timeout):
-    run_ranks("invariance_worker.py", nproc, ["--cases", json.dumps(cases), "--ref", ref_dir, "--out", out],
+    run_ranks("learner/invariance_worker.py", nproc, ["--cases", json.dumps(cases), "--ref", ref_dir, "--out", out],
               timeout=timeout)
     with open(out) as f:
         return {r["case"]: r for r in map(json.loads, f)}

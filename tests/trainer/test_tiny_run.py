@@ -11,9 +11,8 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tests", "learner"))
-from learner_launch import free_port  # noqa: E402
+from helpers import ROOT
+from helpers.launch import free_port
 
 KEYS = {"step", "reward_mean", "reward_std", "clip_fraction", "clipped_sequence_fraction", "ratio_mean",
         "ratio_min", "ratio_max", "response_length_mean", "logprob_mismatch", "time_rollout_s", "time_train_s",
