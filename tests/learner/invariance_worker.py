@@ -68,11 +68,11 @@ def plan_figures(parts, batch, dp_size, max_tokens, packing):
 
 
 class WrongNormaliser:
-    """Test-only fault (case key ``wrong_n``: ``{"dp_rank": r, "extra": k}``): on DP rank ``r`` the learner
-    counts ``k`` sequences too many, i.e. that rank's loss uses a wrong global ``N``."""
+    """Test-only fault (case key ``wrong_n``: ``{"dp_rank": r, "extra": k}``): on DP rank ``r`` (every rank
+    if ``r`` is None) the learner counts ``k`` sequences too many, i.e. that rank's loss uses a wrong ``N``."""
 
     def __init__(self, spec, layout):
-        self.active = spec is not None and layout.dp_rank == spec["dp_rank"]
+        self.active = spec is not None and spec["dp_rank"] in (None, layout.dp_rank)
         self.extra = spec["extra"] if spec else 0
 
     def __enter__(self):

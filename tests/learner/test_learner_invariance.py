@@ -23,8 +23,8 @@ a prompt-only sample.
 The gradient of the first mini-batch is compared per parameter, before any optimizer step, as global
 tensors (each rank's shards against the matching slices of the 1-rank gradient). The parameters after the
 two Adam steps are a weak check of the normaliser: Adam's first steps are about ``lr * sign(g)`` and the
-clipping rescales the gradient, so a wrong ``N`` on one DP rank moved them by only ~1e-7; the gradient
-check catches it (``test_a_wrong_normaliser_on_one_dp_rank_fails_the_gradient_check``).
+clipping rescales the gradient, so a wrong ``N`` that scales every gradient alike barely moves them; the
+gradient check catches it (``test_a_wrong_normaliser_fails_the_gradient_check``).
 
 Reference: the 1-rank run, saved to a temp folder; the other layouts compare each rank's shards with it.
 The reference itself is checked against the sum of its per-sample gradients (each sample alone, with ``N``
@@ -77,7 +77,9 @@ TWO_RANKS = (
        case("dp2-bd-mb30", packing=BD, max_tokens=30), case("tp2-bd", packing=BD, tp=2),
        case("pp2-bd-mb20", packing=BD, pp=2, max_tokens=20), case("ep2-moe-bd", "moe", packing=BD, ep=2)]
 )
-WRONG_N = [case("dp2-wrong-n", wrong_n={"dp_rank": 0, "extra": 1})]  # a test-only fault: must be caught
+# Test-only faults, each must be caught: N + 1 on DP rank 0 only; 2N on both ranks (every gradient halved)
+WRONG_N = [case("dp2-wrong-n", wrong_n={"dp_rank": 0, "extra": 1}),
+           case("dp2-wrong-n-all", wrong_n={"dp_rank": None, "extra": NUM_SEQUENCES[0]})]
 FOUR_RANKS = (
     [case(f"tp2pp2-{v}", variant=v, tp=2, pp=2) for v in ("gspo", "gspo_token", "grpo")]
     + [case("tp2pp2-mb50", tp=2, pp=2, max_tokens=50), case("pp2dp2-distopt-mb50", pp=2, distopt=True, max_tokens=50),
@@ -164,7 +166,8 @@ def test_reference_runs(reference):
     refs = [r for r in results.values() if r["case"].startswith("ref-")]
     assert len(refs) == len(REFERENCE)
     for r in refs:
-        assert all(math.isfinite(x) for x in r["losses"] + r["grad_norms"]) and min(r["grad_norms"]) > 0, r
+        # (the second mini-batch may be clipped entirely: GSPO's clip range is 3e-4 / 4e-4 after a 1e-3 step)
+        assert all(math.isfinite(x) for x in r["losses"] + r["grad_norms"]) and r["grad_norms"][0] > 0, r
         assert r["num_sequences"] == r["expected_num_sequences"] == NUM_SEQUENCES, r["case"]
         assert r["per_sample_grad_diff"] <= (GRAD_RTOL + GRAD_ATOL) * r["grad_scale"], r["case"]
         assert r["fwd_vs_train_logp"] < LOGP_ATOL
@@ -177,13 +180,15 @@ def test_the_batch_covers_uneven_shares_empty_and_prompt_only_microbatches(two_r
     assert two_ranks["dp2-gspo"]["dp_shares"][0] == [3, 4]
     assert two_ranks["dp2-mb15"]["empty_microbatches"] > 0
     bd = two_ranks["dp2-bd-mb30"]
-    assert bd["no_token_microbatches"] > bd["empty_microbatches"] > 0
+    assert bd["no_token_microbatches"] > bd["empty_microbatches"]
 
 
-def test_a_wrong_normaliser_on_one_dp_rank_fails_the_gradient_check(two_ranks, request):
-    """DP rank 0 counts one sequence too many (its loss uses N + 1, the other rank's N): the per-parameter
-    gradient comparison must fail, even though the updated parameters barely move (Adam, clipping)."""
-    result = two_ranks["dp2-wrong-n"]
+@pytest.mark.parametrize("name", [c["name"] for c in WRONG_N])
+def test_a_wrong_normaliser_fails_the_gradient_check(two_ranks, name, request):
+    """A wrong ``N`` must fail the per-parameter gradient comparison. ``dp2-wrong-n``: DP rank 0 uses N + 1,
+    rank 1 N. ``dp2-wrong-n-all``: both use 2N, so every gradient is halved; clipping and Adam's
+    scale-invariant first steps hide that from the updated parameters (see the summary table)."""
+    result = two_ranks[name]
     _record(result, request)
     with pytest.raises(AssertionError, match="gradient differs"):
         _check_grads(result)
