@@ -2,12 +2,16 @@
 
 Tolerances. Steps 0-2 (``TIGHT_STEPS``): step 0 samples from the initial weights with fixed seeds, so its
 rewards are exact and its loss differs only by fp32 summation order; after 1-2 updates the weights differ by
-rounding (~1e-7 relative) and a sampled token flips only if a uniform draw lands within that distance of a
-CDF boundary. Hence ``reward_mean`` must match to 1e-6 (an exact fraction of 256 samples) and ``loss`` to
-``LOSS_ATOL``. After step 2 the trajectories may drift apart once one token flips (rewards move by 1/256 per
-flipped sample, and the drift compounds), so the bound is the band ``REWARD_ATOL`` / ``LOSS_LOOSE_ATOL``,
-about 2x the largest difference measured between the compiled kernels and their pure-torch twins
-(``GSPO_MCORE_REFERENCE_OPS=1``), a stand-in for another CPU's summation order.
+rounding (~1e-7 relative) and a sampled token flips only if a uniform draw lands that close to a CDF
+boundary. Measured (AMD EPYC, AVX2 kernels): the pure-torch twins of the compiled kernels
+(``GSPO_MCORE_REFERENCE_OPS=1``, another summation order, a stand-in for another CPU) gave the same 20
+rewards exactly and losses within 1.3e-8 (losses here are 4e-3 to 1e-2). Hence ``reward_mean`` to 1e-6 and
+``loss`` to 1e-6 on steps 0-2: any change of what the job computes (sampling, rewards, advantages, loss,
+optimizer, seeds) moves step 1 or 2 by far more. After step 2 a token flipped by another CPU's rounding
+would change the trajectory from then on; one flipped sample moves ``reward_mean`` by at most 1/256. The
+band there, ``REWARD_ATOL`` (about 5 fully flipped samples) and ``LOSS_LOOSE_ATOL`` (a fifth to a half of
+the loss), tolerates a few flips and still catches a change that only acts later (the end of the 4-step
+warm-up, a schedule, a drift).
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ import pytest
 from make_golden import GOLDEN, KEYS, run_trace
 
 TIGHT_STEPS = 3
-LOSS_ATOL = 1e-5
-"""Steps 0-2: |loss - golden| (losses here are of order 1e-2; fp32 summation order moves them by ~1e-7)."""
+LOSS_ATOL = 1e-6
+"""Steps 0-2: |loss - golden| (measured 2.8e-9 with the other kernels)."""
 REWARD_ATOL_TIGHT = 1e-6
-REWARD_ATOL = 0.1
-"""Steps 3-19: |reward_mean - golden|."""
-LOSS_LOOSE_ATOL = 0.05
-"""Steps 3-19: |loss - golden|."""
+"""Steps 0-2: |reward_mean - golden| (measured 0)."""
+REWARD_ATOL = 0.02
+"""Steps 3-19: |reward_mean - golden| (rewards here are 0.05 to 0.1)."""
+LOSS_LOOSE_ATOL = 2e-3
+"""Steps 3-19: |loss - golden| (losses here are 4e-3 to 1e-2)."""
 
 
 @pytest.mark.distributed
