@@ -98,20 +98,20 @@ def _run(cases, nproc, ref_dir, out, timeout):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     ref_dir = str(tmp_path_factory.mktemp("learner_ref"))
-    results = _run(REFERENCE + ONE_RANK, 1, ref_dir, os.path.join(ref_dir, "one_rank.jsonl"), timeout=120)
+    results = _run(REFERENCE + ONE_RANK, 1, ref_dir, os.path.join(ref_dir, "one_rank.jsonl"), timeout=300)
     return ref_dir, results
 
 
 @pytest.fixture(scope="module")
 def two_ranks(reference):
     ref_dir, _ = reference
-    return _run(TWO_RANKS + WRONG_N, 2, ref_dir, os.path.join(ref_dir, "two_ranks.jsonl"), timeout=180)
+    return _run(TWO_RANKS + WRONG_N, 2, ref_dir, os.path.join(ref_dir, "two_ranks.jsonl"), timeout=400)
 
 
 @pytest.fixture(scope="module")
 def four_ranks(reference):
     ref_dir, _ = reference
-    return _run(FOUR_RANKS, 4, ref_dir, os.path.join(ref_dir, "four_ranks.jsonl"), timeout=240)
+    return _run(FOUR_RANKS, 4, ref_dir, os.path.join(ref_dir, "four_ranks.jsonl"), timeout=500)
 
 
 def _grad_bounds(result) -> dict[str, float]:
