@@ -52,7 +52,7 @@ def wait(proc: subprocess.Popen, *, timeout: float) -> tuple[int, str]:
     return rc, _output(proc)
 
 
-def run_tiny(data_dir: str, out_dir: str, *overrides: str, env: dict | None = None, timeout: float = 120,
+def run_tiny(data_dir: str, out_dir: str, *overrides: str, env: dict | None = None, timeout: float = 300,
              check: bool = True) -> str:
     rc, out = wait(start_tiny(data_dir, out_dir, *overrides, env=env), timeout=timeout)
     if check and rc != 0:
