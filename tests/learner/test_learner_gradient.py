@@ -22,7 +22,7 @@ pytestmark = pytest.mark.distributed
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("grad") / "grad.jsonl"
-    run_ranks("learner/grad_worker.py", 1, ["--out", str(out)], timeout=120)
+    run_ranks("learner/grad_worker.py", 1, ["--out", str(out)], timeout=300)
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
