@@ -43,9 +43,12 @@ class SGLangClientConfig:
     """Tries per prompt across servers before the step fails."""
     max_inflight_per_server: int = 256
     """Concurrent ``/generate`` requests per server (SGLang batches them itself)."""
-    pause_mode: Literal["abort", "retract", "in_place"] = "abort"
-    """How ``/pause_generation`` treats running requests (``abort`` returns them with
-    ``finish_reason == "abort"``)."""
+    pause_mode: Literal["abort", "retract"] = "abort"
+    """How ``/pause_generation`` (:meth:`SGLangControl.pause`, and every weight update) treats running
+    requests: ``abort`` returns them with ``finish_reason == "abort"``; ``retract`` puts them back in the
+    queue, to finish after the update. SGLang's third mode, ``in_place``, is refused: it keeps the requests
+    in the running batch, and SGLang 0.5.23 then refuses the ``/flush_cache`` that every weight update sends
+    after pausing (HTTP 400), so the update would fail after ``flush_timeout_s``."""
     flush_timeout_s: float = 300.0
     flush_poll_s: float = 0.5
     initial_weight_version: int = 0
@@ -71,7 +74,14 @@ class SGLangClientConfig:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.max_inflight_per_server < 1:
             raise ValueError(f"max_inflight_per_server must be >= 1, got {self.max_inflight_per_server}")
-        api.pause_body(self.pause_mode)  # validates the mode
+        if self.pause_mode == "in_place":
+            raise ValueError(
+                "pause_mode='in_place' cannot be used: a weight update pauses the servers and then flushes "
+                "their cache, and SGLang refuses /flush_cache (HTTP 400) while requests are held in place, so "
+                "every update would fail; use pause_mode='abort' (the default) or 'retract'"
+            )
+        if self.pause_mode not in ("abort", "retract"):
+            raise ValueError(f"pause_mode must be 'abort' or 'retract', got {self.pause_mode!r}")
 
 
 @dataclasses.dataclass

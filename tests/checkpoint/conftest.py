@@ -7,16 +7,9 @@ metrics exactly. (The non-distributed optimizer's exact continuation is checked 
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root: examples.tiny
-
-from checkpoint_launch import DISTOPT, STEPS, metrics, run_tiny  # noqa: E402
+from helpers.checkpoint_launch import DISTOPT, STEPS, metrics, run_tiny
 
 
 @pytest.fixture(scope="session")

@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "learner"))
-import learner_toy as toy  # noqa: E402
-from worker_cases import run_cases  # noqa: E402
+from helpers import learner_toy as toy
+from helpers.worker_cases import run_cases
 
 MAX_TOKENS = 1000
 OPTIM = dict(lr=1e-3, clip_grad=1.0, weight_decay=0.01, adam_eps=1e-6, lr_warmup_steps=3)  # see invariance_worker

@@ -17,7 +17,7 @@ from gspo_mcore.learner.checkpoint import (CheckpointConfig, CheckpointError, Ch
                                            validate)
 from gspo_mcore.train import parse_config
 
-from checkpoint_launch import TINY_CONFIG
+from helpers.checkpoint_launch import TINY_CONFIG
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import json
 
 import pytest
 
-from checkpoint_launch import run_worker
+from helpers.checkpoint_launch import run_worker
 
 pytestmark = pytest.mark.distributed
 

@@ -29,7 +29,7 @@ import time
 
 import pytest
 
-from checkpoint_launch import DISTOPT, STEPS, kill_tree, metrics, run_tiny, start_tiny
+from helpers.checkpoint_launch import DISTOPT, STEPS, kill_tree, metrics, run_tiny, start_tiny
 
 pytestmark = pytest.mark.distributed
 

@@ -13,6 +13,8 @@ import sys
 import pytest
 import torch
 
+from helpers import worker_env
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
@@ -87,7 +89,7 @@ def free_port() -> int:
 
 def run(cmd: list[str], *, timeout: float, what: str) -> subprocess.CompletedProcess:
     """Run ``cmd`` (from the repository root, 1 thread per rank); fail the test with its output on error."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env = worker_env()
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:

@@ -17,15 +17,13 @@ Rank 0 writes one JSON line per case.
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "learner"))
-from convert_models import digest  # noqa: E402
-from worker_cases import run_cases  # noqa: E402
+from convert_models import digest
+from helpers.worker_cases import run_cases
 
 BUCKET_BYTES = 24 * 1024  # several buckets per model, each mixing tensors of both pipeline stages
 

@@ -9,10 +9,10 @@ What each test checks, and why it is exact or bounded:
   move bytes only), under exactly the checkpoint's names, in buckets identical on both ranks.
 - The converted model's logits equal transformers' within float32 rounding: both compute the same function
   with different kernels and summation orders (fused QKV, vocabulary-parallel output, MoE dispatch),
-  so they differ by rounding only: measured 1.7e-6 to 2.7e-6 (up to ~11 ulps) for logits up to 3.7
-  (1 ulp at 2-4 is 2.4e-7). The bound, 2e-5, leaves a 7x margin for other CPUs' summation orders and is
-  far below what a subtle mapping slip does (an RMSNorm epsilon of 1e-5 instead of 1e-6 moves these
-  logits by 1.5e-3; a q/k/v interleave error by 4).
+  so they differ by rounding only: measured 1.3e-6 to 3.4e-6 (dense TP2; up to ~14 ulps) for logits up to
+  3.7 (1 ulp at 2-4 is 2.4e-7; AMD EPYC, AVX2). The bound, 7e-6, is 2x the worst measured case and far
+  below what a subtle mapping slip does (an RMSNorm epsilon of 1e-5 instead of 1e-6 moves these logits by
+  1.5e-3; a q/k/v interleave error by 4).
 - A distributed checkpoint saved on one layout and loaded on another gathers back to the checkpoint.
 """
 
@@ -29,7 +29,7 @@ from convert_models import HERE, digest, run, torchrun
 
 pytestmark = pytest.mark.distributed
 
-LOGITS_ATOL = 2e-5
+LOGITS_ATOL = 7e-6
 """Bound on max |Megatron - transformers| over all logits (float32; logits here are of order 1-4)."""
 
 # (model, layout, extra): saves go before the loads that use them; dp2 = the unsharded model on each rank.

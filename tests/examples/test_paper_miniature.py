@@ -21,10 +21,9 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-from examples.paper_miniature import report, run  # noqa: E402
-from gspo_mcore.train import parse_config  # noqa: E402
+from examples.paper_miniature import report, run
+from gspo_mcore.train import parse_config
+from helpers import ROOT
 
 ALL_ALGOS = ["gspo", "gspo_token", "grpo", "grpo_rr"]
 

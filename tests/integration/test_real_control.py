@@ -4,13 +4,14 @@ project's SGLang client against real SGLang 0.5.23 servers.
 What the client promises (gspo_mcore/rollout/sglang.py, sglang_control.py, types.py):
 
 - ``pause()`` in ``abort`` mode (the default, and what a weight update does) returns the running requests at
-  once with ``finish_reason == "abort"`` and their partial tokens, each with its log-prob; ``in_place`` and
-  ``retract`` keep them, and they finish normally after ``resume()``;
+  once with ``finish_reason == "abort"`` and their partial tokens, each with its log-prob; ``retract`` keeps
+  them, and they finish normally after ``resume()``;
 - while paused, new requests wait; ``resume()`` lets them run;
 - a weight update during a batch (pause -> flush -> update -> continue): ``abort`` returns the batch
   aborted with the old version; ``retract`` finishes it after the update, reported with the oldest version
-  that produced it; ``in_place`` cannot update (expected failure: SGLang refuses the flush while requests
-  are held in place);
+  that produced it. (SGLang's ``in_place`` mode is refused by ``SGLangClientConfig``: this tier measured that
+  SGLang refuses the update's flush while requests are held in place, so every update failed; see
+  ``tests/rollout/test_sglang_client.py::test_in_place_pause_mode_is_refused_naming_the_key``.)
 - a request that fails in transport (a killed server) is retried on another server and the dead one taken
   out of rotation; with no server left, ``generate`` raises :class:`RolloutError` naming the server URL
   and the request, quickly, not after the request timeout. Either every prompt gets its ``n`` samples or
@@ -27,7 +28,7 @@ import time
 import pytest
 from sglang_cpu import PROMPTS, get_json, launch, server_config
 
-from gspo_mcore.rollout import RolloutError, SamplingParams, WeightUpdateError
+from gspo_mcore.rollout import RolloutError, SamplingParams
 
 pytestmark = pytest.mark.sglang
 
@@ -87,7 +88,7 @@ def test_pause_abort_returns_partial_samples_and_new_requests_wait(server, figur
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("mode", ["in_place", "retract"])
+@pytest.mark.parametrize("mode", ["retract"])
 def test_pause_keeps_requests_in_place_and_retract_modes(mode, server):
     params = SamplingParams(temperature=1.0, max_new_tokens=600, ignore_eos=True)
 
@@ -110,14 +111,7 @@ def test_pause_keeps_requests_in_place_and_retract_modes(mode, server):
     asyncio.run(main())
 
 
-IN_PLACE_UPDATE = pytest.mark.xfail(
-    strict=True, raises=WeightUpdateError,
-    reason="pause_mode='in_place' keeps the running requests, so the /flush_cache that every weight update sends "
-           "after pausing is refused (HTTP 400) until flush_timeout_s, and the update fails: the client supports "
-           "in_place pauses, but not weight updates while requests are held in place")
-
-
-@pytest.mark.parametrize("mode", ["abort", "retract", pytest.param("in_place", marks=IN_PLACE_UPDATE)])
+@pytest.mark.parametrize("mode", ["abort", "retract"])
 def test_weight_update_during_a_batch(mode, server):
     """The trainer's update while a rollout runs. ``abort`` (the default): the running requests come back
     aborted with the old version. ``retract``: they are put back in the queue and finish after the update,

@@ -17,7 +17,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-import learner_toy as toy
+from helpers import learner_toy as toy
 
 
 def rms_norm(x, w, eps):
@@ -63,16 +63,17 @@ def qwen3_logits(w, cfg, tokens):
 
 
 def gspo_loss(w, cfg, samples, eps_low=3e-4, eps_high=4e-4):
-    """``-(1/N) sum_i min(s_i A_i, clip(s_i, 1-eps_low, 1+eps_high) A_i)``, ``s_i = exp(mean_t logratio)``."""
+    """``-(1/N) sum_i min(s_i A_i, clip(s_i, 1-eps_low, 1+eps_high) A_i)``, ``s_i = exp(mean_t logratio)``,
+    over the ``N`` samples with at least one response token (a prompt-only sample has no ``s_i``)."""
     terms = []
-    for s in samples:
+    for s in [s for s in samples if s.loss_mask[1:].any()]:
         logits = qwen3_logits(w, cfg, s.tokens)[:-1]  # position t predicts token t+1
         logp = torch.log_softmax(logits, -1).gather(-1, s.tokens[1:, None])[:, 0]
         mask = s.loss_mask[1:].float()
         seq_ratio = torch.exp(((logp - s.old_logprobs) * mask).sum() / mask.sum())
         adv = torch.tensor(s.advantage)
         terms.append(torch.minimum(seq_ratio * adv, seq_ratio.clamp(1 - eps_low, 1 + eps_high) * adv))
-    return -torch.stack(terms).sum() / len(samples)
+    return -torch.stack(terms).sum() / len(terms)
 
 
 def run(model_name, packing):
@@ -84,7 +85,8 @@ def run(model_name, packing):
     shape = load_hf_config(cfg)
     layout = init_parallel(ParallelConfig(), shape, seed=1234)
     model = build_model(shape, ParallelConfig(), seed=11)
-    samples = toy.toy_samples(vocab=shape.vocab_size, seed=3)
+    # an odd number of samples, two of them prompt-only (not in N)
+    samples = toy.toy_samples(vocab=shape.vocab_size, seed=3, num_samples=13, prompt_only=(2, 7))
     logp = forward_logprobs(model, samples, layout, max_tokens=40, packing=packing)
     batch = toy.with_offset_old_logprobs(samples, logp, "gspo")
     for chunk in model:
@@ -110,6 +112,7 @@ def run(model_name, packing):
                        BatchConfig(num_minibatches=2, max_tokens_per_microbatch=40, packing=packing),
                        recompute_old_logprobs=True)
     return dict(model=model_name, packing=packing, learner_loss=metrics["loss"], torch_loss=loss.item(), max_grad=scale,
+                num_sequences=metrics["num_sequences"],
                 max_grad_diff=worst, worst_param=worst_name, clip_fraction=metrics["clip_fraction"],
                 num_params=len(weights), num_microbatches=metrics["num_microbatches"],
                 rollout_logprob_abs_diff=steps[0]["rollout_logprob_abs_diff"], first_ratio_max=steps[0]["ratio_max"],

@@ -22,8 +22,8 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-import learner_toy as toy
-from worker_cases import run_cases
+from helpers import learner_toy as toy
+from helpers.worker_cases import run_cases
 
 
 def capture_routing(model):

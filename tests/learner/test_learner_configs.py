@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from gspo_mcore.learner import (BatchConfig, LossConfig, OptimConfig, ParallelConfig, init_parallel, load_hf_config,
                                 validate_layout)
-from learner_toy import DENSE, MOE
+from helpers.learner_toy import DENSE, MOE
 
 dense = load_hf_config(DENSE)  # 4 heads, 2 KV heads, 4 layers, vocab 128
 moe = load_hf_config(MOE)  # 4 experts

@@ -4,7 +4,8 @@ The learner runs Megatron's GPTModel with samples packed into micro-batches (blo
 vocabulary-parallel log-probs from ``gspo_mcore.ops`` and the loss from ``gspo_mcore.algo``, then
 Megatron DDP's gradient buffers. ``grad_worker.py`` re-implements the same Qwen3 forward and the GSPO
 formula in plain torch, one sample at a time, and differentiates it with autograd. Untied and tied
-embeddings; the batch is split into several micro-batches and some sequences are clipped.
+embeddings; the batch is split into several micro-batches and some sequences are clipped. The batch has 13
+samples, two of them prompt-only (no counted token: not in ``N`` on either side).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 
 import pytest
 
-from learner_launch import run_ranks
+from helpers.launch import run_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.distributed
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("grad") / "grad.jsonl"
-    run_ranks("grad_worker.py", 1, ["--out", str(out)], timeout=120)
+    run_ranks("learner/grad_worker.py", 1, ["--out", str(out)], timeout=300)
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
@@ -29,6 +30,7 @@ def test_gspo_gradient_matches_independent_torch_model(rows):
     assert [r["model"] for r in rows] == ["dense", "dense_tied"]
     for r in rows:
         assert r["num_microbatches"] > 1 and 0 < r["clip_fraction"] < 1
+        assert r["num_sequences"] == 11  # 13 samples, 2 prompt-only
         assert r["learner_loss"] == pytest.approx(r["torch_loss"], rel=1e-5, abs=1e-8)
         # fp32, different summation orders: the error is at rounding level of the largest entry
         assert r["max_grad_diff"] <= 1e-5 * r["max_grad"], r

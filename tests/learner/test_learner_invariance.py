@@ -1,5 +1,6 @@
-"""Aggregation invariance: one rollout batch (2 GSPO mini-batch updates) gives the same losses, gradient
-norms and updated parameters for 1 rank, DP2, TP2, PP2, EP2 (MoE), TP2xPP2, ..., and any micro-batch size.
+"""Aggregation invariance: one rollout batch (2 GSPO mini-batch updates) gives the same gradients, losses,
+gradient norms and updated parameters for 1 rank, DP2, TP2, PP2, EP2 (MoE), TP2xPP2, ..., and any micro-batch
+size.
 
 Why the quantities are invariant. For a mini-batch of ``N`` sequences the loss is
 ``L = -(1/N) sum_i J_i`` with ``N`` global. A micro-batch ``m`` on DP rank ``r`` computes
@@ -14,23 +15,45 @@ from its own seed), so loss, gradient (and its global norm, hence clipping) and 
 to fp32 rounding (summation order). The old log-probs are recomputed by each layout with per-sequence
 offsets that keep every clip decision far from its boundary (see ``learner_toy.OFFSETS``).
 
+The batch (``invariance_worker.BATCH``) is awkward on purpose: 13 samples (mini-batches of 7 and 6, the 7
+split 3 : 4 over 2 DP ranks), a prompt-only sample in each (no counted token: not part of ``N``); with a
+15-token budget the 3-sample DP rank runs an empty micro-batch, with a 30-token one a micro-batch holds only
+a prompt-only sample.
+
+The gradient of the first mini-batch is compared per parameter, before any optimizer step, as global
+tensors (each rank's shards against the matching slices of the 1-rank gradient). The parameters after the
+two Adam steps are a weak check of the normaliser: Adam's first steps are about ``lr * sign(g)`` and the
+clipping rescales the gradient, so a wrong ``N`` that scales every gradient alike (2N on both DP ranks: every
+gradient halved) moved them by only 4.3e-5 (4% of lr), while the gradient check sees a 50% error
+(``test_a_wrong_normaliser_fails_the_gradient_check``).
+
 Reference: the 1-rank run, saved to a temp folder; the other layouts compare each rank's shards with it.
+The reference itself is checked against the sum of its per-sample gradients (each sample alone, with ``N``
+counted by the test from the masks); ``test_learner_gradient.py`` checks the same kind of batch against an
+independent torch model.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
 
-from learner_launch import run_ranks
+from helpers.launch import run_ranks
 
 pytestmark = pytest.mark.distributed
 
 LOSS_RTOL = 1e-5
 PARAM_ATOL = 1e-5  # lr = 1e-3: 1% of one Adam step
 LOGP_ATOL = 1e-5
+GRAD_RTOL = 1e-5
+"""Per parameter: max |grad - grad_ref| <= GRAD_RTOL * max |grad_ref| of that parameter + GRAD_ATOL * the
+largest gradient entry of the model (fp32 summation-order noise; see the measured figures in the summary)."""
+GRAD_ATOL = 1e-6
+NUM_SEQUENCES = [6, 5]
+"""Counted samples per mini-batch of ``invariance_worker.BATCH`` (7 and 6 samples, one prompt-only in each)."""
 
 
 def case(name, model="dense", variant="gspo", **kw):
@@ -49,12 +72,15 @@ TWO_RANKS = (
     + [case(f"tp2-{v}", variant=v, tp=2) for v in ("gspo", "gspo_token", "grpo")]
     + [case(f"pp2-{v}", variant=v, pp=2) for v in ("gspo", "gspo_token", "grpo")]
     + [case(f"ep2-moe-{v}", "moe", v, ep=2) for v in ("gspo", "grpo")]
-    + [case("dp2-mb50", max_tokens=50), case("tp2-mb50", tp=2, max_tokens=50), case("pp2-mb30", pp=2, max_tokens=30),
+    + [case("dp2-mb15", max_tokens=15), case("tp2-mb50", tp=2, max_tokens=50), case("pp2-mb30", pp=2, max_tokens=30),
        case("ep2-moe-mb50", "moe", ep=2, max_tokens=50), case("dp2-distopt", distopt=True),
        case("tp2-tied", "dense_tied", tp=2), case("pp2-tied", "dense_tied", pp=2),
        case("dp2-bd-mb30", packing=BD, max_tokens=30), case("tp2-bd", packing=BD, tp=2),
        case("pp2-bd-mb20", packing=BD, pp=2, max_tokens=20), case("ep2-moe-bd", "moe", packing=BD, ep=2)]
 )
+# Test-only faults, each must be caught: N + 1 on DP rank 0 only; 2N on both ranks (every gradient halved)
+WRONG_N = [case("dp2-wrong-n", wrong_n={"dp_rank": 0, "extra": 1}),
+           case("dp2-wrong-n-all", wrong_n={"dp_rank": None, "extra": NUM_SEQUENCES[0]})]
 FOUR_RANKS = (
     [case(f"tp2pp2-{v}", variant=v, tp=2, pp=2) for v in ("gspo", "gspo_token", "grpo")]
     + [case("tp2pp2-mb50", tp=2, pp=2, max_tokens=50), case("pp2dp2-distopt-mb50", pp=2, distopt=True, max_tokens=50),
@@ -64,7 +90,7 @@ FOUR_RANKS = (
 
 
 def _run(cases, nproc, ref_dir, out, timeout):
-    run_ranks("invariance_worker.py", nproc, ["--cases", json.dumps(cases), "--ref", ref_dir, "--out", out],
+    run_ranks("learner/invariance_worker.py", nproc, ["--cases", json.dumps(cases), "--ref", ref_dir, "--out", out],
               timeout=timeout)
     with open(out) as f:
         return {r["case"]: r for r in map(json.loads, f)}
@@ -73,26 +99,57 @@ def _run(cases, nproc, ref_dir, out, timeout):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     ref_dir = str(tmp_path_factory.mktemp("learner_ref"))
-    results = _run(REFERENCE + ONE_RANK, 1, ref_dir, os.path.join(ref_dir, "one_rank.jsonl"), timeout=120)
+    results = _run(REFERENCE + ONE_RANK, 1, ref_dir, os.path.join(ref_dir, "one_rank.jsonl"), timeout=300)
     return ref_dir, results
 
 
 @pytest.fixture(scope="module")
 def two_ranks(reference):
     ref_dir, _ = reference
-    return _run(TWO_RANKS, 2, ref_dir, os.path.join(ref_dir, "two_ranks.jsonl"), timeout=180)
+    return _run(TWO_RANKS + WRONG_N, 2, ref_dir, os.path.join(ref_dir, "two_ranks.jsonl"), timeout=400)
 
 
 @pytest.fixture(scope="module")
 def four_ranks(reference):
     ref_dir, _ = reference
-    return _run(FOUR_RANKS, 4, ref_dir, os.path.join(ref_dir, "four_ranks.jsonl"), timeout=240)
+    return _run(FOUR_RANKS, 4, ref_dir, os.path.join(ref_dir, "four_ranks.jsonl"), timeout=500)
+
+
+def _grad_bounds(result) -> dict[str, float]:
+    scale = max(result["grad_ref_scale"].values())
+    return {k: GRAD_RTOL * s + GRAD_ATOL * scale for k, s in result["grad_ref_scale"].items()}
+
+
+def _grad_problems(result) -> list[str]:
+    """The parameters whose gradient differs from the reference's by more than the bound."""
+    bounds = _grad_bounds(result)
+    return [f"{k}: |dgrad| {d:.3g} > {bounds[k]:.3g} (max |grad| {result['grad_ref_scale'][k]:.3g})"
+            for k, d in result["grad_diff"].items() if not d <= bounds[k]]
+
+
+def _check_grads(result):
+    problems = _grad_problems(result)
+    assert not problems, "gradient differs from 1 rank:\n" + "\n".join(problems)
+
+
+def _record(result, request):
+    """Add the gradient figures and show the result in the terminal summary."""
+    if "grad_diff" in result:
+        bounds = _grad_bounds(result)
+        result["grad_rel"] = max(result["grad_diff"].values()) / max(result["grad_ref_scale"].values())
+        result["grad_bound_ratio"] = max(d / bounds[k] for k, d in result["grad_diff"].items())
+    request.config._learner_invariance.append(result)
 
 
 def _check(result, request):
-    request.config._learner_invariance.append(result)
+    _record(result, request)
     assert result["init_param_diff"] == 0.0, "initial weights depend on the layout"
     assert result["keys_missing"] == [], f"parameters held by no rank: {result['keys_missing']}"
+    assert result["num_sequences"] == result["expected_num_sequences"] == NUM_SEQUENCES
+    if "grad_diff" in result:
+        _check_grads(result)
+    else:  # the distributed optimizer reduce-scatters: each rank holds only its part of the gradient
+        assert "distopt" in result["case"], "no gradient comparison"
     for got, ref in zip(result["losses"], result["ref_losses"]):
         assert got == pytest.approx(ref, rel=LOSS_RTOL, abs=1e-7), ("loss", result["losses"], result["ref_losses"])
     for got, ref in zip(result["grad_norms"], result["ref_grad_norms"]):
@@ -104,12 +161,39 @@ def _check(result, request):
 
 
 def test_reference_runs(reference):
-    """The 1-rank runs themselves: finite losses, clipping exercised, forward-only == training forward."""
+    """The 1-rank runs themselves: finite losses, ``N`` = the counted samples, the batched gradient equal to the
+    sum of per-sample gradients, clipping exercised, forward-only == training forward."""
     _, results = reference
-    for r in results.values():
-        if r["case"].startswith("ref-"):
-            assert all(map(lambda x: abs(x) < 10, r["losses"])) and all(g > 0 for g in r["grad_norms"])
-            assert r["fwd_vs_train_logp"] < LOGP_ATOL
+    refs = [r for r in results.values() if r["case"].startswith("ref-")]
+    assert len(refs) == len(REFERENCE)
+    for r in refs:
+        # (the second mini-batch may be clipped entirely: GSPO's clip range is 3e-4 / 4e-4 after a 1e-3 step)
+        assert all(math.isfinite(x) for x in r["losses"] + r["grad_norms"]) and r["grad_norms"][0] > 0, r
+        assert r["num_sequences"] == r["expected_num_sequences"] == NUM_SEQUENCES, r["case"]
+        assert r["per_sample_grad_diff"] <= (GRAD_RTOL + GRAD_ATOL) * r["grad_scale"], r["case"]
+        assert r["fwd_vs_train_logp"] < LOGP_ATOL
+        assert max(r["clip_fraction"]) > 0
+
+
+def test_the_batch_covers_uneven_shares_empty_and_prompt_only_microbatches(two_ranks):
+    """What the batch is for: on DP2 the first mini-batch splits 3 : 4, a small budget gives the 3-sample rank
+    an empty micro-batch, and some micro-batch holds only a prompt-only sample."""
+    assert two_ranks["dp2-gspo"]["dp_shares"][0] == [3, 4]
+    assert two_ranks["dp2-mb15"]["empty_microbatches"] > 0
+    bd = two_ranks["dp2-bd-mb30"]
+    assert bd["no_token_microbatches"] > bd["empty_microbatches"]
+
+
+@pytest.mark.parametrize("name", [c["name"] for c in WRONG_N])
+def test_a_wrong_normaliser_fails_the_gradient_check(two_ranks, name, request):
+    """A wrong ``N`` must fail the per-parameter gradient comparison. ``dp2-wrong-n``: DP rank 0 uses N + 1,
+    rank 1 N (measured: the gradient 14% off, 1.3e4 x its bound). ``dp2-wrong-n-all``: both use 2N, so every
+    gradient is halved (4.5e4 x its bound); clipping and Adam's nearly scale-invariant first steps leave
+    the updated parameters within 4.3e-5 of the reference (see the summary table)."""
+    result = two_ranks[name]
+    _record(result, request)
+    with pytest.raises(AssertionError, match="gradient differs"):
+        _check_grads(result)
 
 
 @pytest.mark.parametrize("name", [c["name"] for c in ONE_RANK])

@@ -16,7 +16,7 @@ import torch
 
 from gspo_mcore.learner import Sample
 from gspo_mcore.learner.routing import RoutingConfig, microbatch_routing, routing_change
-from learner_launch import run_ranks
+from helpers.launch import run_ranks
 
 
 def _sample(length: int, response: int) -> Sample:
@@ -83,7 +83,7 @@ def results(tmp_path_factory):
     out = {}
     for cases, nproc in ((ONE_RANK, 1), (TWO_RANKS, 2)):
         path = os.path.join(ref, f"r{nproc}.jsonl")
-        run_ranks("routing_worker.py", nproc, ["--cases", json.dumps(cases), "--ref", ref, "--out", path],
+        run_ranks("learner/routing_worker.py", nproc, ["--cases", json.dumps(cases), "--ref", ref, "--out", path],
                   timeout=240)
         with open(path) as f:
             out.update({r["case"]: r for r in map(json.loads, f)})

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import _dist_helpers as H
+from helpers import dist_cases as H
 from gspo_mcore import ops
 
 pytestmark = [
@@ -33,7 +33,7 @@ _MANTISSA_BITS = {torch.bfloat16: 8, torch.float32: 24}
 
 @pytest.fixture(scope="module")
 def ranks():
-    """The results of :func:`_dist_helpers.all_checks` on each of 2 ranks."""
+    """The results of :func:`helpers.dist_cases.all_checks` on each of 2 ranks."""
     return H.run_ranks(H.all_checks, world=2)
 
 

@@ -387,6 +387,20 @@ def test_client_config_validates(bad):
         SGLangClientConfig(**bad)
 
 
+def test_in_place_pause_mode_is_refused_naming_the_key():
+    """SGLang refuses /flush_cache while requests are held in place, so a weight update (pause, flush, ...)
+    could never succeed in that mode (tests/integration/test_real_control.py measured it against SGLang
+    0.5.23): the client refuses the mode when configured, directly and through the trainer's config."""
+    from gspo_mcore.config import ConfigError
+    from gspo_mcore.train import parse_config
+
+    with pytest.raises(ValueError, match=r"pause_mode='in_place' cannot be used: .*/flush_cache"):
+        SGLangClientConfig(pause_mode="in_place")
+    with pytest.raises(ConfigError, match=r"rollout\.sglang\.client\.pause_mode"):
+        parse_config(["--config", "examples/tiny/config.yaml", "rollout.sglang.client.pause_mode=in_place"])
+    assert SGLangClientConfig(pause_mode="retract").pause_mode == "retract"
+
+
 def test_release_and_resume_memory_for_colocated_mode(standins):
     a, b = standins(), standins()
     eng = engine([a, b])

@@ -13,9 +13,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "learner"))
-
-from learner_toy import DENSE  # noqa: E402
+from helpers.learner_toy import DENSE
 
 
 def main():

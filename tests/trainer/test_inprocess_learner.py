@@ -10,19 +10,14 @@ the engine that recomputes every sequence at every step.
 """
 
 import json
-import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "learner"))
-from learner_launch import run_ranks  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from helpers.launch import run_ranks
 
 
 def _run(nproc, layout, tau):
-    out = run_ranks(os.path.join(HERE, "inprocess_worker.py"), nproc, [layout, str(tau)], timeout=300)
+    out = run_ranks("trainer/inprocess_worker.py", nproc, [layout, str(tau)], timeout=300)
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 

@@ -11,9 +11,8 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tests", "learner"))
-from learner_launch import free_port  # noqa: E402
+from helpers import ROOT
+from helpers.launch import free_port
 
 KEYS = {"step", "reward_mean", "reward_std", "clip_fraction", "clipped_sequence_fraction", "ratio_mean",
         "ratio_min", "ratio_max", "response_length_mean", "logprob_mismatch", "time_rollout_s", "time_train_s",
@@ -41,7 +40,8 @@ def test_tiny_job_runs_on_two_ranks_and_writes_metrics(tmp_path):
         assert not missing, f"metrics.jsonl lacks {sorted(missing)}"
         assert 0.0 <= r["reward_mean"] <= 1.0
         assert 0.0 <= r["clip_fraction"] <= 1.0
-        assert r["logprob_mismatch"] < 1e-4  # in-process engine and learner: the same fp32 model
+        # in-process engine and learner: the same fp32 model; measured 2.1e-7 here, 3.7e-7 over the 300-step demo
+        assert r["logprob_mismatch"] < 7.5e-7
     assert (out / "config.yaml").exists()
     assert any(p.name.startswith("events.out.tfevents") for p in (out / "tensorboard").iterdir())
     png = subprocess.run([sys.executable, "tools/plot_metrics.py", str(out / "metrics.jsonl")], cwd=ROOT,
@@ -76,8 +76,8 @@ def test_tiny_moe_job_with_routing_replay_measures_routing_volatility(tmp_path):
     for r in rows:
         assert 0.0 <= r["routing_expert_change_fraction"] <= r["routing_changed_fraction"] <= 1.0
     assert max(r["routing_changed_fraction"] for r in rows) > 0, "lr 0.05 must move some routing"
-    # the in-process engine samples from the same fp32 model the learner recomputes
-    assert rows[0]["logprob_mismatch"] < 1e-4
+    # the in-process engine samples from the same fp32 model the learner recomputes (measured 2.0e-7)
+    assert rows[0]["logprob_mismatch"] < 7.5e-7
 
 
 def test_routing_replay_refuses_rollout_old_logprobs():

@@ -25,21 +25,29 @@ MODELS = {"dense": DENSE, "dense_tied": DENSE_TIED, "moe": MOE, "llama": LLAMA, 
 OFFSETS = {"gspo": (-0.01, 0.0, 0.01), "gspo_token": (-0.01, 0.0, 0.01), "grpo": (-0.3, 0.0, 0.3)}
 
 
-def toy_samples(*, num_samples: int = 12, vocab: int = 128, seed: int = 0, group_size: int = 4):
-    """A rollout batch: prompt + response of varied lengths, group-relative advantages."""
+def toy_samples(*, num_samples: int = 12, vocab: int = 128, seed: int = 0, group_size: int = 4,
+                prompt_only: tuple[int, ...] = ()):
+    """A rollout batch: prompt + response of varied lengths, group-relative advantages.
+
+    ``prompt_only``: indices of samples with no counted token (loss mask all 0: they add nothing to the loss
+    and are not counted in the normaliser ``N``).
+    ``num_samples`` need not be a multiple of ``group_size`` (the last group is cut short); the defaults
+    draw the same batch as before these options existed.
+    """
     from gspo_mcore.algo import group_advantages
     from gspo_mcore.learner import Sample
 
     g = torch.Generator().manual_seed(seed)
-    rewards = torch.rand(num_samples, generator=g)
-    adv = group_advantages(rewards, group_size)
+    rewards = torch.rand(-(-num_samples // group_size) * group_size, generator=g)
+    adv = group_advantages(rewards, group_size)[:num_samples]
     samples = []
     for i in range(num_samples):
         prompt = int(torch.randint(3, 9, (1,), generator=g))
         response = int(torch.randint(2, 17, (1,), generator=g))
         tokens = torch.randint(0, vocab, (prompt + response,), generator=g)
         mask = torch.zeros(prompt + response, dtype=torch.int64)
-        mask[prompt:] = 1
+        if i not in prompt_only:
+            mask[prompt:] = 1
         samples.append(Sample(tokens=tokens, loss_mask=mask, advantage=float(adv[i])))
     return samples
 
@@ -72,6 +80,21 @@ def local_shards(model):
     return out
 
 
+def local_grad_shards(model):
+    """:func:`local_shards` of the gradients (``main_grad``, what Megatron's DDP reduced over DP) instead of
+    the parameters: the same keys, global shapes and slices, so layouts compare. Valid after a backward
+    without the distributed optimizer (which reduce-scatters: each rank then holds only its part)."""
+    params = [p for chunk in model for p in chunk.parameters()]
+    saved = [p.data for p in params]
+    try:
+        for p in params:
+            p.data = p.main_grad  # sharded_state_dict reads .data: the grads come out laid out as the weights
+        return local_shards(model)
+    finally:
+        for p, d in zip(params, saved):
+            p.data = d
+
+
 def assemble(shards) -> dict[str, torch.Tensor]:
     """Full tensors from the shards of a 1-rank model."""
     full = {}
@@ -80,6 +103,14 @@ def assemble(shards) -> dict[str, torch.Tensor]:
     for key, t in full.items():
         assert not torch.isnan(t).any(), f"{key} not fully covered by the 1-rank shards"
     return full
+
+
+def per_key_diff_vs(shards, reference: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Per key, max |local shard - reference slice| over this rank's shards of that key."""
+    out: dict[str, float] = {}
+    for key, _, index, t in shards:
+        out[key] = max(out.get(key, 0.0), float((t - reference[key][index]).abs().max()))
+    return out
 
 
 def max_diff_vs(shards, reference: dict[str, torch.Tensor]) -> tuple[float, list[str]]:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from helpers import TESTS, worker_env
 
 
 def free_port() -> int:
@@ -19,17 +19,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(script: str, nproc: int, args: list[str], *, timeout: float) -> str:
-    """Run ``script`` (a file in this folder) on ``nproc`` ranks; returns its combined output."""
-    path = os.path.join(HERE, script)
+def run_ranks(script: str, nproc: int, args: list[str], *, timeout: float, env: dict[str, str] | None = None) -> str:
+    """Run ``script`` (a path relative to ``tests/``, e.g. ``"learner/grad_worker.py"``, or absolute) on
+    ``nproc`` ranks, from the script's folder; returns its combined output. ``env``: extra variables."""
+    path = os.path.join(TESTS, script)
     if nproc == 1:
         cmd = [sys.executable, path, *args]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
                "--master_port", str(free_port()), path, *args]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     try:
-        proc = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=os.path.dirname(path), env=worker_env(**(env or {})), capture_output=True,
+                              text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         err = (exc.stderr or b"").decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")

@@ -1,4 +1,4 @@
-"""Test support: the entry point the multi-rank test workers share (tests/learner, tests/convert,
+"""The entry point the multi-rank test workers share (tests/learner, tests/convert,
 tests/checkpoint). A worker runs a JSON list of cases on every rank and rank 0 writes one JSON line per case.
 
     def run_case(case: dict, args) -> dict: ...

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,20 +13,15 @@ import time
 import psutil
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+from helpers import ROOT, worker_env
+from helpers.launch import free_port, run_ranks
+
 TINY_CONFIG = os.path.join(ROOT, "examples", "tiny", "config.yaml")
-ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+ENV = worker_env()
 ENV.pop("GSPO_MCORE_TEST_CRASH_IN_SAVE", None)
 STEPS = 6
 """Steps of the tiny job in the checkpoint tests."""
 DISTOPT = "optim.use_distributed_optimizer=true"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tiny_command(data_dir: str, out_dir: str, *overrides: str) -> list[str]:
@@ -58,7 +52,7 @@ def wait(proc: subprocess.Popen, *, timeout: float) -> tuple[int, str]:
     return rc, _output(proc)
 
 
-def run_tiny(data_dir: str, out_dir: str, *overrides: str, env: dict | None = None, timeout: float = 120,
+def run_tiny(data_dir: str, out_dir: str, *overrides: str, env: dict | None = None, timeout: float = 300,
              check: bool = True) -> str:
     rc, out = wait(start_tiny(data_dir, out_dir, *overrides, env=env), timeout=timeout)
     if check and rc != 0:
@@ -102,18 +96,5 @@ def metrics(out_dir: str) -> list[dict]:
 
 
 def run_worker(script: str, nproc: int, args: list[str], *, timeout: float) -> str:
-    """Run ``script`` (a file in this folder) on ``nproc`` ranks; returns its combined output."""
-    path = os.path.join(HERE, script)
-    cmd = [sys.executable, path, *args] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-        str(free_port()), path, *args]
-    try:
-        proc = subprocess.run(cmd, cwd=HERE, env=ENV, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        pytest.fail(f"{script} on {nproc} rank(s) timed out after {timeout} s\n{out[-3000:]}\n{err[-6000:]}")
-    if proc.returncode != 0:
-        pytest.fail(f"{script} on {nproc} rank(s) failed (exit {proc.returncode})\n{proc.stdout[-3000:]}\n"
-                    f"{proc.stderr[-8000:]}")
-    return proc.stdout + proc.stderr
+    """Run ``script`` (a file in tests/checkpoint) on ``nproc`` ranks; returns its combined output."""
+    return run_ranks(os.path.join("checkpoint", script), nproc, args, timeout=timeout)
