@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from learner_launch import run_ranks
+from helpers.launch import run_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -32,7 +32,7 @@ TWO_RANKS = [dict(name="llama-dp2", model="llama", variant="gspo"),
 
 def _run(cases, nproc, ref_dir, name, timeout):
     out = os.path.join(ref_dir, name)
-    run_ranks("invariance_worker.py", nproc, ["--cases", json.dumps(cases), "--ref", ref_dir, "--out", out],
+    run_ranks("learner/invariance_worker.py", nproc, ["--cases", json.dumps(cases), "--ref", ref_dir, "--out", out],
               timeout=timeout)
     with open(out) as f:
         return {r["case"]: r for r in map(json.loads, f)}
@@ -41,8 +41,8 @@ def _run(cases, nproc, ref_dir, name, timeout):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     ref_dir = str(tmp_path_factory.mktemp("llama_ref"))
-    one = _run(REFERENCE, 1, ref_dir, "one_rank.jsonl", timeout=120)
-    return one, _run(TWO_RANKS, 2, ref_dir, "two_ranks.jsonl", timeout=180)
+    one = _run(REFERENCE, 1, ref_dir, "one_rank.jsonl", timeout=400)
+    return one, _run(TWO_RANKS, 2, ref_dir, "two_ranks.jsonl", timeout=500)
 
 
 @pytest.mark.parametrize("name", [c["name"] for c in REFERENCE])
