@@ -29,8 +29,12 @@ def _cuda_home_from_nvcc() -> str | None:
         src = os.path.join(tmp, "probe.cu")
         open(src, "w").close()
         try:
-            out = subprocess.run([nvcc, "--dryrun", "-c", src, "-o", os.path.join(tmp, "probe.o")],
-                                 capture_output=True, text=True, timeout=60)
+            out = subprocess.run(
+                [nvcc, "--dryrun", "-c", src, "-o", os.path.join(tmp, "probe.o")],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
         except (OSError, subprocess.TimeoutExpired):
             return None
     m = re.search(r"^#\$ TOP=(.+)$", out.stdout + out.stderr, re.MULTILINE)
@@ -71,7 +75,6 @@ if WITH_CUDA:
         extra_link_args=link_flags,
     )
 else:
-    ext = CppExtension("gspo_mcore._C", cpu_sources, extra_compile_args={"cxx": cxx_flags},
-                       extra_link_args=link_flags)
+    ext = CppExtension("gspo_mcore._C", cpu_sources, extra_compile_args={"cxx": cxx_flags}, extra_link_args=link_flags)
 
 setup(ext_modules=[ext], cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)})

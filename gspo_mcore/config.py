@@ -95,8 +95,9 @@ def check_literals(obj) -> None:
     for f in dataclasses.fields(obj):
         hint = typing.get_type_hints(type(obj)).get(f.name)
         if typing.get_origin(hint) is typing.Literal and getattr(obj, f.name) not in typing.get_args(hint):
-            raise ValueError(f"{type(obj).__name__}.{f.name} must be one of {typing.get_args(hint)}, "
-                             f"got {getattr(obj, f.name)!r}")
+            raise ValueError(
+                f"{type(obj).__name__}.{f.name} must be one of {typing.get_args(hint)}, got {getattr(obj, f.name)!r}"
+            )
 
 
 def to_dict(obj) -> Any:

@@ -33,8 +33,15 @@ class LogConfig:
 class MetricsLogger:
     """Writes one record per step. ``enabled=False`` (ranks other than 0) makes every call a no-op."""
 
-    def __init__(self, cfg: LogConfig, *, total_steps: int, start_step: int = 0, enabled: bool = True,
-                 run_config: dict | None = None):
+    def __init__(
+        self,
+        cfg: LogConfig,
+        *,
+        total_steps: int,
+        start_step: int = 0,
+        enabled: bool = True,
+        run_config: dict | None = None,
+    ):
         self.enabled = enabled
         self._tb = self._wandb = self._bar = None
         if not enabled:
@@ -77,8 +84,10 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log(record, step=step)
         if self._bar is not None and advance:
-            self._bar.set_postfix(reward=f"{record.get('reward_mean', float('nan')):.3f}",
-                                  clip=f"{record.get('clip_fraction', float('nan')):.2e}")
+            self._bar.set_postfix(
+                reward=f"{record.get('reward_mean', float('nan')):.3f}",
+                clip=f"{record.get('clip_fraction', float('nan')):.2e}",
+            )
             self._bar.update(1)
 
     def close(self) -> None:
@@ -105,8 +114,9 @@ def _plain(v):
     return v
 
 
-def step_metrics(groups, scores, shaped, keep, updates, reward_metrics, group_size, *, timings, left_out=0,
-                 update_skipped=False) -> dict:
+def step_metrics(
+    groups, scores, shaped, keep, updates, reward_metrics, group_size, *, timings, left_out=0, update_skipped=False
+) -> dict:
     """One training step's record: rollout, reward, learner (mean over the mini-batches) and timing figures.
 
     ``scores``: the task rewards, ``shaped``: what the advantages were taken from (after overlong shaping),

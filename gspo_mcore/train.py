@@ -40,8 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     destroy_parallel()
     if history and os.environ.get("RANK", "0") == "0":
         first, last = history[0], history[-1]
-        print(f"gspo-train: {len(history)} steps; reward_mean {first['reward_mean']:.3f} -> {last['reward_mean']:.3f}; "
-              f"metrics in {cfg.log.output_dir}/metrics.jsonl", flush=True)
+        print(
+            f"gspo-train: {len(history)} steps; reward_mean {first['reward_mean']:.3f} -> {last['reward_mean']:.3f}; "
+            f"metrics in {cfg.log.output_dir}/metrics.jsonl",
+            flush=True,
+        )
     return 0
 
 

@@ -110,8 +110,10 @@ def error_report(request):
         bound = 2 * eager_err + floor
         this_use = use if use is not None else (kernel_err / bound if bound > 0 else 0.0)
         store[key] = (max(k, float(kernel_err)), max(e, float(eager_err)), max(worst, float(this_use)))
-        assert this_use <= 1.0, (f"{key}: error {float(kernel_err):.3e} uses {float(this_use):.2f} of its bound "
-                                 f"(eager {float(eager_err):.3e}, floor {float(floor):.3e})")
+        assert this_use <= 1.0, (
+            f"{key}: error {float(kernel_err):.3e} uses {float(this_use):.2f} of its bound "
+            f"(eager {float(eager_err):.3e}, floor {float(floor):.3e})"
+        )
 
     return report
 
@@ -121,8 +123,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not store:
         return
     terminalreporter.section("gspo_mcore measured errors vs float64 (max over cases)")
-    terminalreporter.write_line("impl: the compiled kernels or the reference twin, as tagged; eager: eager torch "
-                                "(float32 unless tagged 'eager-in-<dtype>'); bound use: impl / bound (fails > 1)")
+    terminalreporter.write_line(
+        "impl: the compiled kernels or the reference twin, as tagged; eager: eager torch "
+        "(float32 unless tagged 'eager-in-<dtype>'); bound use: impl / bound (fails > 1)"
+    )
     terminalreporter.write_line(f"{'quantity':<72} {'impl':>10} {'eager':>10} {'bound use':>10}")
     for key in sorted(store):
         k, e, use = store[key]

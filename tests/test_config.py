@@ -20,8 +20,17 @@ def test_every_example_config_parses_and_validates(path):
 
 
 def test_overrides_reach_nested_typed_fields():
-    cfg = parse_config(["--config", TINY, "optim.lr=1e-5", "rollout.group_size=4", "rollout.sampling.top_p=0.9",
-                        "data.paths=[a.jsonl, b.parquet]", "loss.variant=grpo"])
+    cfg = parse_config(
+        [
+            "--config",
+            TINY,
+            "optim.lr=1e-5",
+            "rollout.group_size=4",
+            "rollout.sampling.top_p=0.9",
+            "data.paths=[a.jsonl, b.parquet]",
+            "loss.variant=grpo",
+        ]
+    )
     assert cfg.optim.lr == 1e-5 and isinstance(cfg.optim.lr, float)
     assert cfg.rollout.group_size == 4
     assert cfg.rollout.sampling.top_p == 0.9
@@ -32,25 +41,36 @@ def test_overrides_reach_nested_typed_fields():
 def test_unknown_key_is_refused_with_the_closest_valid_key():
     with pytest.raises(ConfigError, match=r"unknown config key 'optim.lrr'; did you mean 'optim.lr'\?"):
         parse_config(["--config", TINY, "optim.lrr=1"])
-    with pytest.raises(ConfigError, match=r"unknown config key 'rollout.sampling.temprature'.*'rollout.sampling.temperature'"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'rollout.sampling.temprature'.*'rollout.sampling.temperature'"
+    ):
         parse_config(["--config", TINY, "rollout.sampling.temprature=0.5"])
 
 
-@pytest.mark.parametrize("override, message", [
-    ("optim.lr=fast", r"optim.lr: expected a number"),
-    ("rollout.group_size=1.5", r"rollout.group_size: expected an integer"),
-    ("loss.variant=ppo", r"loss.variant: must be one of \(.gspo., .gspo_token., .grpo.\)"),
-    ("rollout.sampling.top_p=2", r"top_p must be in \(0, 1\]"),
-    ("loss.temperature=0.5", r"'loss.temperature' no longer exists: .* defined once, by rollout.sampling.temperature"),
-    ("loss.recompute_old_logprobs=true", r"'loss.recompute_old_logprobs' no longer exists: set rollout.old_logprobs"),
-    ("rollout.engine=vllm", r"rollout.engine: must be one of \('inprocess', 'sglang'\)"),
-    ("eval.pass_k=[1,8]", r"pass@8 needs at least 8 samples per prompt, but eval.n is 4"),
-    ("rollout.overlong_buffer=6", r"overlong_buffer must be in \[0, sampling.max_new_tokens = 6\)"),
-    ("batch.num_minibatches=100000", r"num_minibatches .* exceeds the rollout batch"),
-    ("steps=0", r"steps must be >= 1"),
-    ("parallel=3", r"parallel: expected a mapping"),
-    ("optim.lr", r"must look like key.path=value"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optim.lr=fast", r"optim.lr: expected a number"),
+        ("rollout.group_size=1.5", r"rollout.group_size: expected an integer"),
+        ("loss.variant=ppo", r"loss.variant: must be one of \(.gspo., .gspo_token., .grpo.\)"),
+        ("rollout.sampling.top_p=2", r"top_p must be in \(0, 1\]"),
+        (
+            "loss.temperature=0.5",
+            r"'loss.temperature' no longer exists: .* defined once, by rollout.sampling.temperature",
+        ),
+        (
+            "loss.recompute_old_logprobs=true",
+            r"'loss.recompute_old_logprobs' no longer exists: set rollout.old_logprobs",
+        ),
+        ("rollout.engine=vllm", r"rollout.engine: must be one of \('inprocess', 'sglang'\)"),
+        ("eval.pass_k=[1,8]", r"pass@8 needs at least 8 samples per prompt, but eval.n is 4"),
+        ("rollout.overlong_buffer=6", r"overlong_buffer must be in \[0, sampling.max_new_tokens = 6\)"),
+        ("batch.num_minibatches=100000", r"num_minibatches .* exceeds the rollout batch"),
+        ("steps=0", r"steps must be >= 1"),
+        ("parallel=3", r"parallel: expected a mapping"),
+        ("optim.lr", r"must look like key.path=value"),
+    ],
+)
 def test_bad_values_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
         parse_config(["--config", TINY, override])

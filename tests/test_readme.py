@@ -40,7 +40,7 @@ def test_make_targets_dry_run(cmd):
 @pytest.mark.parametrize("cmd", [c for c in readme_commands() if "gspo_mcore.train" in c or c.startswith("gspo-train")])
 def test_training_commands_parse(cmd):
     argv = shlex.split(cmd)
-    argv = argv[argv.index("gspo_mcore.train") + 1:] if "gspo_mcore.train" in argv else argv[1:]
+    argv = argv[argv.index("gspo_mcore.train") + 1 :] if "gspo_mcore.train" in argv else argv[1:]
     cfg = parse_config(argv)
     assert cfg.steps >= 1
 

@@ -39,16 +39,31 @@ if ROOT not in sys.path:
 ENGINES = ("kv", "recompute", "transformers")
 
 
-def model_config(*, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
-                 max_positions: int) -> dict:
+def model_config(
+    *, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, max_positions: int
+) -> dict:
     """A Qwen3 ``config.json`` (dense, untied embeddings)."""
     return {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": vocab,
-        "hidden_size": hidden, "intermediate_size": intermediate, "num_hidden_layers": layers,
-        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": hidden // heads,
-        "max_position_embeddings": max_positions, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-        "tie_word_embeddings": False, "attention_bias": False, "initializer_range": 0.02, "hidden_act": "silu",
-        "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": hidden // heads,
+        "max_position_embeddings": max_positions,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "initializer_range": 0.02,
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
     }
 
 
@@ -79,8 +94,8 @@ def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch
     ids = torch.full((len(prompts), P), pad, dtype=torch.long)  # (B, P)
     mask = torch.zeros((len(prompts), P), dtype=torch.long)  # (B, P)
     for b, p in enumerate(prompts):
-        ids[b, P - len(p):] = torch.tensor(p)
-        mask[b, P - len(p):] = 1
+        ids[b, P - len(p) :] = torch.tensor(p)
+        mask[b, P - len(p) :] = 1
     return ids, mask
 
 
@@ -100,8 +115,17 @@ def run_engine(engine, prompts, n_new: int) -> float:
 def run_transformers(hf, ids, mask, n_new: int) -> float:
     t0 = time.perf_counter()
     with torch.no_grad():
-        out = hf.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                          max_new_tokens=n_new, min_new_tokens=n_new, pad_token_id=0)
+        out = hf.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=n_new,
+            min_new_tokens=n_new,
+            pad_token_id=0,
+        )
     dt = time.perf_counter() - t0
     if out.shape[1] != ids.shape[1] + n_new:
         raise RuntimeError(f"transformers generated {out.shape[1] - ids.shape[1]} tokens, expected {n_new}")
@@ -112,14 +136,15 @@ def logprob_check(engine, hf, prompts, n_new: int) -> float:
     """Max |engine log-prob - transformers forward log-prob| over the engine's samples (tau = 1)."""
     from gspo_mcore.rollout import SamplingParams
 
-    out = engine.generate_sync(prompts, 1, SamplingParams(temperature=1.0, max_new_tokens=n_new, ignore_eos=True,
-                                                          seed=1))
+    out = engine.generate_sync(
+        prompts, 1, SamplingParams(temperature=1.0, max_new_tokens=n_new, ignore_eos=True, seed=1)
+    )
     worst = 0.0
     with torch.no_grad():
         for g in out:
             s = g[0]
             seq = torch.tensor(s.prompt_ids + s.response_ids)[None]  # (1, L)
-            logits = hf(input_ids=seq).logits[0, len(s.prompt_ids) - 1:-1].float()  # (N, V)
+            logits = hf(input_ids=seq).logits[0, len(s.prompt_ids) - 1 : -1].float()  # (N, V)
             ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(s.response_ids)[:, None]).squeeze(1)
             worst = max(worst, float((ref - torch.tensor(s.response_logprobs)).abs().max()))
     return worst
@@ -137,8 +162,12 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--intermediate", type=int, default=768)
-    parser.add_argument("--recompute-max-new", type=int, default=128,
-                        help="run the recompute engine only up to this many new tokens (its cost is quadratic)")
+    parser.add_argument(
+        "--recompute-max-new",
+        type=int,
+        default=128,
+        help="run the recompute engine only up to this many new tokens (its cost is quadratic)",
+    )
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     parser.add_argument("--quick", action="store_true", help="a tiny model and batch, lengths 4 and 8 (tests)")
     parser.add_argument("--json", default=None, help="also write the results here")
@@ -157,9 +186,15 @@ def main(argv=None) -> int:
     from gspo_mcore.learner.model_config import load_hf_config
     from gspo_mcore.rollout import InProcessEngine
 
-    cfg = model_config(vocab=args.vocab, hidden=args.hidden, layers=args.layers, heads=args.heads,
-                       kv_heads=args.kv_heads, intermediate=args.intermediate,
-                       max_positions=max(1024, args.prompt_len[1] + max(args.new_tokens)))
+    cfg = model_config(
+        vocab=args.vocab,
+        hidden=args.hidden,
+        layers=args.layers,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        intermediate=args.intermediate,
+        max_positions=max(1024, args.prompt_len[1] + max(args.new_tokens)),
+    )
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(args.prompt_len[0], args.prompt_len[1] + 1, (args.batch,), generator=g).tolist()
     prompts = [torch.randint(3, args.vocab, (n,), generator=g).tolist() for n in lengths]
@@ -172,19 +207,42 @@ def main(argv=None) -> int:
         model = build_model(shape, parallel, seed=0, wrap_ddp=False)
         export_hf(model, shape, cfg, tmp)
         hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
-    engines = {"kv": InProcessEngine(decode_model(model, layout), eos_token_id=2, vocab_size=args.vocab,
-                                     max_batch_size=args.batch),
-               "recompute": InProcessEngine(decode_model(model, layout, kv_cache=False), eos_token_id=2,
-                                            vocab_size=args.vocab, max_batch_size=args.batch)}
+    engines = {
+        "kv": InProcessEngine(
+            decode_model(model, layout), eos_token_id=2, vocab_size=args.vocab, max_batch_size=args.batch
+        ),
+        "recompute": InProcessEngine(
+            decode_model(model, layout, kv_cache=False),
+            eos_token_id=2,
+            vocab_size=args.vocab,
+            max_batch_size=args.batch,
+        ),
+    }
     ids, mask = left_padded(prompts, 0)
     n_params = sum(p.numel() for p in hf.parameters())
     header = {
-        "cpu": cpu_name(), "isa": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
-        "load_avg": [round(x, 2) for x in os.getloadavg()], "torch": torch.__version__,
-        "megatron_core": megatron.core.__version__, "transformers": transformers.__version__,
-        "model": {k: cfg[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                                      "num_key_value_heads", "intermediate_size")} | {"parameters": n_params},
-        "batch": args.batch, "prompt_len": [min(lengths), max(lengths)], "dtype": "float32",
+        "cpu": cpu_name(),
+        "isa": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "torch": torch.__version__,
+        "megatron_core": megatron.core.__version__,
+        "transformers": transformers.__version__,
+        "model": {
+            k: cfg[k]
+            for k in (
+                "vocab_size",
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "intermediate_size",
+            )
+        }
+        | {"parameters": n_params},
+        "batch": args.batch,
+        "prompt_len": [min(lengths), max(lengths)],
+        "dtype": "float32",
     }
     for name, e in engines.items():  # warm-up, untimed
         if name in args.engines:
@@ -199,31 +257,54 @@ def main(argv=None) -> int:
             if name == "recompute" and n_new > args.recompute_max_new:
                 results.append({"engine": name, "new_tokens": n_new, "skipped": "above --recompute-max-new"})
                 continue
-            dt = run_transformers(hf, ids, mask, n_new) if name == "transformers" else \
-                run_engine(engines[name], prompts, n_new)
-            results.append({"engine": name, "new_tokens": n_new, "seconds": dt,
-                            "tokens_per_s": args.batch * n_new / dt, "ms_per_step": 1e3 * dt / n_new})
+            dt = (
+                run_transformers(hf, ids, mask, n_new)
+                if name == "transformers"
+                else run_engine(engines[name], prompts, n_new)
+            )
+            results.append(
+                {
+                    "engine": name,
+                    "new_tokens": n_new,
+                    "seconds": dt,
+                    "tokens_per_s": args.batch * n_new / dt,
+                    "ms_per_step": 1e3 * dt / n_new,
+                }
+            )
             print(f"  {name} x {n_new} new tokens: {dt:.2f} s", file=sys.stderr, flush=True)
     header["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     destroy_parallel()
 
     m = header["model"]
-    print(f"bench_engine: {header['cpu']} ({header['isa']}), {header['threads']} threads, load avg "
-          f"{header['load_avg']} -> {header['load_avg_end']}; torch {header['torch']}, megatron-core "
-          f"{header['megatron_core']}, transformers {header['transformers']}")
-    print(f"model: qwen3 vocab {m['vocab_size']}, hidden {m['hidden_size']}, {m['num_hidden_layers']} layers, "
-          f"{m['num_attention_heads']}/{m['num_key_value_heads']} heads, ffn {m['intermediate_size']}, "
-          f"{m['parameters'] / 1e6:.2f} M parameters, fp32; batch {args.batch}, prompts of "
-          f"{header['prompt_len'][0]}-{header['prompt_len'][1]} tokens (left-padded)")
-    print(f"kv engine vs transformers forward, max |log-prob diff|: "
-          f"{header['kv_vs_transformers_max_abs_logprob_diff']:.2e}")
+    print(
+        f"bench_engine: {header['cpu']} ({header['isa']}), {header['threads']} threads, load avg "
+        f"{header['load_avg']} -> {header['load_avg_end']}; torch {header['torch']}, megatron-core "
+        f"{header['megatron_core']}, transformers {header['transformers']}"
+    )
+    print(
+        f"model: qwen3 vocab {m['vocab_size']}, hidden {m['hidden_size']}, {m['num_hidden_layers']} layers, "
+        f"{m['num_attention_heads']}/{m['num_key_value_heads']} heads, ffn {m['intermediate_size']}, "
+        f"{m['parameters'] / 1e6:.2f} M parameters, fp32; batch {args.batch}, prompts of "
+        f"{header['prompt_len'][0]}-{header['prompt_len'][1]} tokens (left-padded)"
+    )
+    print(
+        f"kv engine vs transformers forward, max |log-prob diff|: "
+        f"{header['kv_vs_transformers_max_abs_logprob_diff']:.2e}"
+    )
     print(f"{'new tokens':>10} | " + " | ".join(f"{e:>22}" for e in args.engines) + " | kv / transformers")
     for n_new in args.new_tokens:
         row = {r["engine"]: r for r in results if r["new_tokens"] == n_new}
-        cells = [f"{row[e]['tokens_per_s']:>9.0f} tok/s {row[e]['ms_per_step']:>6.1f} ms" if "tokens_per_s" in
-                 row[e] else f"{'skipped':>22}" for e in args.engines]
-        ratio = (f"{row['kv']['tokens_per_s'] / row['transformers']['tokens_per_s']:.2f}x"
-                 if "kv" in row and "transformers" in row else "-")
+        cells = [
+            f"{row[e]['tokens_per_s']:>9.0f} tok/s {row[e]['ms_per_step']:>6.1f} ms"
+            if "tokens_per_s" in row[e]
+            else f"{'skipped':>22}"
+            for e in args.engines
+        ]
+        ratio = (
+            f"{row['kv']['tokens_per_s'] / row['transformers']['tokens_per_s']:.2f}x"
+            if "kv" in row and "transformers" in row
+            else "-"
+        )
         print(f"{n_new:>10} | " + " | ".join(cells) + f" | {ratio}")
     print("(ms = milliseconds per decoding step for the whole batch, prefill included)")
     if args.json:

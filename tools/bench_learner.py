@@ -23,17 +23,37 @@ import tempfile
 import time
 
 TINY = {
-    "dense": dict(model_type="qwen3", vocab_size=1024, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=10000.0,
-                  max_position_embeddings=4096, tie_word_embeddings=False),
+    "dense": dict(
+        model_type="qwen3",
+        vocab_size=1024,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        rope_theta=10000.0,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    ),
 }
-TINY["moe"] = dict(TINY["dense"], model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2,
-                   moe_intermediate_size=96, router_aux_loss_coef=0.001)
+TINY["moe"] = dict(
+    TINY["dense"],
+    model_type="qwen3_moe",
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=96,
+    router_aux_loss_coef=0.001,
+)
 
 # name -> (world size, model, TP, PP, EP)
 LAYOUTS = {
-    "1": (1, "dense", 1, 1, 1), "dp2": (2, "dense", 1, 1, 1), "tp2": (2, "dense", 2, 1, 1),
-    "pp2": (2, "dense", 1, 2, 1), "moe-1": (1, "moe", 1, 1, 1), "moe-ep2": (2, "moe", 1, 1, 2),
+    "1": (1, "dense", 1, 1, 1),
+    "dp2": (2, "dense", 1, 1, 1),
+    "tp2": (2, "dense", 2, 1, 1),
+    "pp2": (2, "dense", 1, 2, 1),
+    "moe-1": (1, "moe", 1, 1, 1),
+    "moe-ep2": (2, "moe", 1, 1, 2),
     "tp2pp2": (4, "dense", 2, 2, 1),
 }
 DEFAULT_LAYOUTS = "1,dp2,tp2,pp2,moe-1,moe-ep2"
@@ -43,8 +63,16 @@ def worker(args):
     import torch
     import torch.distributed as dist
 
-    from gspo_mcore.learner import (LossConfig, ParallelConfig, Sample, build_model, destroy_parallel,
-                                    forward_backward, init_parallel, load_hf_config)
+    from gspo_mcore.learner import (
+        LossConfig,
+        ParallelConfig,
+        Sample,
+        build_model,
+        destroy_parallel,
+        forward_backward,
+        init_parallel,
+        load_hf_config,
+    )
     from gspo_mcore.learner.model import have_transformer_engine
     from gspo_mcore.learner.step import uses_transformer_engine
 
@@ -61,8 +89,14 @@ def worker(args):
         tokens = torch.randint(0, shape.vocab_size, (length,), generator=g)
         mask = torch.ones(length, dtype=torch.int64)
         mask[: length // 4] = 0
-        samples.append(Sample(tokens=tokens, loss_mask=mask, advantage=float(torch.randn(1, generator=g)),
-                              old_logprobs=torch.full((length - 1,), -5.0)))
+        samples.append(
+            Sample(
+                tokens=tokens,
+                loss_mask=mask,
+                advantage=float(torch.randn(1, generator=g)),
+                old_logprobs=torch.full((length - 1,), -5.0),
+            )
+        )
     total_tokens = sum(s.length for s in samples)
     loss_cfg = LossConfig(variant="gspo")
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
@@ -81,12 +115,21 @@ def worker(args):
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     if dist.get_rank() == 0:
         peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
-        row = dict(layout=args.layout, world=layout.world_size, model=args.model or model_name,
-                   device="cuda" if torch.cuda.is_available() else "cpu", te=have_transformer_engine(),
-                   dtype=str(model[0].config.params_dtype).removeprefix("torch."), samples=args.samples,
-                   packing="thd" if uses_transformer_engine(model) else args.packing,
-                   tokens=total_tokens, microbatches=int(metrics["num_microbatches"]), step_s=float(t),
-                   tokens_per_s=total_tokens / float(t), peak_gib=peak)
+        row = dict(
+            layout=args.layout,
+            world=layout.world_size,
+            model=args.model or model_name,
+            device="cuda" if torch.cuda.is_available() else "cpu",
+            te=have_transformer_engine(),
+            dtype=str(model[0].config.params_dtype).removeprefix("torch."),
+            samples=args.samples,
+            packing="thd" if uses_transformer_engine(model) else args.packing,
+            tokens=total_tokens,
+            microbatches=int(metrics["num_microbatches"]),
+            step_s=float(t),
+            tokens_per_s=total_tokens / float(t),
+            peak_gib=peak,
+        )
         with open(args.out, "a") as f:
             f.write(json.dumps(row) + "\n")
     destroy_parallel()
@@ -97,8 +140,21 @@ def launch(args, name, out):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_port", str(port),
-           os.path.abspath(__file__), "--worker", "--layout", name, "--out", out]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(world),
+        "--master_port",
+        str(port),
+        os.path.abspath(__file__),
+        "--worker",
+        "--layout",
+        name,
+        "--out",
+        out,
+    ]
     for key in ("model", "samples", "max_len", "max_tokens", "steps", "warmup", "threads", "packing"):
         value = getattr(args, key)
         if value is not None:
@@ -118,8 +174,12 @@ def main():
     parser.add_argument("--max-tokens", type=int, default=1024, help="token budget of a micro-batch")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--packing", default="padded", choices=("padded", "block_diagonal"),
-                        help="CPU micro-batch layout (with Transformer Engine: always THD)")
+    parser.add_argument(
+        "--packing",
+        default="padded",
+        choices=("padded", "block_diagonal"),
+        help="CPU micro-batch layout (with Transformer Engine: always THD)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per rank (OMP_NUM_THREADS)")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -139,11 +199,15 @@ def main():
             launch(args, name, out)
         with open(out) as f:
             rows = [json.loads(line) for line in f]
-    print(f"{'layout':<9} {'ranks':>5} {'device':>6} {'dtype':>8} {'packing':>14} {'tokens':>7} {'mb/rank':>7} "
-          f"{'step ms':>9} {'tokens/s':>10}")
+    print(
+        f"{'layout':<9} {'ranks':>5} {'device':>6} {'dtype':>8} {'packing':>14} {'tokens':>7} {'mb/rank':>7} "
+        f"{'step ms':>9} {'tokens/s':>10}"
+    )
     for r in rows:
-        print(f"{r['layout']:<9} {r['world']:>5} {r['device']:>6} {r['dtype']:>8} {r['packing']:>14} {r['tokens']:>7} "
-              f"{r['microbatches']:>7} {1000 * r['step_s']:>9.1f} {r['tokens_per_s']:>10.0f}")
+        print(
+            f"{r['layout']:<9} {r['world']:>5} {r['device']:>6} {r['dtype']:>8} {r['packing']:>14} {r['tokens']:>7} "
+            f"{r['microbatches']:>7} {1000 * r['step_s']:>9.1f} {r['tokens_per_s']:>10.0f}"
+        )
     print(json.dumps(rows))
 
 

@@ -83,6 +83,8 @@ def gspo_isa() -> str:
     from gspo_mcore import _C
 
     return _C.cpu_isa()
+
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -211,8 +213,13 @@ def make_gspo(case: Case):
         lp = token_logprobs(logits, t, inplace_backward=True)
         return torch.autograd.grad(lp, xl, gl)
 
-    return {"fwd": fwd, "fwd+bwd": fwd_bwd, "fwd+bwd_inplace": (prepare_inplace, fwd_bwd_inplace),
-            "fwd_ent": fwd_ent, "fwd+bwd_ent": fwd_bwd_ent}
+    return {
+        "fwd": fwd,
+        "fwd+bwd": fwd_bwd,
+        "fwd+bwd_inplace": (prepare_inplace, fwd_bwd_inplace),
+        "fwd_ent": fwd_ent,
+        "fwd+bwd_ent": fwd_bwd_ent,
+    }
 
 
 class _FreshCopy(torch.autograd.Function):
@@ -491,11 +498,16 @@ def run_case(case: Case, names, reps: int, warmup: int, compile_timeout: float, 
             results[key]["peak_extra_bytes"] = measure_peak_extra(lambda: fn(arg))
             del arg
     return {
-        "read": {k: {"median_s": read_med[k], "GBps": case.nbytes / read_med[k] / 1e9,
-                     "times": read_times[k]} for k in read},
-        "fresh_write": {"median_s": statistics.median(fresh_times), "min_s": min(fresh_times),
-                        "x_read": statistics.median(fresh_times) / one_read,
-                        "x_read_min": min(fresh_times) / one_read_min, "times": fresh_times},
+        "read": {
+            k: {"median_s": read_med[k], "GBps": case.nbytes / read_med[k] / 1e9, "times": read_times[k]} for k in read
+        },
+        "fresh_write": {
+            "median_s": statistics.median(fresh_times),
+            "min_s": min(fresh_times),
+            "x_read": statistics.median(fresh_times) / one_read,
+            "x_read_min": min(fresh_times) / one_read_min,
+            "times": fresh_times,
+        },
         "one_read_s": one_read,
         "one_read_min_s": one_read_min,
         "one_read_kind": read_kind,
@@ -507,17 +519,23 @@ def run_case(case: Case, names, reps: int, warmup: int, compile_timeout: float, 
 def print_case(case: Case, out: dict, dtype_name: str):
     T, V = case.T, case.V
     tv32 = T * V * 4
-    print(f"\n=== T={T} V={V} dtype={dtype_name}  logits {case.nbytes / 1e9:.3f} GB  threads={torch.get_num_threads()}"
-          f"  CPU: {cpu_model()}  gspo ISA: {gspo_isa()}")
+    print(
+        f"\n=== T={T} V={V} dtype={dtype_name}  logits {case.nbytes / 1e9:.3f} GB  threads={torch.get_num_threads()}"
+        f"  CPU: {cpu_model()}  gspo ISA: {gspo_isa()}"
+    )
     for k, r in out["read"].items():
         mark = " <- one read" if k == out["one_read_kind"] else ""
         print(f"  read via {k:5s}: {r['median_s'] * 1e3:8.2f} ms  {r['GBps']:6.1f} GB/s{mark}")
     fw = out["fresh_write"]
-    print(f"  fresh [T,V] alloc + one write: {fw['median_s'] * 1e3:8.2f} ms = {fw['x_read']:.2f}x read "
-          f"(min {fw['x_read_min']:.2f}x): the floor under any approach that returns a new gradient")
+    print(
+        f"  fresh [T,V] alloc + one write: {fw['median_s'] * 1e3:8.2f} ms = {fw['x_read']:.2f}x read "
+        f"(min {fw['x_read_min']:.2f}x): the floor under any approach that returns a new gradient"
+    )
     res = out["results"]
-    hdr = (f"  {'approach':12s} {'mode':12s} {'median ms':>10s} {'x read':>8s} {'(min)':>7s} {'vs eager':>9s} "
-           f"{'peak extra':>11s} {'logp err':>9s} {'first call':>10s}")
+    hdr = (
+        f"  {'approach':12s} {'mode':12s} {'median ms':>10s} {'x read':>8s} {'(min)':>7s} {'vs eager':>9s} "
+        f"{'peak extra':>11s} {'logp err':>9s} {'first call':>10s}"
+    )
     print(hdr)
     print("  " + "-" * (len(hdr) - 2))
     for mode in MODES:
@@ -530,15 +548,22 @@ def print_case(case: Case, out: dict, dtype_name: str):
             pk_s = f"{pk / tv32:9.2f}TV" if pk is not None else f"{'?':>11s}"
             err = r.get("logp_err")
             err_s = f"{err:9.1e}" if err is not None else f"{'':9s}"
-            print(f"  {name:12s} {mode:12s} {r['median_s'] * 1e3:10.2f} {r['x_read']:8.2f} {r['x_read_min']:7.2f} {speed} {pk_s} "
-                  f"{err_s} {r['first_call_s']:9.2f}s")
+            print(
+                f"  {name:12s} {mode:12s} {r['median_s'] * 1e3:10.2f} {r['x_read']:8.2f} {r['x_read_min']:7.2f} "
+                f"{speed} {pk_s} "
+                f"{err_s} {r['first_call_s']:9.2f}s"
+            )
     print("  (x read: median time / median of one read; (min): fastest time / fastest read, the figure least")
     print("   disturbed by other processes; vs eager: eager's median / this median, same mode (fwd+bwd for")
     print("   fwd+bwd_inplace: token_logprobs(..., inplace_backward=True), the gradient written into the logits);")
-    print("   peak extra: resident peak above the inputs, in fp32 [T,V] buffers (=%.0f MB); fwd+bwd includes"
-          % (tv32 / 1e6))
-    print("   the returned gradient, itself %.2f TV in this dtype; logp err: max |logp - fp64| on 128 rows)"
-          % (case.logits.element_size() / 4))
+    print(
+        "   peak extra: resident peak above the inputs, in fp32 [T,V] buffers (=%.0f MB); fwd+bwd includes"
+        % (tv32 / 1e6)
+    )
+    print(
+        "   the returned gradient, itself %.2f TV in this dtype; logp err: max |logp - fp64| on 128 rows)"
+        % (case.logits.element_size() / 4)
+    )
     for n in out["notes"]:
         print("  note:", n)
     g = {m: res.get(("gspo", m)) for m in MODES}
@@ -568,8 +593,12 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=5, help="timed repetitions (median reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls per approach and mode first")
     p.add_argument("--approaches", nargs="+", default=list(APPROACHES), choices=list(APPROACHES))
-    p.add_argument("--compile-timeout", type=float, default=300.0,
-                   help="seconds allowed for the first (compiling) call of torch.compile'd approaches")
+    p.add_argument(
+        "--compile-timeout",
+        type=float,
+        default=300.0,
+        help="seconds allowed for the first (compiling) call of torch.compile'd approaches",
+    )
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
     p.add_argument("--isa", default=None, help="force gspo_mcore's CPU ISA (avx512, avx2, default)")
     p.add_argument("--json", default=None, metavar="OUT", help="write all numbers to this JSON file")
@@ -595,34 +624,54 @@ def main(argv=None):
             thp = f.read().strip()
     except OSError:
         pass
-    print(f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '')!r} (torch madvises >= 2 MB "
-          f"allocations into huge pages when 1)  /sys/kernel/mm/transparent_hugepage/enabled: {thp}")
+    print(
+        f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '')!r} (torch madvises >= 2 MB "
+        f"allocations into huge pages when 1)  /sys/kernel/mm/transparent_hugepage/enabled: {thp}"
+    )
     try:
         load = "load average (1, 5, 15 min): " + " ".join(f"{v:.2f}" for v in os.getloadavg())
     except OSError:
         load = "load average: ?"
     print(f"CPU: {cpu_model()}  gspo ISA: {isa}  {load}")
-    print(f"torch {torch.__version__}  threads {torch.get_num_threads()}  {platform.processor() or platform.machine()}"
-          f"  cpus {os.cpu_count()}  parallel backend: {torch.__config__.parallel_info().splitlines()[0]}")
+    print(
+        f"torch {torch.__version__}  threads {torch.get_num_threads()}  {platform.processor() or platform.machine()}"
+        f"  cpus {os.cpu_count()}  parallel backend: {torch.__config__.parallel_info().splitlines()[0]}"
+    )
     print("command: " + " ".join([os.path.basename(sys.executable)] + sys.argv))
 
-    report = {"argv": sys.argv, "torch": torch.__version__, "threads": torch.get_num_threads(), "isa": isa,
-              "cpu": cpu_model(), "loadavg": list(os.getloadavg()),
-              "cases": []}
+    report = {
+        "argv": sys.argv,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "isa": isa,
+        "cpu": cpu_model(),
+        "loadavg": list(os.getloadavg()),
+        "cases": [],
+    }
     for dname in args.dtype:
         for V in args.vocab:
             for T in args.tokens:
                 case = Case(T, V, DTYPES[dname])
-                out = run_case(case, args.approaches, args.reps, max(1, args.warmup), args.compile_timeout,
-                               not args.no_memory)
+                out = run_case(
+                    case, args.approaches, args.reps, max(1, args.warmup), args.compile_timeout, not args.no_memory
+                )
                 print_case(case, out, dname)
                 sys.stdout.flush()
-                report["cases"].append({
-                    "T": T, "V": V, "dtype": dname, "bytes": case.nbytes, "one_read_s": out["one_read_s"],
-                    "one_read_min_s": out["one_read_min_s"], "one_read_kind": out["one_read_kind"],
-                    "read": out["read"], "fresh_write": out["fresh_write"], "notes": out["notes"],
-                    "results": [{"approach": a, "mode": m, **r} for (a, m), r in out["results"].items()],
-                })
+                report["cases"].append(
+                    {
+                        "T": T,
+                        "V": V,
+                        "dtype": dname,
+                        "bytes": case.nbytes,
+                        "one_read_s": out["one_read_s"],
+                        "one_read_min_s": out["one_read_min_s"],
+                        "one_read_kind": out["one_read_kind"],
+                        "read": out["read"],
+                        "fresh_write": out["fresh_write"],
+                        "notes": out["notes"],
+                        "results": [{"approach": a, "mode": m, **r} for (a, m), r in out["results"].items()],
+                    }
+                )
                 del case, out
                 gc.collect()
     if args.json:

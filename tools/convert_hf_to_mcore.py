@@ -20,13 +20,20 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--hf", required=True, help="Hugging Face folder (config.json + *.safetensors)")
     parser.add_argument("--out", required=True, help="output folder (must not exist or be empty)")
     parser.add_argument("--dtype", default="auto", help="auto (config.json's), float32, bfloat16 or float16")
-    from gspo_mcore.convert.launch import (add_layout_args, fail, parallel_config, preflight_launch, relaunch,
-                                           under_torchrun)
+    from gspo_mcore.convert.launch import (
+        add_layout_args,
+        fail,
+        parallel_config,
+        preflight_launch,
+        relaunch,
+        under_torchrun,
+    )
 
     add_layout_args(parser)
     args = parser.parse_args(argv)

@@ -22,18 +22,31 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from gspo_mcore.convert.launch import (add_layout_args, fail, parallel_config, parse_size, preflight_launch,
-                                           relaunch, under_torchrun)
+    from gspo_mcore.convert.launch import (
+        add_layout_args,
+        fail,
+        parallel_config,
+        parse_size,
+        preflight_launch,
+        relaunch,
+        under_torchrun,
+    )
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mcore", required=True, help="converted or training checkpoint folder")
     parser.add_argument("--out", required=True, help="output Hugging Face folder (must not exist or be empty)")
-    parser.add_argument("--config", default=None, help="folder with config.json and tokenizer files, if not "
-                                                       "beside the checkpoint")
+    parser.add_argument(
+        "--config", default=None, help="folder with config.json and tokenizer files, if not beside the checkpoint"
+    )
     parser.add_argument("--dtype", default="auto", help="auto (config.json's), float32, bfloat16 or float16")
-    parser.add_argument("--max-shard-size", type=parse_size, default="5GB",
-                        help="split the safetensors files above this size (default 5GB)")
+    parser.add_argument(
+        "--max-shard-size",
+        type=parse_size,
+        default="5GB",
+        help="split the safetensors files above this size (default 5GB)",
+    )
     add_layout_args(parser)
     args = parser.parse_args(argv)
 
@@ -55,8 +68,15 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(exc))
     if world > 1 and not under_torchrun():
         return relaunch(__file__, argv, world)
-    files = mcore_to_hf(args.mcore, args.out, parallel, config_dir=args.config, dtype=dtype,
-                        max_shard_bytes=args.max_shard_size, progress=args.progress)
+    files = mcore_to_hf(
+        args.mcore,
+        args.out,
+        parallel,
+        config_dir=args.config,
+        dtype=dtype,
+        max_shard_bytes=args.max_shard_size,
+        progress=args.progress,
+    )
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"wrote {len(files)} safetensors file(s) to {args.out} ({shape.model_type})")
     return 0

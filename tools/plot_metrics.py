@@ -30,8 +30,10 @@ def eval_panels(rows: list[dict]) -> list[tuple[str, list[str], None]]:
     keys = sorted({k for r in rows for k in r if k.startswith("eval/")})
     names = sorted({k.split("/")[1] for k in keys})
     shown = ("/reward_mean", "/greedy_pass@1")
-    return [(f"eval: {n}", [k for k in keys if k.startswith(f"eval/{n}/") and ("/pass@" in k or k.endswith(shown))],
-             None) for n in names]
+    return [
+        (f"eval: {n}", [k for k in keys if k.startswith(f"eval/{n}/") and ("/pass@" in k or k.endswith(shown))], None)
+        for n in names
+    ]
 
 
 def read_metrics(path: str) -> list[dict]:
@@ -80,7 +82,7 @@ def plot(rows: list[dict], out: str, title: str = "") -> str:
         ax.grid(alpha=0.3)
         if len(keys) > 1:
             ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     if title:
         fig.suptitle(title)

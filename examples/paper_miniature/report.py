@@ -52,8 +52,11 @@ class RunData:
 
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """``(steps, values)`` of the steps that report ``key`` with a finite value."""
-        pts = [(r["step"], float(r[key])) for r in self.rows
-               if isinstance(r.get(key), (int, float)) and math.isfinite(float(r[key]))]
+        pts = [
+            (r["step"], float(r[key]))
+            for r in self.rows
+            if isinstance(r.get(key), (int, float)) and math.isfinite(float(r[key]))
+        ]
         if not pts:
             return np.zeros(0), np.zeros(0)
         steps, values = zip(*pts)
@@ -61,6 +64,7 @@ class RunData:
 
 
 # ---- reading -------------------------------------------------------------------------------------------
+
 
 def _read_jsonl(path: str) -> list[dict]:
     rows = {}
@@ -98,13 +102,24 @@ def load_runs(out: str) -> list[RunData]:
         rows = _read_jsonl(path)
         if wall is None and rows:
             wall = sum(float(r.get("time_step_s", 0.0)) for r in rows)  # steps only, start-up not counted
-        runs.append(RunData(parts[0], parts[1], int(match.group(1)), run_dir, rows,
-                            expected_steps=config.get("steps"), wall_s=wall, config=config))
+        runs.append(
+            RunData(
+                parts[0],
+                parts[1],
+                int(match.group(1)),
+                run_dir,
+                rows,
+                expected_steps=config.get("steps"),
+                wall_s=wall,
+                config=config,
+            )
+        )
     runs.sort(key=lambda r: (_order(r.model, MODEL_ORDER), _order(r.algo, ALGO_ORDER), r.seed))
     return runs
 
 
 # ---- per-run statistics --------------------------------------------------------------------------------
+
 
 def window(n: int) -> int:
     """The final / best window: 10% of the run's steps (at least one)."""
@@ -142,9 +157,9 @@ def run_stats(run: RunData) -> RunStats:
     final = float(reward[-w:].mean()) if len(reward) else math.nan
     best = float(_sliding(reward, w).max()) if len(reward) else math.nan
     _, entropy = run.series("entropy")
-    final_entropy = float(entropy[-window(len(entropy)):].mean()) if len(entropy) else None
+    final_entropy = float(entropy[-window(len(entropy)) :].mean()) if len(entropy) else None
     _, zero = run.series("zero_advantage_group_fraction")
-    final_zero = float(zero[-window(len(zero)):].mean()) if len(zero) else None
+    final_zero = float(zero[-window(len(zero)) :].mean()) if len(zero) else None
     _, routing = run.series("routing_changed_fraction")
     nonfinite = sum(float(r.get("nonfinite_tokens", 0.0) or 0.0) for r in run.rows)
     reasons = []
@@ -154,10 +169,23 @@ def run_stats(run: RunData) -> RunStats:
         reasons.append(("b", f"reward fell from a best window of {best:.3f} to {final:.3f}"))
     if final_zero is not None and final_zero >= STALLED and final < SOLVED:
         entropy = f", entropy {final_entropy:.3g} nats/token" if final_entropy is not None else ""
-        reasons.append(("c", f"stalled: {final_zero:.1%} of groups had all-equal rewards in the final window, "
-                             f"at reward {final:.3f}{entropy}"))
-    return RunStats(final, best, _mean(run, "clip_fraction"), _mean(run, "clipped_sequence_fraction"),
-                    float(routing.mean()) if len(routing) else None, final_entropy, final_zero, reasons)
+        reasons.append(
+            (
+                "c",
+                f"stalled: {final_zero:.1%} of groups had all-equal rewards in the final window, "
+                f"at reward {final:.3f}{entropy}",
+            )
+        )
+    return RunStats(
+        final,
+        best,
+        _mean(run, "clip_fraction"),
+        _mean(run, "clipped_sequence_fraction"),
+        float(routing.mean()) if len(routing) else None,
+        final_entropy,
+        final_zero,
+        reasons,
+    )
 
 
 def _mean(run: RunData, key: str) -> float:
@@ -166,6 +194,7 @@ def _mean(run: RunData, key: str) -> float:
 
 
 # ---- plots ---------------------------------------------------------------------------------------------
+
 
 def _band(runs: list[RunData], key: str, smoothing: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Steps, and mean / min / max over the runs (each smoothed first) at each step any of them reports."""
@@ -190,8 +219,18 @@ def _groups(runs: list[RunData]) -> dict[tuple[str, str], list[RunData]]:
     return out
 
 
-def _panels(groups, keys: list[tuple[str, str]], path: str, *, ylabel: str, title: str, smoothing: int,
-            log: bool = False, band: bool = True, models: list[str] | None = None) -> str | None:
+def _panels(
+    groups,
+    keys: list[tuple[str, str]],
+    path: str,
+    *,
+    ylabel: str,
+    title: str,
+    smoothing: int,
+    log: bool = False,
+    band: bool = True,
+    models: list[str] | None = None,
+) -> str | None:
     """One panel per model (or per key when several keys are given), one line per algorithm."""
     import matplotlib
 
@@ -255,6 +294,7 @@ def _clip_bars(table: list[dict], path: str) -> str | None:
 
 # ---- the report ----------------------------------------------------------------------------------------
 
+
 def _fmt(x: float | None, digits: int = 3) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "n/a"
@@ -284,16 +324,23 @@ def summarize(runs: list[RunData]) -> tuple[list[dict], dict[str, RunStats]]:
         stats = [per_run[r.name] for r in done]
         routing = [s.routing_changed for s in stats if s.routing_changed is not None]
         walls = [r.wall_s for r in done if r.wall_s is not None]
-        table.append({
-            "model": model, "algo": algo, "n": len(done), "incomplete": len(group) - len(done),
-            "final": [s.final_reward for s in stats], "best": [s.best_reward for s in stats],
-            "token_clip": float(np.mean([s.token_clip for s in stats])) if stats else math.nan,
-            "seq_clip": float(np.mean([s.seq_clip for s in stats])) if stats else math.nan,
-            "routing": routing,
-            "collapsed": [f"seed{r.seed} ({','.join(c for c, _ in s.collapse)})" for r, s in zip(done, stats)
-                          if s.collapse],
-            "wall_s": float(np.mean(walls)) if walls else None,
-        })
+        table.append(
+            {
+                "model": model,
+                "algo": algo,
+                "n": len(done),
+                "incomplete": len(group) - len(done),
+                "final": [s.final_reward for s in stats],
+                "best": [s.best_reward for s in stats],
+                "token_clip": float(np.mean([s.token_clip for s in stats])) if stats else math.nan,
+                "seq_clip": float(np.mean([s.seq_clip for s in stats])) if stats else math.nan,
+                "routing": routing,
+                "collapsed": [
+                    f"seed{r.seed} ({','.join(c for c, _ in s.collapse)})" for r, s in zip(done, stats) if s.collapse
+                ],
+                "wall_s": float(np.mean(walls)) if walls else None,
+            }
+        )
     return table, per_run
 
 
@@ -304,30 +351,47 @@ def _setup_lines(runs: list[RunData], matrix: dict) -> list[str]:
     lines = []
     if cfg:
         ro, batch = cfg.get("rollout", {}), cfg.get("batch", {})
-        lines.append(f"- Every run: {cfg.get('steps')} steps of {ro.get('prompts_per_step')} prompts x "
-                     f"{ro.get('group_size')} samples, {batch.get('num_minibatches')} optimizer steps (mini-batches) "
-                     f"per rollout batch, lr {cfg.get('optim', {}).get('lr')}, at most "
-                     f"{ro.get('sampling', {}).get('max_new_tokens')} new tokens; one CPU process per run. The "
-                     "algorithms differ only in the loss and (GRPO + RR) Routing Replay.")
+        lines.append(
+            f"- Every run: {cfg.get('steps')} steps of {ro.get('prompts_per_step')} prompts x "
+            f"{ro.get('group_size')} samples, {batch.get('num_minibatches')} optimizer steps (mini-batches) "
+            f"per rollout batch, lr {cfg.get('optim', {}).get('lr')}, at most "
+            f"{ro.get('sampling', {}).get('max_new_tokens')} new tokens; one CPU process per run. The "
+            "algorithms differ only in the loss and (GRPO + RR) Routing Replay."
+        )
         loss = cfg.get("loss", {})
         eps = {v: (loss.get("eps_low") or d[0], loss.get("eps_high") or d[1]) for v, d in DEFAULT_EPS.items()}
         default = loss.get("eps_low") is None and loss.get("eps_high") is None
-        lines.append("- Clip ranges" + (" (each variant's paper default)" if default else "") + ": " + "; ".join(
-            f"{LABELS[v]} eps_low/eps_high {lo:g}/{hi:g}" for v, (lo, hi) in eps.items()) + ".")
-    lines.append("- Seed k sets `seed`, `model.init_seed` and `sampler.seed`; the algorithms share seeds, so seed k "
-                 "starts every algorithm from the same initial weights and prompt order.")
-    lines.append("- GRPO + Routing Replay runs on the MoE model only: a dense model has no router, so replay is a "
-                 "no-op there (the trainer refuses it).")
-    lines.append("- GSPO-token with one advantage per sequence (as here) equals GSPO in value and gradient, so "
-                 "their curves can differ only through floating-point rounding (which can compound over steps).")
+        lines.append(
+            "- Clip ranges"
+            + (" (each variant's paper default)" if default else "")
+            + ": "
+            + "; ".join(f"{LABELS[v]} eps_low/eps_high {lo:g}/{hi:g}" for v, (lo, hi) in eps.items())
+            + "."
+        )
+    lines.append(
+        "- Seed k sets `seed`, `model.init_seed` and `sampler.seed`; the algorithms share seeds, so seed k "
+        "starts every algorithm from the same initial weights and prompt order."
+    )
+    lines.append(
+        "- GRPO + Routing Replay runs on the MoE model only: a dense model has no router, so replay is a "
+        "no-op there (the trainer refuses it)."
+    )
+    lines.append(
+        "- GSPO-token with one advantage per sequence (as here) equals GSPO in value and gradient, so "
+        "their curves can differ only through floating-point rounding (which can compound over steps)."
+    )
     if matrix and not matrix.get("routing_supported", True):
-        lines.append("- This trainer had no `routing` config: GRPO + Routing Replay was not run and routing "
-                     "volatility was not measured.")
+        lines.append(
+            "- This trainer had no `routing` config: GRPO + Routing Replay was not run and routing "
+            "volatility was not measured."
+        )
     elif matrix.get("measure_every"):
-        lines.append(f"- MoE runs measure routing volatility every {matrix['measure_every']} steps: "
-                     "`routing_changed_fraction` = fraction of (response token, MoE layer) pairs whose top-k expert "
-                     "set changed after the step's first optimizer update; `routing_expert_change_fraction` = "
-                     "fraction of chosen experts not chosen before.")
+        lines.append(
+            f"- MoE runs measure routing volatility every {matrix['measure_every']} steps: "
+            "`routing_changed_fraction` = fraction of (response token, MoE layer) pairs whose top-k expert "
+            "set changed after the step's first optimizer update; `routing_expert_change_fraction` = "
+            "fraction of chosen experts not chosen before."
+        )
     return lines
 
 
@@ -341,43 +405,72 @@ def write_report(out: str) -> str:
     table, per_run = summarize(runs)
     groups = _groups([r for r in runs if r.complete and r.rows])
     figs = {
-        "reward": _panels(groups, [("reward_mean", "")], os.path.join(out, "reward_curves.png"),
-                          ylabel="reward (mean of the step's samples)", smoothing=SMOOTH,
-                          title=f"Reward: mean over seeds, band = min..max over seeds; {SMOOTH}-step trailing average"),
-        "clip": _panels(groups, [("clip_fraction", "")], os.path.join(out, "clip_fraction.png"), log=True, band=False,
-                        ylabel="token clip fraction", smoothing=SMOOTH,
-                        title=f"Token clip fraction: mean over seeds; {SMOOTH}-step trailing average; "
-                              "gaps: 0 (not drawn on a log scale)"),
+        "reward": _panels(
+            groups,
+            [("reward_mean", "")],
+            os.path.join(out, "reward_curves.png"),
+            ylabel="reward (mean of the step's samples)",
+            smoothing=SMOOTH,
+            title=f"Reward: mean over seeds, band = min..max over seeds; {SMOOTH}-step trailing average",
+        ),
+        "clip": _panels(
+            groups,
+            [("clip_fraction", "")],
+            os.path.join(out, "clip_fraction.png"),
+            log=True,
+            band=False,
+            ylabel="token clip fraction",
+            smoothing=SMOOTH,
+            title=f"Token clip fraction: mean over seeds; {SMOOTH}-step trailing average; "
+            "gaps: 0 (not drawn on a log scale)",
+        ),
         "bars": _clip_bars(table, os.path.join(out, "clip_fraction_bars.png")),
     }
     moe = sorted({m for (m, _), rs in groups.items() if any(len(r.series(ROUTING_KEYS[0])[0]) for r in rs)})
     if moe:
-        figs["routing"] = _panels(groups, [(ROUTING_KEYS[0], "changed (token, layer) pairs"),
-                                           (ROUTING_KEYS[1], "changed experts")],
-                                  os.path.join(out, "routing_volatility.png"), models=moe, smoothing=1,
-                                  ylabel="fraction after the step's first update",
-                                  title="Routing volatility on measured steps: mean over seeds, band = min..max")
-    md = ["# GSPO paper miniature", "",
-          "GSPO, GSPO-token, GRPO and GRPO + Routing Replay on the tiny digit-reversal task "
-          "(examples/tiny/task.py: reward 0.2 for the right length + 0.8 x fraction of right digits), "
-          "dense and MoE models, trained from random initialisation on CPU.", "", "## Setup", ""]
+        figs["routing"] = _panels(
+            groups,
+            [(ROUTING_KEYS[0], "changed (token, layer) pairs"), (ROUTING_KEYS[1], "changed experts")],
+            os.path.join(out, "routing_volatility.png"),
+            models=moe,
+            smoothing=1,
+            ylabel="fraction after the step's first update",
+            title="Routing volatility on measured steps: mean over seeds, band = min..max",
+        )
+    md = [
+        "# GSPO paper miniature",
+        "",
+        "GSPO, GSPO-token, GRPO and GRPO + Routing Replay on the tiny digit-reversal task "
+        "(examples/tiny/task.py: reward 0.2 for the right length + 0.8 x fraction of right digits), "
+        "dense and MoE models, trained from random initialisation on CPU.",
+        "",
+        "## Setup",
+        "",
+    ]
     md += _setup_lines(runs, matrix)
-    md += ["", "## Results", "",
-           "Final reward: mean reward over the last 10% of steps of a run; best reward: the highest mean over any "
-           "window of that length. Both, and every other column, are given as mean ± sample std over seeds (mean "
-           "alone for clip fractions). Token clip fraction: the fraction of response tokens whose loss term is clipped "
-           "(for GSPO, the tokens of clipped sequences), averaged over steps. Wall time: launch to exit of the run's "
-           "process (or, without run.json, the sum of its step times).", "",
-           "| model | algorithm | seeds | final reward | best reward | token clip fraction | sequence clip fraction "
-           "| routing change fraction | collapsed runs | wall time per run |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    md += [
+        "",
+        "## Results",
+        "",
+        "Final reward: mean reward over the last 10% of steps of a run; best reward: the highest mean over any "
+        "window of that length. Both, and every other column, are given as mean ± sample std over seeds (mean "
+        "alone for clip fractions). Token clip fraction: the fraction of response tokens whose loss term is clipped "
+        "(for GSPO, the tokens of clipped sequences), averaged over steps. Wall time: launch to exit of the run's "
+        "process (or, without run.json, the sum of its step times).",
+        "",
+        "| model | algorithm | seeds | final reward | best reward | token clip fraction | sequence clip fraction "
+        "| routing change fraction | collapsed runs | wall time per run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in table:
         seeds = f"{row['n']}" + (f" (+{row['incomplete']} incomplete, excluded)" if row["incomplete"] else "")
         collapsed = ", ".join(row["collapsed"]) or "none"
         wall = f"{row['wall_s'] / 60:.1f} min" if row["wall_s"] is not None else "n/a"
-        md.append(f"| {row['model']} | {LABELS.get(row['algo'], row['algo'])} | {seeds} | {_pm(row['final'])} | "
-                  f"{_pm(row['best'])} | {_fmt(row['token_clip'])} | {_fmt(row['seq_clip'])} | "
-                  f"{_pm(row['routing']) if row['routing'] else 'n/a'} | {collapsed} | {wall} |")
+        md.append(
+            f"| {row['model']} | {LABELS.get(row['algo'], row['algo'])} | {seeds} | {_pm(row['final'])} | "
+            f"{_pm(row['best'])} | {_fmt(row['token_clip'])} | {_fmt(row['seq_clip'])} | "
+            f"{_pm(row['routing']) if row['routing'] else 'n/a'} | {collapsed} | {wall} |"
+        )
     md += ["", *_observations(table), ""]
     if figs["reward"]:
         md += [f"![reward curves]({figs['reward']})", ""]
@@ -411,8 +504,10 @@ def _observations(table: list[dict]) -> list[str]:
             else:
                 note = f"seed ranges {'overlap' if min(top['final']) <= max(other['final']) else 'do not overlap'}"
             parts.append(f"{LABELS.get(other['algo'], other['algo'])} by {diff:.3f} ({note})")
-        lines.append(f"- {model}: the highest mean final reward is {LABELS.get(top['algo'], top['algo'])} "
-                     f"({np.mean(top['final']):.3f}, n={top['n']}); it is above " + "; ".join(parts) + ".")
+        lines.append(
+            f"- {model}: the highest mean final reward is {LABELS.get(top['algo'], top['algo'])} "
+            f"({np.mean(top['final']):.3f}, n={top['n']}); it is above " + "; ".join(parts) + "."
+        )
     if lines:
         lines.append("- With this few seeds, differences whose seed ranges overlap are not evidence of a difference.")
     return lines
@@ -429,22 +524,28 @@ def _clip_lines(table: list[dict]) -> list[str]:
             if grpo > 0:
                 ratio = by[algo] / grpo
                 mag = f"{math.log10(ratio):.1f} orders of magnitude" if ratio > 0 else "-"
-                lines.append(f"- {model}: {LABELS[algo]} clips {_fmt(by[algo])} of tokens, GRPO {_fmt(grpo)}: "
-                             f"ratio {ratio:.3g} ({mag}).")
+                lines.append(
+                    f"- {model}: {LABELS[algo]} clips {_fmt(by[algo])} of tokens, GRPO {_fmt(grpo)}: "
+                    f"ratio {ratio:.3g} ({mag})."
+                )
             else:
                 lines.append(f"- {model}: {LABELS[algo]} clips {_fmt(by[algo])} of tokens; GRPO clipped none.")
     return lines or ["No GSPO / GRPO pair to compare."]
 
 
 def _collapse_lines(runs: list[RunData], per_run: dict[str, RunStats]) -> list[str]:
-    lines = ["## Collapse", "",
-             f"A run is flagged when (a) any step reports non-finite tokens (`nonfinite_tokens` > 0), or (b) its final "
-             f"reward (last 10% of steps) is more than {COLLAPSE_DROP} (absolute) below its best window, or (c) it "
-             f"stalled: in the final window at least {STALLED:.0%} of groups had all-equal rewards (zero advantage, "
-             f"hence no policy gradient) while the final reward is below {SOLVED} (the task is not solved). (a) and "
-             "(b) are collapses; (c) is learning that stopped short, the entropy-collapse case (the final entropy is "
-             "given with it). The results table lists flagged seeds with the rule's letter. Incomplete runs are "
-             "checked too.", ""]
+    lines = [
+        "## Collapse",
+        "",
+        f"A run is flagged when (a) any step reports non-finite tokens (`nonfinite_tokens` > 0), or (b) its final "
+        f"reward (last 10% of steps) is more than {COLLAPSE_DROP} (absolute) below its best window, or (c) it "
+        f"stalled: in the final window at least {STALLED:.0%} of groups had all-equal rewards (zero advantage, "
+        f"hence no policy gradient) while the final reward is below {SOLVED} (the task is not solved). (a) and "
+        "(b) are collapses; (c) is learning that stopped short, the entropy-collapse case (the final entropy is "
+        "given with it). The results table lists flagged seeds with the rule's letter. Incomplete runs are "
+        "checked too.",
+        "",
+    ]
     flagged = [(r, per_run[r.name]) for r in runs if per_run[r.name].collapse]
     if not flagged:
         lines.append(f"No run was flagged ({len(runs)} checked).")
@@ -454,15 +555,23 @@ def _collapse_lines(runs: list[RunData], per_run: dict[str, RunStats]) -> list[s
 
 
 def _per_run_lines(runs: list[RunData], per_run: dict[str, RunStats], matrix: dict, out: str) -> list[str]:
-    lines = ["## Every run", "", "Final entropy and zero-advantage groups: means over the last 10% of steps.", "",
-             "| run | steps | final reward | best reward | token clip | final entropy | zero-advantage groups "
-             "| routing change | wall time |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Every run",
+        "",
+        "Final entropy and zero-advantage groups: means over the last 10% of steps.",
+        "",
+        "| run | steps | final reward | best reward | token clip | final entropy | zero-advantage groups "
+        "| routing change | wall time |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for run in runs:
         s = per_run[run.name]
         steps = f"{len(run.rows)}" + (f"/{run.expected_steps}" if run.expected_steps else "")
         wall = f"{run.wall_s:.0f} s" if run.wall_s is not None else "n/a"
-        lines.append(f"| {run.name} | {steps} | {_fmt(s.final_reward)} | {_fmt(s.best_reward)} | {_fmt(s.token_clip)} "
-                     f"| {_fmt(s.final_entropy)} | {_fmt(s.final_zero_adv)} | {_fmt(s.routing_changed)} | {wall} |")
+        lines.append(
+            f"| {run.name} | {steps} | {_fmt(s.final_reward)} | {_fmt(s.best_reward)} | {_fmt(s.token_clip)} "
+            f"| {_fmt(s.final_entropy)} | {_fmt(s.final_zero_adv)} | {_fmt(s.routing_changed)} | {wall} |"
+        )
     have = {r.name for r in runs}
     missing = [m["name"] for m in matrix.get("runs", []) if m["name"] not in have]
     if missing:

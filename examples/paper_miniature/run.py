@@ -57,8 +57,17 @@ def routing_supported() -> bool:
     return any(f.name == "routing" for f in dataclasses.fields(TrainConfig))
 
 
-def build_matrix(out: str, *, models: list[str], algos: list[str], seeds: int, steps: int | None,
-                 routing: bool, measure_every: int = MEASURE_EVERY, extra: tuple[str, ...] = ()) -> list[Run]:
+def build_matrix(
+    out: str,
+    *,
+    models: list[str],
+    algos: list[str],
+    seeds: int,
+    steps: int | None,
+    routing: bool,
+    measure_every: int = MEASURE_EVERY,
+    extra: tuple[str, ...] = (),
+) -> list[Run]:
     """The runs: every model x algorithm x seed, except GRPO + Routing Replay on a dense model (a no-op there)
     and, when the trainer lacks the ``routing`` section, GRPO + Routing Replay altogether."""
     out = os.path.abspath(out)
@@ -72,9 +81,16 @@ def build_matrix(out: str, *, models: list[str], algos: list[str], seeds: int, s
                 continue
             for k in range(seeds):
                 run_dir = os.path.join(out, model, algo, f"seed{k}")
-                ov = [f"model.hf_dir={hf_dir}", f"data.paths=[{data}]", f"loss.variant={variant}",
-                      f"seed={k + 1}", f"model.init_seed={k + 1}", f"sampler.seed={k}",
-                      f"log.output_dir={run_dir}", "log.progress_bar=false"]
+                ov = [
+                    f"model.hf_dir={hf_dir}",
+                    f"data.paths=[{data}]",
+                    f"loss.variant={variant}",
+                    f"seed={k + 1}",
+                    f"model.init_seed={k + 1}",
+                    f"sampler.seed={k}",
+                    f"log.output_dir={run_dir}",
+                    "log.progress_bar=false",
+                ]
                 if steps is not None:
                     ov.append(f"steps={steps}")
                 if model == "moe" and routing:
@@ -152,8 +168,17 @@ def _record(run: Run, returncode: int, steps: int, wall_s: float) -> bool:
     done = len(recorded_steps(run.out_dir) & set(range(steps)))
     ok = returncode == 0 and done == steps
     with open(os.path.join(run.out_dir, "run.json"), "w") as f:
-        json.dump({"name": run.name, "returncode": returncode, "steps_done": done, "steps": steps,
-                   "wall_s": round(wall_s, 1), "ok": ok}, f)
+        json.dump(
+            {
+                "name": run.name,
+                "returncode": returncode,
+                "steps_done": done,
+                "steps": steps,
+                "wall_s": round(wall_s, 1),
+                "ok": ok,
+            },
+            f,
+        )
     return ok
 
 
@@ -166,8 +191,13 @@ def execute(runs: list[Run], *, steps: int, jobs: int, config: str = CONFIG) -> 
     running: dict[Run, tuple[subprocess.Popen, float]] = {}
     finished_steps = (len(runs) - len(todo)) * steps
     finished = len(runs) - len(todo)
-    bar = tqdm(total=len(runs) * steps, initial=finished_steps, unit="step", dynamic_ncols=True,
-               mininterval=1.0 if sys.stderr.isatty() else 60.0)
+    bar = tqdm(
+        total=len(runs) * steps,
+        initial=finished_steps,
+        unit="step",
+        dynamic_ncols=True,
+        mininterval=1.0 if sys.stderr.isatty() else 60.0,
+    )
     try:
         while todo or running:
             if todo and len(running) < jobs:  # one launch a second: starts are staggered
@@ -186,8 +216,11 @@ def execute(runs: list[Run], *, steps: int, jobs: int, config: str = CONFIG) -> 
                     log = os.path.join(run.out_dir, "train.log")
                     tqdm.write(f"FAILED {run.name} (exit {proc.returncode}): see {log}\n" + _tail(log))
             bar.set_description(f"{finished}/{len(runs)} runs, {len(failed)} failed", refresh=False)
-            bar.update(finished_steps + sum(min(_count_lines(os.path.join(r.out_dir, "metrics.jsonl")), steps)
-                                            for r in running) - bar.n)
+            bar.update(
+                finished_steps
+                + sum(min(_count_lines(os.path.join(r.out_dir, "metrics.jsonl")), steps) for r in running)
+                - bar.n
+            )
     finally:
         for proc, _ in running.values():  # interrupted: stop the children this call started
             proc.terminate()
@@ -205,8 +238,9 @@ def resolved_steps(config: str, steps: int | None, extra: tuple[str, ...]) -> in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("--out", default="runs/paper_miniature")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=None, help="default: the config's")
@@ -224,12 +258,16 @@ def main(argv: list[str] | None = None) -> int:
 
     routing = routing_supported()
     if not routing:
-        print("run: this trainer has no `routing` config: GRPO + Routing Replay is skipped and routing volatility "
-              "is not measured", file=sys.stderr)
+        print(
+            "run: this trainer has no `routing` config: GRPO + Routing Replay is skipped and routing volatility "
+            "is not measured",
+            file=sys.stderr,
+        )
     extra = tuple(args.overrides)
     steps = resolved_steps(args.config, args.steps, extra)
-    runs = build_matrix(args.out, models=args.models, algos=args.algos, seeds=args.seeds, steps=args.steps,
-                        routing=routing, extra=extra)
+    runs = build_matrix(
+        args.out, models=args.models, algos=args.algos, seeds=args.seeds, steps=args.steps, routing=routing, extra=extra
+    )
     for run in runs:  # refuse a bad matrix before anything starts
         try:
             parse_config(train_argv(run, args.config))
@@ -240,10 +278,21 @@ def main(argv: list[str] | None = None) -> int:
     for model in args.models:
         prepare(inputs, moe=model == "moe")
     with open(os.path.join(args.out, "matrix.json"), "w") as f:
-        json.dump({"config": os.path.abspath(args.config), "steps": steps, "seeds": args.seeds,
-                   "routing_supported": routing, "measure_every": MEASURE_EVERY if routing else 0,
-                   "runs": [{"name": r.name, "dir": os.path.relpath(r.out_dir, args.out), "overrides": r.overrides}
-                            for r in runs]}, f, indent=1)
+        json.dump(
+            {
+                "config": os.path.abspath(args.config),
+                "steps": steps,
+                "seeds": args.seeds,
+                "routing_supported": routing,
+                "measure_every": MEASURE_EVERY if routing else 0,
+                "runs": [
+                    {"name": r.name, "dir": os.path.relpath(r.out_dir, args.out), "overrides": r.overrides}
+                    for r in runs
+                ],
+            },
+            f,
+            indent=1,
+        )
     t0 = time.time()
     failed = execute(runs, steps=steps, jobs=args.jobs, config=args.config)
     print(f"run: {len(runs) - len(failed)}/{len(runs)} runs complete in {time.time() - t0:.0f} s")

@@ -55,9 +55,12 @@ def compare_logits(model_dir: str, prompt: str = PROMPT) -> dict:
     model = build_model(shape, ParallelConfig(), seed=None, wrap_ddp=False)
     load_hf_weights(model, model_dir)
     got = logits_fn(model, layout)(tokens)  # [1, L, V]
-    return dict(num_tokens=int(tokens.shape[1]), max_abs_diff=float((got - want).abs().max()),
-                max_abs_logit=float(want.abs().max()),
-                greedy_agree=bool(torch.equal(got.argmax(-1), want.argmax(-1))))
+    return dict(
+        num_tokens=int(tokens.shape[1]),
+        max_abs_diff=float((got - want).abs().max()),
+        max_abs_logit=float(want.abs().max()),
+        greedy_agree=bool(torch.equal(got.argmax(-1), want.argmax(-1))),
+    )
 
 
 def bench(model_dir: str, *, samples: int, length: int, steps: int) -> dict:
@@ -65,8 +68,16 @@ def bench(model_dir: str, *, samples: int, length: int, steps: int) -> dict:
     import torch
 
     from gspo_mcore.convert import load_hf_weights
-    from gspo_mcore.learner import (LossConfig, ParallelConfig, Sample, build_model, current_layout,
-                                    forward_backward, forward_logprobs, load_hf_config)
+    from gspo_mcore.learner import (
+        LossConfig,
+        ParallelConfig,
+        Sample,
+        build_model,
+        current_layout,
+        forward_backward,
+        forward_logprobs,
+        load_hf_config,
+    )
 
     shape = load_hf_config(model_dir)
     layout = current_layout()
@@ -77,14 +88,21 @@ def bench(model_dir: str, *, samples: int, length: int, steps: int) -> dict:
     for _ in range(samples):
         mask = torch.ones(length, dtype=torch.int64)
         mask[: length // 4] = 0  # a prompt quarter
-        batch.append(Sample(tokens=torch.randint(0, shape.vocab_size, (length,), generator=g), loss_mask=mask,
-                            advantage=float(torch.randn(1, generator=g))))
+        batch.append(
+            Sample(
+                tokens=torch.randint(0, shape.vocab_size, (length,), generator=g),
+                loss_mask=mask,
+                advantage=float(torch.randn(1, generator=g)),
+            )
+        )
     max_tokens = samples * length  # one micro-batch
     t0 = time.perf_counter()
     logp = forward_logprobs(model, batch, layout, max_tokens=max_tokens)
     forward_s = time.perf_counter() - t0
-    batch = [Sample(tokens=s.tokens, loss_mask=s.loss_mask, advantage=s.advantage, old_logprobs=lp)
-             for s, lp in zip(batch, logp)]
+    batch = [
+        Sample(tokens=s.tokens, loss_mask=s.loss_mask, advantage=s.advantage, old_logprobs=lp)
+        for s, lp in zip(batch, logp)
+    ]
     times = []
     for step in range(1 + steps):
         for chunk in model:
@@ -94,9 +112,16 @@ def bench(model_dir: str, *, samples: int, length: int, steps: int) -> dict:
         if step:
             times.append(time.perf_counter() - t0)
     tokens = samples * length
-    return dict(samples=samples, length=length, threads=torch.get_num_threads(), steps=steps,
-                fwd_bwd_seconds=sum(times) / len(times), fwd_bwd_tokens_per_s=tokens * len(times) / sum(times),
-                forward_seconds=forward_s, forward_tokens_per_s=tokens / forward_s)
+    return dict(
+        samples=samples,
+        length=length,
+        threads=torch.get_num_threads(),
+        steps=steps,
+        fwd_bwd_seconds=sum(times) / len(times),
+        fwd_bwd_tokens_per_s=tokens * len(times) / sum(times),
+        forward_seconds=forward_s,
+        forward_tokens_per_s=tokens / forward_s,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,8 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model_dir = args.model or default_out()
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
-        print(f"error: no config.json in {model_dir}; run: python -m examples.smollm2_arithmetic.prepare",
-              file=sys.stderr)
+        print(
+            f"error: no config.json in {model_dir}; run: python -m examples.smollm2_arithmetic.prepare", file=sys.stderr
+        )
         return 2
     from gspo_mcore.learner import destroy_parallel
 

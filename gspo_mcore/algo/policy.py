@@ -24,9 +24,19 @@ DEFAULT_EPS = {"gspo": (3e-4, 4e-4), "gspo_token": (3e-4, 4e-4), "grpo": (0.2, 0
 _FLOAT = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
-def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, cu_seqlens: torch.Tensor,
-                loss_mask: torch.Tensor, *, variant: str = "gspo", eps_low: float | None = None,
-                eps_high: float | None = None, num_sequences: int | torch.Tensor | None = None, cp_group=None):
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    variant: str = "gspo",
+    eps_low: float | None = None,
+    eps_high: float | None = None,
+    num_sequences: int | torch.Tensor | None = None,
+    cp_group=None,
+):
     """The clipped policy-gradient loss of one (micro-)batch of packed sequences.
 
     Args:
@@ -70,7 +80,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     check_tensor("advantages", advantages, dim=1, dtypes=_FLOAT, device=device)
     if advantages.shape[0] not in ((B, T) if variant == "gspo_token" else (B,)):
         expected = f"[B]={B} or [T]={T}" if variant == "gspo_token" else f"[B]={B} (one per sequence)"
-        raise ValueError(f"advantages must have shape {expected} for variant {variant!r}, got {tuple(advantages.shape)}")
+        raise ValueError(
+            f"advantages must have shape {expected} for variant {variant!r}, got {tuple(advantages.shape)}"
+        )
     inv_n = _inverse_normaliser(num_sequences, B, device)
 
     mask = loss_mask.to(torch.float32)
@@ -85,8 +97,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     poison = torch.where(nonfinite > 0, math.nan, 0.0)  # (B,)  0 or NaN, constant
 
     if variant == "gspo":
-        term, ratio, clipped, _ = ops.gspo_sequence_terms(seq_sum + poison, counts, advantages.float(), eps_low,
-                                                          eps_high)
+        term, ratio, clipped, _ = ops.gspo_sequence_terms(
+            seq_sum + poison, counts, advantages.float(), eps_low, eps_high
+        )
         loss = term.sum() * inv_n
         clipped_tokens = (clipped * counts).sum()
         clipped_seqs = clipped.sum()
@@ -179,7 +192,11 @@ def _token_ratio_stats(ratio_tok, mask, ratio_sum, counts, cp_group):
         vmin, vmax = -extremes[0], extremes[1]
     one = ratio_tok.new_tensor(1.0)
     any_counted = total > 0
-    return (torch.where(any_counted, mean, one), torch.where(any_counted, vmin, one), torch.where(any_counted, vmax, one))
+    return (
+        torch.where(any_counted, mean, one),
+        torch.where(any_counted, vmin, one),
+        torch.where(any_counted, vmax, one),
+    )
 
 
 def _check_binary_mask(loss_mask: torch.Tensor) -> None:
@@ -190,8 +207,9 @@ def _check_binary_mask(loss_mask: torch.Tensor) -> None:
     if loss_mask.device.type == "cpu":
         if bool(bad.any()):
             t = int(torch.nonzero(bad)[0, 0])
-            raise ValueError(f"loss_mask must hold only 0 and 1 (or be bool), but "
-                             f"loss_mask[{t}]={loss_mask[t].item()!r}")
+            raise ValueError(
+                f"loss_mask must hold only 0 and 1 (or be bool), but loss_mask[{t}]={loss_mask[t].item()!r}"
+            )
     else:
         torch._assert_async(~bad.any(), "loss_mask must hold only 0 and 1 (or be bool)")
 
@@ -206,8 +224,11 @@ def _clip_range(variant, eps_low, eps_high):
     if eps_low >= 1:
         raise ValueError(f"eps_low must be < 1 (the lower clip bound 1 - eps_low must stay positive), got {eps_low}")
     if variant != "grpo" and max(eps_low, eps_high) >= 0.05:
-        warnings.warn(f"{variant} with eps_low={eps_low}, eps_high={eps_high}: sequence ratios sit very close to 1, "
-                      "so a token-level clip range makes clipping a no-op (the paper uses 3e-4/4e-4)", stacklevel=3)
+        warnings.warn(
+            f"{variant} with eps_low={eps_low}, eps_high={eps_high}: sequence ratios sit very close to 1, "
+            "so a token-level clip range makes clipping a no-op (the paper uses 3e-4/4e-4)",
+            stacklevel=3,
+        )
     return float(eps_low), float(eps_high)
 
 
@@ -219,6 +240,7 @@ def _inverse_normaliser(num_sequences, batch_size, device):
             raise ValueError(f"num_sequences must be a scalar, got shape {tuple(num_sequences.shape)}")
         return 1.0 / num_sequences.to(device=device, dtype=torch.float32).reshape(())
     if isinstance(num_sequences, bool) or not isinstance(num_sequences, int) or num_sequences <= 0:
-        raise ValueError(f"num_sequences must be a positive int (the mini-batch's global sequence count), "
-                         f"got {num_sequences!r}")
+        raise ValueError(
+            f"num_sequences must be a positive int (the mini-batch's global sequence count), got {num_sequences!r}"
+        )
     return 1.0 / num_sequences

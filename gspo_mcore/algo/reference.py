@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 
 
-def policy_loss_reference(logp, old_logp, advantages, cu_seqlens, loss_mask, *, variant, eps_low, eps_high,
-                          num_sequences=None):
+def policy_loss_reference(
+    logp, old_logp, advantages, cu_seqlens, loss_mask, *, variant, eps_low, eps_high, num_sequences=None
+):
     n = num_sequences if num_sequences is not None else cu_seqlens.numel() - 1
     total = logp.new_zeros((), dtype=torch.float64)
     lo, hi = 1.0 - eps_low, 1.0 + eps_high
@@ -27,7 +28,11 @@ def policy_loss_reference(logp, old_logp, advantages, cu_seqlens, loss_mask, *, 
             s = torch.exp((lp - olp).mean())
             total = total + torch.minimum(s * A, s.clamp(lo, hi) * A)
         elif variant == "gspo_token":
-            A = advantages[a:b][m].double() if advantages.numel() == logp.numel() else advantages[i].double().expand(lp.shape)
+            A = (
+                advantages[a:b][m].double()
+                if advantages.numel() == logp.numel()
+                else advantages[i].double().expand(lp.shape)
+            )
             s = torch.exp((lp - olp).mean()).detach()
             s_t = s * torch.exp(lp - lp.detach())
             total = total + torch.minimum(s_t * A, s_t.clamp(lo, hi) * A).mean()

@@ -13,14 +13,33 @@ Importing this package does not import megatron; the functions do.
 from gspo_mcore.convert.export import DEFAULT_BUCKET_BYTES, ExportItem, export_plan, hf_buckets, hf_state_dict
 from gspo_mcore.convert.hf_import import check_checkpoint, check_checkpoint_keys, load_hf_weights
 from gspo_mcore.convert.hf_io import HFCheckpoint, read_config, write_safetensors
-from gspo_mcore.convert.hf_mapping import (SUPPORTED_ARCHITECTURES, MissingTensorError, ShapeMismatchError,
-                                           UnsupportedArchitectureError, check_architecture, hf_shapes,
-                                           to_transformers_layout)
+from gspo_mcore.convert.hf_mapping import (
+    SUPPORTED_ARCHITECTURES,
+    MissingTensorError,
+    ShapeMismatchError,
+    UnsupportedArchitectureError,
+    check_architecture,
+    hf_shapes,
+    to_transformers_layout,
+)
 
 __all__ = [
-    "DEFAULT_BUCKET_BYTES", "ExportItem", "HFCheckpoint", "MissingTensorError", "SUPPORTED_ARCHITECTURES",
-    "ShapeMismatchError", "UnsupportedArchitectureError", "check_architecture", "check_checkpoint",
+    "DEFAULT_BUCKET_BYTES",
+    "ExportItem",
+    "HFCheckpoint",
+    "MissingTensorError",
+    "SUPPORTED_ARCHITECTURES",
+    "ShapeMismatchError",
+    "UnsupportedArchitectureError",
+    "check_architecture",
+    "check_checkpoint",
     "check_checkpoint_keys",
-    "export_plan", "hf_buckets", "hf_shapes", "hf_state_dict", "load_hf_weights", "read_config",
-    "to_transformers_layout", "write_safetensors",
+    "export_plan",
+    "hf_buckets",
+    "hf_shapes",
+    "hf_state_dict",
+    "load_hf_weights",
+    "read_config",
+    "to_transformers_layout",
+    "write_safetensors",
 ]

@@ -79,8 +79,9 @@ def _show_progress(progress: bool | None, nbytes: int) -> bool:
     return _rank() == 0 and (progress if progress is not None else nbytes >= PROGRESS_MIN_BYTES)
 
 
-def hf_to_mcore(hf_dir: str, out_dir: str, parallel=None, *, dtype: torch.dtype | None = None,
-                progress: bool | None = None) -> str:
+def hf_to_mcore(
+    hf_dir: str, out_dir: str, parallel=None, *, dtype: torch.dtype | None = None, progress: bool | None = None
+) -> str:
     """Convert a Hugging Face folder into a Megatron checkpoint at ``out_dir`` (see ``mcore_checkpoint``).
 
     ``parallel``: the :class:`~gspo_mcore.learner.ParallelConfig` to load and save with (the world must
@@ -103,19 +104,31 @@ def hf_to_mcore(hf_dir: str, out_dir: str, parallel=None, *, dtype: torch.dtype 
         load_hf_weights(model, reader, shape, progress=_show_progress(progress, nbytes), layout=layout)
         if dtype is not None:
             model[0].to(dtype)
-        meta = dict(source=os.path.abspath(hf_dir), model_type=shape.model_type,
-                    dtype=str(next(model[0].parameters()).dtype).removeprefix("torch."),
-                    saved_with=dict(tensor=parallel.tensor, pipeline=parallel.pipeline, expert=parallel.expert,
-                                    world_size=layout.world_size),
-                    megatron_core=mcore_version)
+        meta = dict(
+            source=os.path.abspath(hf_dir),
+            model_type=shape.model_type,
+            dtype=str(next(model[0].parameters()).dtype).removeprefix("torch."),
+            saved_with=dict(
+                tensor=parallel.tensor, pipeline=parallel.pipeline, expert=parallel.expert, world_size=layout.world_size
+            ),
+            megatron_core=mcore_version,
+        )
         return save_model(model, out_dir, hf_dir=hf_dir, meta=meta)
     finally:
         _teardown(owned)
 
 
-def mcore_to_hf(mcore_dir: str, out_dir: str, parallel=None, *, config_dir: str | None = None,
-                dtype: torch.dtype | None = None, max_shard_bytes: int = 5 * 2**30,
-                bucket_bytes: int = DEFAULT_BUCKET_BYTES, progress: bool | None = None) -> list[str]:
+def mcore_to_hf(
+    mcore_dir: str,
+    out_dir: str,
+    parallel=None,
+    *,
+    config_dir: str | None = None,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = 5 * 2**30,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    progress: bool | None = None,
+) -> list[str]:
     """Convert a Megatron checkpoint (converted or trained) into a Hugging Face folder at ``out_dir``.
 
     ``config_dir``: where ``config.json`` and the tokenizer files are, if not beside the checkpoint;
@@ -149,8 +162,9 @@ def mcore_to_hf(mcore_dir: str, out_dir: str, parallel=None, *, config_dir: str 
 
                 bar = tqdm(total=total, unit="B", unit_scale=True, desc="writing safetensors")
             named = (pair for bucket in buckets for pair in bucket)
-            files = write_safetensors(out_dir, named, [(it.name, it.nbytes) for it in plan],
-                                      max_shard_bytes=max_shard_bytes, progress=bar)
+            files = write_safetensors(
+                out_dir, named, [(it.name, it.nbytes) for it in plan], max_shard_bytes=max_shard_bytes, progress=bar
+            )
             if bar is not None:
                 bar.close()
             copy_files(side, out_dir, hf_side_files(side))
@@ -168,4 +182,3 @@ def mcore_to_hf(mcore_dir: str, out_dir: str, parallel=None, *, config_dir: str 
         return files
     finally:
         _teardown(owned)
-

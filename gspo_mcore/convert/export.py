@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from gspo_mcore.convert.hf_mapping import MegatronParam, tp_unshard, to_hf
+from gspo_mcore.convert.hf_mapping import MegatronParam, to_hf, tp_unshard
 from gspo_mcore.convert.sharding import LocalParam, local_parameters, tp_split
 from gspo_mcore.learner.parallel import Layout, current_layout
 
@@ -93,8 +93,11 @@ def export_plan(model, shape, *, dtype: torch.dtype | None = None, layout: Layou
         dist.all_gather_object(stages, mine, group=layout.pp_group)
     else:
         stages = [mine]
-    items = [ExportItem(name, s, getattr(torch, d.removeprefix("torch.")), stage)
-             for stage, entries in enumerate(stages) for name, s, d in entries]
+    items = [
+        ExportItem(name, s, getattr(torch, d.removeprefix("torch.")), stage)
+        for stage, entries in enumerate(stages)
+        for name, s, d in entries
+    ]
     names = [it.name for it in items]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
@@ -135,9 +138,15 @@ def _cut(plan: list[ExportItem], bucket_bytes: int) -> Iterator[list[ExportItem]
         yield bucket
 
 
-def hf_buckets(model, shape, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype: torch.dtype | None = None,
-               plan: list[ExportItem] | None = None,
-               layout: Layout | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def hf_buckets(
+    model,
+    shape,
+    *,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    dtype: torch.dtype | None = None,
+    plan: list[ExportItem] | None = None,
+    layout: Layout | None = None,
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Full Hugging Face ``(name, tensor)`` buckets of ``model``; every rank must iterate to the end.
 
     ``shape``: the :class:`~gspo_mcore.learner.ModelShape`; ``dtype``: cast to it (e.g. bf16 for the
@@ -163,8 +172,10 @@ def hf_buckets(model, shape, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype:
                 for it in items:
                     name, t = next(producer)
                     if name != it.name or tuple(t.shape) != it.shape:
-                        raise RuntimeError(f"export out of step with its plan: made {name} {tuple(t.shape)}, "
-                                           f"plan says {it.name} {it.shape}")
+                        raise RuntimeError(
+                            f"export out of step with its plan: made {name} {tuple(t.shape)}, "
+                            f"plan says {it.name} {it.shape}"
+                        )
                     tensors.append(t)
             else:
                 tensors = None
@@ -193,8 +204,8 @@ def _broadcast(items: list[ExportItem], tensors, stage: int, layout: Layout, dev
     return result
 
 
-def hf_state_dict(model, shape, *, dtype: torch.dtype | None = None,
-                  layout: Layout | None = None) -> dict[str, torch.Tensor]:
+def hf_state_dict(
+    model, shape, *, dtype: torch.dtype | None = None, layout: Layout | None = None
+) -> dict[str, torch.Tensor]:
     """All Hugging Face tensors of ``model`` at once, on every rank (small models, tests)."""
     return {name: t.clone() for bucket in hf_buckets(model, shape, dtype=dtype, layout=layout) for name, t in bucket}
-

@@ -14,8 +14,14 @@ from collections.abc import Mapping
 import torch
 
 from gspo_mcore.convert.hf_io import HFCheckpoint
-from gspo_mcore.convert.hf_mapping import (MissingTensorError, ShapeMismatchError, check_architecture, from_hf,
-                                           hf_shapes, tp_shard)
+from gspo_mcore.convert.hf_mapping import (
+    MissingTensorError,
+    ShapeMismatchError,
+    check_architecture,
+    from_hf,
+    hf_shapes,
+    tp_shard,
+)
 from gspo_mcore.convert.sharding import local_parameters, tp_split
 from gspo_mcore.learner.parallel import Layout, current_layout
 
@@ -28,26 +34,39 @@ def check_checkpoint_keys(names, shape) -> None:
     ignorable = {"lm_head.weight"} if shape.tie_word_embeddings else set()
     unexpected = sorted(n for n in present - set(expected) - ignorable if not n.endswith(".rotary_emb.inv_freq"))
     if missing:
-        raise MissingTensorError(f"{len(missing)} tensor(s) that config.json implies are missing from the "
-                                 f"checkpoint, e.g. {missing[:5]}")
+        raise MissingTensorError(
+            f"{len(missing)} tensor(s) that config.json implies are missing from the checkpoint, e.g. {missing[:5]}"
+        )
     if unexpected:
-        raise MissingTensorError(f"{len(unexpected)} checkpoint tensor(s) have no place in the "
-                                 f"{shape.model_type} model, e.g. {unexpected[:5]}")
+        raise MissingTensorError(
+            f"{len(unexpected)} checkpoint tensor(s) have no place in the "
+            f"{shape.model_type} model, e.g. {unexpected[:5]}"
+        )
 
 
 def check_checkpoint(reader: HFCheckpoint, shape) -> None:
     """Check a checkpoint's tensor names and shapes (file headers only) against ``shape``."""
     check_checkpoint_keys(reader.keys(), shape)
-    bad = [f"{name}: expected {expected}, got {got}" for name, expected in hf_shapes(shape).items()
-           if (got := reader.shape_of(name)) != expected]
+    bad = [
+        f"{name}: expected {expected}, got {got}"
+        for name, expected in hf_shapes(shape).items()
+        if (got := reader.shape_of(name)) != expected
+    ]
     if bad:
-        raise ShapeMismatchError(f"{len(bad)} checkpoint tensor(s) do not have the shape config.json implies: "
-                                 + "; ".join(bad[:10]))
+        raise ShapeMismatchError(
+            f"{len(bad)} checkpoint tensor(s) do not have the shape config.json implies: " + "; ".join(bad[:10])
+        )
 
 
 @torch.no_grad()
-def load_hf_weights(model, source: str | HFCheckpoint | Mapping[str, torch.Tensor], shape=None, *,
-                    progress: bool = False, layout: Layout | None = None) -> None:
+def load_hf_weights(
+    model,
+    source: str | HFCheckpoint | Mapping[str, torch.Tensor],
+    shape=None,
+    *,
+    progress: bool = False,
+    layout: Layout | None = None,
+) -> None:
     """Fill ``model`` (this rank's chunk(s)) from a Hugging Face checkpoint folder, reader or state dict.
 
     ``shape`` defaults to the folder's ``config.json``; ``layout`` (the model's parallel layout) to the
@@ -82,8 +101,10 @@ def load_hf_weights(model, source: str | HFCheckpoint | Mapping[str, torch.Tenso
         full = from_hf(lp.param, get, shape, padded_vocab=padded)
         local = tp_shard(lp.param.kind, full, rank, size)
         if tuple(local.shape) != tuple(target.shape):
-            raise ShapeMismatchError(f"Megatron parameter {lp.local_name} ({lp.param.name}): expected shard shape "
-                                     f"{tuple(target.shape)}, got {tuple(local.shape)} from the checkpoint")
+            raise ShapeMismatchError(
+                f"Megatron parameter {lp.local_name} ({lp.param.name}): expected shard shape "
+                f"{tuple(target.shape)}, got {tuple(local.shape)} from the checkpoint"
+            )
         target.copy_(local)
         if bar is not None:
             bar.update(1)

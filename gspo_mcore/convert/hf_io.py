@@ -52,8 +52,10 @@ class HFCheckpoint:
             weight_map = None
         if not files:
             other = [f for f in os.listdir(self.path) if f.endswith(_WEIGHT_SUFFIXES)]
-            raise FileNotFoundError(f"no *.safetensors weights in {self.path}"
-                                    + (f" (found {other}; only safetensors is supported)" if other else ""))
+            raise FileNotFoundError(
+                f"no *.safetensors weights in {self.path}"
+                + (f" (found {other}; only safetensors is supported)" if other else "")
+            )
         self._handles = {f: safe_open(os.path.join(self.path, f), framework="pt") for f in files}
         stored = {}
         for f, h in self._handles.items():
@@ -101,12 +103,19 @@ class HFCheckpoint:
             gate, up = t.chunk(2, dim=0)
             return (gate if part == "gate_proj" else up).contiguous()
         hint = fused_expert_source(name)
-        raise MissingTensorError(f"tensor {name} is not in the checkpoint {self.path}"
-                                 + (f" (nor its fused form {hint[0]})" if hint else ""))
+        raise MissingTensorError(
+            f"tensor {name} is not in the checkpoint {self.path}" + (f" (nor its fused form {hint[0]})" if hint else "")
+        )
 
 
-def write_safetensors(out_dir: str, named: Iterable[tuple[str, torch.Tensor]], sizes: list[tuple[str, int]], *,
-                      max_shard_bytes: int = 5 * 2**30, progress=None) -> list[str]:
+def write_safetensors(
+    out_dir: str,
+    named: Iterable[tuple[str, torch.Tensor]],
+    sizes: list[tuple[str, int]],
+    *,
+    max_shard_bytes: int = 5 * 2**30,
+    progress=None,
+) -> list[str]:
     """Write ``named`` (in the order of ``sizes``: ``(name, nbytes)`` for every tensor) as safetensors.
 
     Returns the files written. ``progress``: a tqdm-like object updated with bytes written, or ``None``.
@@ -140,8 +149,10 @@ def write_safetensors(out_dir: str, named: Iterable[tuple[str, torch.Tensor]], s
         missing = [k for k, f in file_of.items() if remaining[f]]
         raise MissingTensorError(f"tensors announced but not given: {missing[:10]}")
     if n > 1:
-        index = {"metadata": {"total_size": sum(s for _, s in sizes)},
-                 "weight_map": {k: names[f] for k, f in sorted(file_of.items())}}
+        index = {
+            "metadata": {"total_size": sum(s for _, s in sizes)},
+            "weight_map": {k: names[f] for k, f in sorted(file_of.items())},
+        }
         with open(os.path.join(out_dir, INDEX_FILE), "w") as f:
             json.dump(index, f, indent=2, sort_keys=True)
             f.write("\n")

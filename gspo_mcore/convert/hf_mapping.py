@@ -51,8 +51,12 @@ from dataclasses import dataclass
 
 import torch
 
-SUPPORTED_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
-                           "LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+SUPPORTED_ARCHITECTURES = {
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+}
 """Hugging Face ``architectures`` entry -> ``model_type`` this module converts."""
 
 
@@ -80,15 +84,18 @@ def check_architecture(config: Mapping) -> str:
         bad = [a for a in archs if a not in SUPPORTED_ARCHITECTURES]
         if bad:
             raise UnsupportedArchitectureError(
-                f"unsupported architecture {', '.join(bad)} (model_type {model_type!r}); supported: {supported}")
+                f"unsupported architecture {', '.join(bad)} (model_type {model_type!r}); supported: {supported}"
+            )
         types = {SUPPORTED_ARCHITECTURES[a] for a in archs}
         if model_type is not None and model_type not in types:
             raise UnsupportedArchitectureError(
-                f"config.json says architectures={archs} but model_type={model_type!r}; supported: {supported}")
+                f"config.json says architectures={archs} but model_type={model_type!r}; supported: {supported}"
+            )
         return types.pop() if model_type is None else model_type
     if model_type not in SUPPORTED_ARCHITECTURES.values():
-        raise UnsupportedArchitectureError(f"unsupported model_type {model_type!r} (no architectures entry); "
-                                           f"supported: {supported}")
+        raise UnsupportedArchitectureError(
+            f"unsupported model_type {model_type!r} (no architectures entry); supported: {supported}"
+        )
     return model_type
 
 
@@ -115,41 +122,72 @@ class Kind:
 
 _ATTN = "model.layers.{L}.self_attn."
 _MLP = "model.layers.{L}.mlp."
-KINDS: dict[str, Kind] = {k.megatron: k for k in (
-    Kind("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), tp_dim=0, vocab=True),
-    Kind("decoder.final_layernorm.weight", ("model.norm.weight",)),
-    Kind("output_layer.weight", ("lm_head.weight",), tp_dim=0, vocab=True),
-    Kind("decoder.layers.{L}.input_layernorm.weight", ("model.layers.{L}.input_layernorm.weight",)),
-    Kind("decoder.layers.{L}.self_attention.linear_qkv.weight",
-         (_ATTN + "q_proj.weight", _ATTN + "k_proj.weight", _ATTN + "v_proj.weight"), tp_dim=0, fused="qkv"),
-    Kind("decoder.layers.{L}.self_attention.linear_qkv.bias",
-         (_ATTN + "q_proj.bias", _ATTN + "k_proj.bias", _ATTN + "v_proj.bias"), tp_dim=0, fused="qkv"),
-    Kind("decoder.layers.{L}.self_attention.q_layernorm.weight", (_ATTN + "q_norm.weight",)),
-    Kind("decoder.layers.{L}.self_attention.k_layernorm.weight", (_ATTN + "k_norm.weight",)),
-    Kind("decoder.layers.{L}.self_attention.linear_proj.weight", (_ATTN + "o_proj.weight",), tp_dim=1),
-    Kind("decoder.layers.{L}.self_attention.linear_proj.bias", (_ATTN + "o_proj.bias",)),
-    Kind("decoder.layers.{L}.pre_mlp_layernorm.weight", ("model.layers.{L}.post_attention_layernorm.weight",)),
-    Kind("decoder.layers.{L}.mlp.linear_fc1.weight", (_MLP + "gate_proj.weight", _MLP + "up_proj.weight"),
-         tp_dim=0, fused="glu"),
-    Kind("decoder.layers.{L}.mlp.linear_fc2.weight", (_MLP + "down_proj.weight",), tp_dim=1),
-    Kind("decoder.layers.{L}.mlp.router.weight", (_MLP + "gate.weight",)),
-    Kind("decoder.layers.{L}.mlp.experts.local_experts.{E}.linear_fc1.weight",
-         (_MLP + "experts.{E}.gate_proj.weight", _MLP + "experts.{E}.up_proj.weight"), tp_dim=0, fused="glu",
-         expert=True),
-    Kind("decoder.layers.{L}.mlp.experts.local_experts.{E}.linear_fc2.weight",
-         (_MLP + "experts.{E}.down_proj.weight",), tp_dim=1, expert=True),
-)}
+KINDS: dict[str, Kind] = {
+    k.megatron: k
+    for k in (
+        Kind("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), tp_dim=0, vocab=True),
+        Kind("decoder.final_layernorm.weight", ("model.norm.weight",)),
+        Kind("output_layer.weight", ("lm_head.weight",), tp_dim=0, vocab=True),
+        Kind("decoder.layers.{L}.input_layernorm.weight", ("model.layers.{L}.input_layernorm.weight",)),
+        Kind(
+            "decoder.layers.{L}.self_attention.linear_qkv.weight",
+            (_ATTN + "q_proj.weight", _ATTN + "k_proj.weight", _ATTN + "v_proj.weight"),
+            tp_dim=0,
+            fused="qkv",
+        ),
+        Kind(
+            "decoder.layers.{L}.self_attention.linear_qkv.bias",
+            (_ATTN + "q_proj.bias", _ATTN + "k_proj.bias", _ATTN + "v_proj.bias"),
+            tp_dim=0,
+            fused="qkv",
+        ),
+        Kind("decoder.layers.{L}.self_attention.q_layernorm.weight", (_ATTN + "q_norm.weight",)),
+        Kind("decoder.layers.{L}.self_attention.k_layernorm.weight", (_ATTN + "k_norm.weight",)),
+        Kind("decoder.layers.{L}.self_attention.linear_proj.weight", (_ATTN + "o_proj.weight",), tp_dim=1),
+        Kind("decoder.layers.{L}.self_attention.linear_proj.bias", (_ATTN + "o_proj.bias",)),
+        Kind("decoder.layers.{L}.pre_mlp_layernorm.weight", ("model.layers.{L}.post_attention_layernorm.weight",)),
+        Kind(
+            "decoder.layers.{L}.mlp.linear_fc1.weight",
+            (_MLP + "gate_proj.weight", _MLP + "up_proj.weight"),
+            tp_dim=0,
+            fused="glu",
+        ),
+        Kind("decoder.layers.{L}.mlp.linear_fc2.weight", (_MLP + "down_proj.weight",), tp_dim=1),
+        Kind("decoder.layers.{L}.mlp.router.weight", (_MLP + "gate.weight",)),
+        Kind(
+            "decoder.layers.{L}.mlp.experts.local_experts.{E}.linear_fc1.weight",
+            (_MLP + "experts.{E}.gate_proj.weight", _MLP + "experts.{E}.up_proj.weight"),
+            tp_dim=0,
+            fused="glu",
+            expert=True,
+        ),
+        Kind(
+            "decoder.layers.{L}.mlp.experts.local_experts.{E}.linear_fc2.weight",
+            (_MLP + "experts.{E}.down_proj.weight",),
+            tp_dim=1,
+            expert=True,
+        ),
+    )
+}
 
 # Transformer Engine spec names -> canonical names (same tensors, same layouts).
 _ALIASES = (
-    (re.compile(r"^decoder\.layers\.(\d+)\.self_attention\.linear_qkv\.layer_norm_weight$"),
-     "decoder.layers.{L}.input_layernorm.weight"),
-    (re.compile(r"^decoder\.layers\.(\d+)\.mlp\.linear_fc1\.layer_norm_weight$"),
-     "decoder.layers.{L}.pre_mlp_layernorm.weight"),
-    (re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.linear_fc1\.weight(\d+)$"),
-     "decoder.layers.{L}.mlp.experts.local_experts.{E}.linear_fc1.weight"),
-    (re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.linear_fc2\.weight(\d+)$"),
-     "decoder.layers.{L}.mlp.experts.local_experts.{E}.linear_fc2.weight"),
+    (
+        re.compile(r"^decoder\.layers\.(\d+)\.self_attention\.linear_qkv\.layer_norm_weight$"),
+        "decoder.layers.{L}.input_layernorm.weight",
+    ),
+    (
+        re.compile(r"^decoder\.layers\.(\d+)\.mlp\.linear_fc1\.layer_norm_weight$"),
+        "decoder.layers.{L}.pre_mlp_layernorm.weight",
+    ),
+    (
+        re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.linear_fc1\.weight(\d+)$"),
+        "decoder.layers.{L}.mlp.experts.local_experts.{E}.linear_fc1.weight",
+    ),
+    (
+        re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.linear_fc2\.weight(\d+)$"),
+        "decoder.layers.{L}.mlp.experts.local_experts.{E}.linear_fc2.weight",
+    ),
 )
 
 
@@ -195,10 +233,12 @@ def parse_megatron_name(name: str) -> MegatronParam:
         if m:
             d = m.groupdict()
             return MegatronParam(kind, int(d["L"]) if "L" in d else None, int(d["E"]) if "E" in d else None)
-    raise KeyError(f"no Hugging Face mapping for Megatron parameter {name!r} (supported: Qwen3 / Qwen3-MoE / "
-                   "Llama / Qwen2 "
-                   "GPTModel with the local or Transformer Engine spec, no grouped-GEMM legacy MLP, "
-                   "no shared experts)")
+    raise KeyError(
+        f"no Hugging Face mapping for Megatron parameter {name!r} (supported: Qwen3 / Qwen3-MoE / "
+        "Llama / Qwen2 "
+        "GPTModel with the local or Transformer Engine spec, no grouped-GEMM legacy MLP, "
+        "no shared experts)"
+    )
 
 
 def parse_hf_name(name: str) -> tuple[MegatronParam, int]:
@@ -221,23 +261,32 @@ def megatron_params(shape) -> list[MegatronParam]:
     out = [MegatronParam(K["embedding.word_embeddings.weight"])]
     moe = shape.moe_layer_pattern() if shape.is_moe else [0] * shape.num_hidden_layers
     for layer in range(shape.num_hidden_layers):
+
         def p(kind, expert=None):
             return MegatronParam(K[kind], layer, expert)
 
-        out += [p("decoder.layers.{L}.input_layernorm.weight"),
-                p("decoder.layers.{L}.self_attention.linear_qkv.weight")]
+        out += [
+            p("decoder.layers.{L}.input_layernorm.weight"),
+            p("decoder.layers.{L}.self_attention.linear_qkv.weight"),
+        ]
         if shape.qkv_bias:
             out.append(p("decoder.layers.{L}.self_attention.linear_qkv.bias"))
         if shape.qk_norm:
-            out += [p("decoder.layers.{L}.self_attention.q_layernorm.weight"),
-                    p("decoder.layers.{L}.self_attention.k_layernorm.weight")]
-        out += [p("decoder.layers.{L}.self_attention.linear_proj.weight"),
-                p("decoder.layers.{L}.pre_mlp_layernorm.weight")]
+            out += [
+                p("decoder.layers.{L}.self_attention.q_layernorm.weight"),
+                p("decoder.layers.{L}.self_attention.k_layernorm.weight"),
+            ]
+        out += [
+            p("decoder.layers.{L}.self_attention.linear_proj.weight"),
+            p("decoder.layers.{L}.pre_mlp_layernorm.weight"),
+        ]
         if moe[layer]:
             out.append(p("decoder.layers.{L}.mlp.router.weight"))
             for e in range(shape.num_experts):
-                out += [p("decoder.layers.{L}.mlp.experts.local_experts.{E}.linear_fc1.weight", e),
-                        p("decoder.layers.{L}.mlp.experts.local_experts.{E}.linear_fc2.weight", e)]
+                out += [
+                    p("decoder.layers.{L}.mlp.experts.local_experts.{E}.linear_fc1.weight", e),
+                    p("decoder.layers.{L}.mlp.experts.local_experts.{E}.linear_fc2.weight", e),
+                ]
         else:
             out += [p("decoder.layers.{L}.mlp.linear_fc1.weight"), p("decoder.layers.{L}.mlp.linear_fc2.weight")]
     out.append(MegatronParam(K["decoder.final_layernorm.weight"]))
@@ -316,8 +365,10 @@ def tp_shard(kind: Kind, full: torch.Tensor, rank: int, size: int) -> torch.Tens
     if kind.tp_dim is None or size == 1:
         return full
     if full.shape[kind.tp_dim] % size:
-        raise ShapeMismatchError(f"{kind.megatron}: dim {kind.tp_dim} of {tuple(full.shape)} is not divisible "
-                                 f"by the tensor-parallel size {size}")
+        raise ShapeMismatchError(
+            f"{kind.megatron}: dim {kind.tp_dim} of {tuple(full.shape)} is not divisible "
+            f"by the tensor-parallel size {size}"
+        )
     if kind.fused == "glu":
         gate, up = full.chunk(2, dim=0)
         return torch.cat([gate.chunk(size, dim=0)[rank], up.chunk(size, dim=0)[rank]], dim=0)
@@ -348,23 +399,29 @@ def to_hf(p: MegatronParam, full: torch.Tensor, shape) -> list[tuple[str, torch.
     names = p.hf_names
     expected = megatron_shape(p, shape, padded_vocab=full.shape[0] if p.kind.vocab else None)
     if tuple(full.shape) != expected:
-        raise ShapeMismatchError(f"Megatron tensor {p.name}: expected shape {expected} from config.json, "
-                                 f"got {tuple(full.shape)}")
+        raise ShapeMismatchError(
+            f"Megatron tensor {p.name}: expected shape {expected} from config.json, got {tuple(full.shape)}"
+        )
     if p.kind.vocab:
         if full.shape[0] < shape.vocab_size:
-            raise ShapeMismatchError(f"Megatron tensor {p.name} has {full.shape[0]} rows, fewer than "
-                                     f"vocab_size={shape.vocab_size}")
+            raise ShapeMismatchError(
+                f"Megatron tensor {p.name} has {full.shape[0]} rows, fewer than vocab_size={shape.vocab_size}"
+            )
         return [(names[0], full[: shape.vocab_size])]
     if p.kind.fused == "qkv":
-        return list(zip(names, split_qkv(full, shape.num_key_value_heads, shape.num_attention_heads,
-                                         shape.head_dim)))
+        return list(zip(names, split_qkv(full, shape.num_key_value_heads, shape.num_attention_heads, shape.head_dim)))
     if p.kind.fused == "glu":
         return list(zip(names, full.chunk(2, dim=0)))
     return [(names[0], full)]
 
 
-def from_hf(p: MegatronParam, get: Callable[[str], torch.Tensor] | Mapping[str, torch.Tensor], shape, *,
-            padded_vocab: int | None = None) -> torch.Tensor:
+def from_hf(
+    p: MegatronParam,
+    get: Callable[[str], torch.Tensor] | Mapping[str, torch.Tensor],
+    shape,
+    *,
+    padded_vocab: int | None = None,
+) -> torch.Tensor:
     """The full Megatron tensor of ``p`` built from Hugging Face tensors (``get(name)`` or a mapping).
 
     Every Hugging Face tensor is checked against the shape ``config.json`` implies. A tied model's output
@@ -377,14 +434,16 @@ def from_hf(p: MegatronParam, get: Callable[[str], torch.Tensor] | Mapping[str, 
     for name, expected in zip(p.hf_names, _hf_part_shapes(p, shape)):
         t = lookup(name)
         if tuple(t.shape) != expected:
-            raise ShapeMismatchError(f"Hugging Face tensor {name}: expected shape {expected} from config.json, "
-                                     f"got {tuple(t.shape)}")
+            raise ShapeMismatchError(
+                f"Hugging Face tensor {name}: expected shape {expected} from config.json, got {tuple(t.shape)}"
+            )
         parts.append(t)
     if p.kind.vocab:
         rows = padded_vocab or shape.vocab_size
         if rows < shape.vocab_size:
-            raise ShapeMismatchError(f"{p.name}: the model has {rows} vocabulary rows, fewer than "
-                                     f"vocab_size={shape.vocab_size}")
+            raise ShapeMismatchError(
+                f"{p.name}: the model has {rows} vocabulary rows, fewer than vocab_size={shape.vocab_size}"
+            )
         if rows == shape.vocab_size:
             return parts[0]
         return torch.cat([parts[0], parts[0].new_zeros(rows - shape.vocab_size, parts[0].shape[1])])
@@ -415,7 +474,8 @@ def to_transformers_layout(named: Iterable[tuple[str, torch.Tensor]]) -> dict[st
         n = 1 + max(e for e, _ in parts)
         try:
             out[prefix + ".gate_up_proj"] = torch.stack(
-                [torch.cat([parts[e, "gate_proj"], parts[e, "up_proj"]]) for e in range(n)])
+                [torch.cat([parts[e, "gate_proj"], parts[e, "up_proj"]]) for e in range(n)]
+            )
             out[prefix + ".down_proj"] = torch.stack([parts[e, "down_proj"] for e in range(n)])
         except KeyError as exc:
             raise MissingTensorError(f"{prefix}: expert tensor {exc.args[0]} missing") from None

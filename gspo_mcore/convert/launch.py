@@ -10,8 +10,18 @@ import socket
 import subprocess
 import sys
 
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 def parse_size(text: str) -> int:
@@ -29,8 +39,12 @@ def add_layout_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel size (MoE)")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="progress bars (default: for models of 1 GiB or more)")
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bars (default: for models of 1 GiB or more)",
+    )
 
 
 def parallel_config(args):
@@ -69,8 +83,17 @@ def relaunch(script: str, argv: list[str], nproc: int) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(port),
-           os.path.abspath(script), *argv]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(nproc),
+        "--master_port",
+        str(port),
+        os.path.abspath(script),
+        *argv,
+    ]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     return subprocess.call(cmd, env=env)

@@ -51,8 +51,16 @@ def save_model(model, out_dir: str, *, hf_dir: str | None = None, meta: dict | N
     if rank == 0:
         copied = copy_files(hf_dir, out_dir, side_files(hf_dir)) if hf_dir else []
         with open(os.path.join(out_dir, META_FILE), "w") as f:
-            json.dump(dict(format="megatron-core dist_checkpointing (model only)", model_dir=MODEL_DIR,
-                           hf_files=copied, **(meta or {})), f, indent=2)
+            json.dump(
+                dict(
+                    format="megatron-core dist_checkpointing (model only)",
+                    model_dir=MODEL_DIR,
+                    hf_files=copied,
+                    **(meta or {}),
+                ),
+                f,
+                indent=2,
+            )
             f.write("\n")
     if dist.is_initialized():
         dist.barrier()
@@ -81,11 +89,14 @@ def find_checkpoint(path: str, config_dir: str | None = None) -> tuple[str, str]
             break
     else:
         raise FileNotFoundError(f"no Megatron distributed checkpoint (metadata.json) in any of {list(candidates)}")
-    for side in ([config_dir] if config_dir else [path, os.path.dirname(ckpt)]):
+    for side in [config_dir] if config_dir else [path, os.path.dirname(ckpt)]:
         if os.path.isfile(os.path.join(side, "config.json")):
             return ckpt, side
-    raise FileNotFoundError(f"no config.json in {config_dir}" if config_dir else
-                            f"no config.json next to the checkpoint {ckpt} (pass the Hugging Face folder as --config)")
+    raise FileNotFoundError(
+        f"no config.json in {config_dir}"
+        if config_dir
+        else f"no config.json next to the checkpoint {ckpt} (pass the Hugging Face folder as --config)"
+    )
 
 
 def hf_side_files(side_dir: str) -> list[str]:

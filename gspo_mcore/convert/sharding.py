@@ -60,10 +60,13 @@ def local_parameters(model, layout: Layout | None = None) -> list[LocalParam]:
             is_split = bool(getattr(prm, "tensor_model_parallel", False))
             split_size = layout.etp_size if p.kind.expert else layout.tp_size
             # (checked where a split happens: Transformer Engine leaves the attributes off 1-way splits)
-            if split_size > 1 and (is_split != (p.kind.tp_dim is not None)
-                                   or (is_split and prm.partition_dim != p.kind.tp_dim)):
-                raise RuntimeError(f"{name}: Megatron has tensor_model_parallel={is_split}, partition_dim="
-                                   f"{getattr(prm, 'partition_dim', None)}; hf_mapping says tp_dim={p.kind.tp_dim}")
+            if split_size > 1 and (
+                is_split != (p.kind.tp_dim is not None) or (is_split and prm.partition_dim != p.kind.tp_dim)
+            ):
+                raise RuntimeError(
+                    f"{name}: Megatron has tensor_model_parallel={is_split}, partition_dim="
+                    f"{getattr(prm, 'partition_dim', None)}; hf_mapping says tp_dim={p.kind.tp_dim}"
+                )
             out.append(LocalParam(p, prm, name))
     return out
 

@@ -6,6 +6,15 @@ from gspo_mcore.data.sampler import PromptSampler, SamplerConfig
 from gspo_mcore.data.template import PromptTemplate, TemplateConfig, load_tokenizer
 
 __all__ = [
-    "DataConfig", "MalformedRowError", "PromptDataset", "PromptItem", "PromptLoader", "PromptSample",
-    "PromptSampler", "PromptTemplate", "SamplerConfig", "TemplateConfig", "load_tokenizer",
+    "DataConfig",
+    "MalformedRowError",
+    "PromptDataset",
+    "PromptItem",
+    "PromptLoader",
+    "PromptSample",
+    "PromptSampler",
+    "PromptTemplate",
+    "SamplerConfig",
+    "TemplateConfig",
+    "load_tokenizer",
 ]

@@ -74,8 +74,13 @@ class PromptSampler:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.config.seed,
-                "shuffle": self.config.shuffle, "num_samples": self.num_samples}
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.config.seed,
+            "shuffle": self.config.shuffle,
+            "num_samples": self.num_samples,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in ("seed", "shuffle", "num_samples"):

@@ -1,4 +1,5 @@
-"""The learner: Qwen3 / Qwen3-MoE / Llama / Qwen2 on Megatron-Core, trained with GSPO (TP/PP/EP/DP; CPU with gloo or GPU).
+"""The learner: Qwen3 / Qwen3-MoE / Llama / Qwen2 on Megatron-Core, trained with GSPO (TP/PP/EP/DP; CPU
+with gloo or GPU).
 
 The pieces, in the order a trainer uses them::
 
@@ -17,19 +18,55 @@ from gspo_mcore.learner.batching import MicroBatch, Sample, build_microbatch, pl
 from gspo_mcore.learner.model import ModelOptions, build_model, have_transformer_engine, init_weights, unwrap
 from gspo_mcore.learner.model_config import ModelShape, load_hf_config, transformer_config
 from gspo_mcore.learner.optimizer import OptimConfig, build_optimizer
-from gspo_mcore.learner.parallel import (Layout, ParallelConfig, current_layout, destroy_parallel, init_parallel,
-                                         validate_layout)
+from gspo_mcore.learner.parallel import (
+    Layout,
+    ParallelConfig,
+    current_layout,
+    destroy_parallel,
+    init_parallel,
+    validate_layout,
+)
 from gspo_mcore.learner.routing import RoutingConfig
-from gspo_mcore.learner.step import (BatchConfig, LossConfig, forward_backward, forward_logprobs,
-                                     forward_logprobs_with_routing, microbatches_for_rank, train_minibatch,
-                                     train_step)
+from gspo_mcore.learner.step import (
+    BatchConfig,
+    LossConfig,
+    forward_backward,
+    forward_logprobs,
+    forward_logprobs_with_routing,
+    microbatches_for_rank,
+    train_minibatch,
+    train_step,
+)
 
 __all__ = [
-    "BatchConfig", "Layout", "LossConfig", "MicroBatch", "ModelOptions", "ModelShape", "OptimConfig",
-    "ParallelConfig", "Sample", "build_microbatch", "build_model", "build_optimizer", "current_layout",
-    "RoutingConfig", "destroy_parallel", "forward_backward", "forward_logprobs", "forward_logprobs_with_routing",
-    "have_transformer_engine", "init_parallel",
+    "BatchConfig",
+    "Layout",
+    "LossConfig",
+    "MicroBatch",
+    "ModelOptions",
+    "ModelShape",
+    "OptimConfig",
+    "ParallelConfig",
+    "Sample",
+    "build_microbatch",
+    "build_model",
+    "build_optimizer",
+    "current_layout",
+    "RoutingConfig",
+    "destroy_parallel",
+    "forward_backward",
+    "forward_logprobs",
+    "forward_logprobs_with_routing",
+    "have_transformer_engine",
+    "init_parallel",
     "init_weights",
-    "load_hf_config", "microbatches_for_rank", "plan_microbatches", "split_minibatches", "train_minibatch",
-    "train_step", "transformer_config", "unwrap", "validate_layout",
+    "load_hf_config",
+    "microbatches_for_rank",
+    "plan_microbatches",
+    "split_minibatches",
+    "train_minibatch",
+    "train_step",
+    "transformer_config",
+    "unwrap",
+    "validate_layout",
 ]

@@ -50,16 +50,24 @@ class Sample:
             raise ValueError(f"Sample.tokens needs at least 2 tokens (prompt and response), got {self.tokens.shape[0]}")
         if not isinstance(self.loss_mask, torch.Tensor) or self.loss_mask.shape != self.tokens.shape:
             raise ValueError(f"Sample.loss_mask must have the shape of tokens {tuple(self.tokens.shape)}")
-        if self.old_logprobs is not None and (not isinstance(self.old_logprobs, torch.Tensor)
-                                              or self.old_logprobs.shape != (self.tokens.shape[0] - 1,)):
-            raise ValueError(f"Sample.old_logprobs must be [L-1] = [{self.tokens.shape[0] - 1}] (aligned with "
-                             "tokens[1:])")
+        if self.old_logprobs is not None and (
+            not isinstance(self.old_logprobs, torch.Tensor) or self.old_logprobs.shape != (self.tokens.shape[0] - 1,)
+        ):
+            raise ValueError(
+                f"Sample.old_logprobs must be [L-1] = [{self.tokens.shape[0] - 1}] (aligned with tokens[1:])"
+            )
         r = self.routed_experts
-        if r is not None and (not isinstance(r, torch.Tensor) or r.dim() != 3 or r.shape[0] != self.tokens.shape[0]
-                              or r.is_floating_point()):
+        if r is not None and (
+            not isinstance(r, torch.Tensor)
+            or r.dim() != 3
+            or r.shape[0] != self.tokens.shape[0]
+            or r.is_floating_point()
+        ):
             shape = tuple(r.shape) if isinstance(r, torch.Tensor) else type(r).__name__
-            raise ValueError(f"Sample.routed_experts must be an integer [L={self.tokens.shape[0]}, num_layers, topk] "
-                             f"tensor, got {shape}")
+            raise ValueError(
+                f"Sample.routed_experts must be an integer [L={self.tokens.shape[0]}, num_layers, topk] "
+                f"tensor, got {shape}"
+            )
 
     @property
     def length(self) -> int:
@@ -78,8 +86,9 @@ def count_sequences(samples) -> int:
 def split_minibatches(num_samples: int, num_minibatches: int) -> list[range]:
     """Split ``range(num_samples)`` into ``num_minibatches`` contiguous, near-equal mini-batches."""
     if num_minibatches < 1 or num_minibatches > num_samples:
-        raise ValueError(f"num_minibatches must be in [1, {num_samples}] (the number of samples), "
-                         f"got {num_minibatches}")
+        raise ValueError(
+            f"num_minibatches must be in [1, {num_samples}] (the number of samples), got {num_minibatches}"
+        )
     base, extra = divmod(num_samples, num_minibatches)
     out, start = [], 0
     for i in range(num_minibatches):
@@ -92,8 +101,9 @@ def split_minibatches(num_samples: int, num_minibatches: int) -> list[range]:
 PACKINGS = ("padded", "block_diagonal", "thd")
 
 
-def plan_microbatches(lengths: list[int], *, dp_size: int, max_tokens: int,
-                      padded: bool = False) -> list[list[list[int]]]:
+def plan_microbatches(
+    lengths: list[int], *, dp_size: int, max_tokens: int, padded: bool = False
+) -> list[list[list[int]]]:
     """Per DP rank, a list of micro-batches, each a list of sample indices; equal counts on all ranks.
 
     A micro-batch costs the sum of its lengths, or (``padded``) its size times its longest length, and
@@ -168,8 +178,9 @@ class MicroBatch:
         return int(self.targets.shape[0])
 
 
-def build_microbatch(samples, indices: list[int], *, packing: str = "padded", pad_multiple: int = 1,
-                     device: torch.device | str = "cpu") -> MicroBatch:
+def build_microbatch(
+    samples, indices: list[int], *, packing: str = "padded", pad_multiple: int = 1, device: torch.device | str = "cpu"
+) -> MicroBatch:
     """Lay out ``samples[i] for i in indices`` as one micro-batch; empty ``indices`` give a masked dummy.
 
     ``pad_multiple``: the row length is padded to a multiple of it (sequence parallelism needs TP).
@@ -185,8 +196,10 @@ def build_microbatch(samples, indices: list[int], *, packing: str = "padded", pa
     # per sample, its positions: target = next token, mask/old log-prob of that token, 0 at the end
     targets = [torch.cat([t[1:], t.new_zeros(1)]) for t, *_ in seqs]
     masks = [torch.cat([m, torch.zeros(1)]) for _, m, _, _ in seqs]
-    olds = [torch.cat([o.float() if o is not None else torch.zeros(n - 1), torch.zeros(1)]) * (m > 0)
-            for (_, _, o, _), n, m in zip(seqs, lengths, masks)]
+    olds = [
+        torch.cat([o.float() if o is not None else torch.zeros(n - 1), torch.zeros(1)]) * (m > 0)
+        for (_, _, o, _), n, m in zip(seqs, lengths, masks)
+    ]
     advantages = torch.tensor([a for *_, a in seqs], dtype=torch.float32)
     attention_mask = packed = None
     routed = [s.routed_experts for s in chosen]
@@ -195,8 +208,9 @@ def build_microbatch(samples, indices: list[int], *, packing: str = "padded", pa
         pad = [width - n for n in lengths]
         tokens = torch.stack([torch.cat([t, t.new_zeros(p)]) for (t, *_), p in zip(seqs, pad)])  # (R, S)
         position_ids = torch.arange(width).expand(len(seqs), width)
-        targets, masks, olds = ([torch.cat([x, x.new_zeros(p)]) for x, p in zip(xs, pad)]
-                                for xs in (targets, masks, olds))
+        targets, masks, olds = (
+            [torch.cat([x, x.new_zeros(p)]) for x, p in zip(xs, pad)] for xs in (targets, masks, olds)
+        )
         cu = torch.arange(len(seqs) + 1, dtype=torch.int64) * width
     else:
         total = sum(lengths)
@@ -209,21 +223,35 @@ def build_microbatch(samples, indices: list[int], *, packing: str = "padded", pa
             from megatron.core.packed_seq_params import PackedSeqParams
 
             cu32 = torch.tensor([0] + seg_lengths, dtype=torch.int64).cumsum(0).to(device=device, dtype=torch.int32)
-            packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu32, cu_seqlens_kv=cu32,
-                                     max_seqlen_q=max(seg_lengths), max_seqlen_kv=max(seg_lengths))
+            packed = PackedSeqParams(
+                qkv_format="thd",
+                cu_seqlens_q=cu32,
+                cu_seqlens_kv=cu32,
+                max_seqlen_q=max(seg_lengths),
+                max_seqlen_kv=max(seg_lengths),
+            )
         else:
             attention_mask = block_causal_mask(seg_lengths).to(device)
     routing = None
     if chosen and all(r is not None for r in routed):
         from gspo_mcore.learner.routing import microbatch_routing
 
-        routing = microbatch_routing(routed, lengths, packing=packing, width=int(tokens.shape[-1]),
-                                     topk=int(routed[0].shape[-1])).to(device)
+        routing = microbatch_routing(
+            routed, lengths, packing=packing, width=int(tokens.shape[-1]), topk=int(routed[0].shape[-1])
+        ).to(device)
     return MicroBatch(
-        tokens=tokens.contiguous().to(device), position_ids=position_ids.contiguous().to(device),
-        attention_mask=attention_mask, packed_seq_params=packed, targets=torch.cat(targets).to(device),
-        loss_mask=torch.cat(masks).to(device), old_logprobs=torch.cat(olds).to(device),
-        advantages=advantages.to(device), cu_seqlens=cu.to(device), sample_indices=list(indices), routing=routing)
+        tokens=tokens.contiguous().to(device),
+        position_ids=position_ids.contiguous().to(device),
+        attention_mask=attention_mask,
+        packed_seq_params=packed,
+        targets=torch.cat(targets).to(device),
+        loss_mask=torch.cat(masks).to(device),
+        old_logprobs=torch.cat(olds).to(device),
+        advantages=advantages.to(device),
+        cu_seqlens=cu.to(device),
+        sample_indices=list(indices),
+        routing=routing,
+    )
 
 
 def _round_up(n: int, multiple: int) -> int:

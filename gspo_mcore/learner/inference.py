@@ -22,8 +22,10 @@ from gspo_mcore.learner.parallel import Layout
 def logits_fn(model, layout: Layout):
     """A callable for :class:`gspo_mcore.rollout.InProcessEngine` bound to ``model`` (Megatron's list)."""
     if layout.pp_size > 1:
-        raise ValueError(f"in-process sampling needs pipeline parallel size 1, got {layout.pp_size}; "
-                         "use the SGLang engine with pipeline parallelism")
+        raise ValueError(
+            f"in-process sampling needs pipeline parallel size 1, got {layout.pp_size}; "
+            "use the SGLang engine with pipeline parallelism"
+        )
     if len(model) != 1:
         raise ValueError("in-process sampling needs a single model chunk (no virtual pipeline stages)")
     gpt = unwrap(model[0])
@@ -90,8 +92,9 @@ class MegatronDecodeModel:
 
     def __init__(self, gpt, layout: Layout):
         if gpt.position_embedding_type not in ("rope", "none"):
-            raise ValueError(f"in-process KV decoding supports rotary or no position embedding, "
-                             f"not {gpt.position_embedding_type!r}")
+            raise ValueError(
+                f"in-process KV decoding supports rotary or no position embedding, not {gpt.position_embedding_type!r}"
+            )
         config = gpt.config
         if getattr(config, "flash_decode", False) or getattr(config, "multi_latent_attention", False):
             raise ValueError("in-process KV decoding does not support flash_decode or multi-latent attention")
@@ -106,9 +109,12 @@ class MegatronDecodeModel:
         dev = self.layout.device
         pad = (P - lengths.long()).to(dev)  # (B,)
         slots = torch.arange(S, device=dev)
-        session = _MegatronSession(self, StaticInferenceContext(B, S),
-                                   positions=(slots[None] - pad[:, None]).clamp(min=0),  # (B, S)
-                                   valid=slots[None] >= pad[:, None])  # (B, S): key holds a real token
+        session = _MegatronSession(
+            self,
+            StaticInferenceContext(B, S),
+            positions=(slots[None] - pad[:, None]).clamp(min=0),  # (B, S)
+            valid=slots[None] >= pad[:, None],
+        )  # (B, S): key holds a real token
         causal = slots[None, :P] > slots[:P, None]  # (P, P)
         mask = causal[None] | (~session.valid[:, None, :P] & ~torch.eye(P, dtype=torch.bool, device=dev))
         logits = session.forward(tokens.to(dev), mask[:, None])  # mask (B, 1, P, P)
@@ -131,15 +137,16 @@ class _MegatronSession:
         masked) -> next-token logits ``[B, V]`` float32 on the CPU."""
         gpt, start = self.gpt, self.ctx.sequence_len_offset
         s = tokens.shape[1]
-        positions = self.positions[:, start:start + s]  # (B, s)
-        freqs = None if self.freqs is None else self.freqs[start:start + s]  # (s, B, 1, D)
+        positions = self.positions[:, start : start + s]  # (B, s)
+        freqs = None if self.freqs is None else self.freqs[start : start + s]  # (s, B, 1, D)
         was_training = gpt.training
         gpt.eval()  # Megatron's attention refuses an inference context in training mode
         try:
             with _decode_attention(self.owner.attentions, freqs):
                 hidden = gpt.embedding(input_ids=tokens, position_ids=positions)  # (s, B, H)
-                hidden = gpt.decoder(hidden_states=hidden, attention_mask=mask, inference_context=self.ctx,
-                                     rotary_pos_emb=None)  # (s, B, H), final norm applied
+                hidden = gpt.decoder(
+                    hidden_states=hidden, attention_mask=mask, inference_context=self.ctx, rotary_pos_emb=None
+                )  # (s, B, H), final norm applied
             weight = gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else None
             logits, _ = gpt.output_layer(hidden[-1:], weight=weight, runtime_gather_output=True)  # (1, B, V)
         finally:
@@ -178,12 +185,17 @@ def _decode_attention(attentions, freqs: torch.Tensor | None):
         for attn in attentions:
             if freqs is not None:
                 mscale = _yarn_get_concentration_factor_from_config(attn.config)
-                attn.get_query_key_value_tensors = _rotating_qkv(attn.get_query_key_value_tensors, freqs,
-                                                                 attn.config, mscale)
+                attn.get_query_key_value_tensors = _rotating_qkv(
+                    attn.get_query_key_value_tensors, freqs, attn.config, mscale
+                )
                 patched.append((attn, "get_query_key_value_tensors"))
             core = attn.core_attention
-            if (type(core) is DotProductAttention and core.softmax_offset is None
-                    and core.scale_mask_softmax.scale is None and core.scale_mask_softmax.window_size is None):
+            if (
+                type(core) is DotProductAttention
+                and core.softmax_offset is None
+                and core.scale_mask_softmax.scale is None
+                and core.scale_mask_softmax.window_size is None
+            ):
                 core.forward = _sdpa_attention(core.softmax_scale)
                 patched.append((core, "forward"))
         yield
@@ -205,8 +217,7 @@ def _rotating_qkv(qkv_fn, freqs: torch.Tensor, config, mscale: float):
 
 
 def _sdpa_attention(scale: float):
-    def forward(query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
-                packed_seq_params=None):
+    def forward(query, key, value, attention_mask, attn_mask_type=None, attention_bias=None, packed_seq_params=None):
         # query [sq, B, np, hn]; key, value [sk, B, ng, hn]; attention_mask [B, 1, sq, sk] bool, True: masked
         sq, B, nh, hn = query.shape
         sk, ng = key.shape[0], key.shape[2]
@@ -214,7 +225,8 @@ def _sdpa_attention(scale: float):
         q = query.permute(1, 2, 0, 3).reshape(B, ng, r * sq, hn)  # (B, ng, r*sq, hn)
         keep = ~attention_mask[:, :, None].expand(B, 1, r, sq, sk).reshape(B, 1, r * sq, sk)
         out = torch.nn.functional.scaled_dot_product_attention(
-            q, key.permute(1, 2, 0, 3), value.permute(1, 2, 0, 3), attn_mask=keep, scale=scale)  # (B, ng, r*sq, hn)
+            q, key.permute(1, 2, 0, 3), value.permute(1, 2, 0, 3), attn_mask=keep, scale=scale
+        )  # (B, ng, r*sq, hn)
         return out.reshape(B, nh, sq, hn).permute(2, 0, 1, 3).reshape(sq, B, nh * hn)  # (sq, B, np*hn)
 
     return forward

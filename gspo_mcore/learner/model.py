@@ -41,8 +41,9 @@ def _log_te_failure(exc: BaseException) -> None:
     if _te_failure_logged:
         return
     _te_failure_logged = True
-    logger.warning("Transformer Engine does not import (%s: %s): using Megatron-Core's local layer spec",
-                   type(exc).__name__, exc)
+    logger.warning(
+        "Transformer Engine does not import (%s: %s): using Megatron-Core's local layer spec", type(exc).__name__, exc
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,8 +62,15 @@ class ModelOptions:
             raise ValueError("use_te=True needs a GPU and an importable transformer_engine")
 
 
-def build_model(shape: ModelShape, parallel: ParallelConfig, options: ModelOptions = ModelOptions(), *,
-                seed: int | None = 1234, use_distributed_optimizer: bool = False, wrap_ddp: bool = True):
+def build_model(
+    shape: ModelShape,
+    parallel: ParallelConfig,
+    options: ModelOptions = ModelOptions(),
+    *,
+    seed: int | None = 1234,
+    use_distributed_optimizer: bool = False,
+    wrap_ddp: bool = True,
+):
     """This rank's model chunk, wrapped in Megatron DDP, in a one-element list (Megatron's convention).
 
     Call after :func:`gspo_mcore.learner.parallel.init_parallel`. ``use_distributed_optimizer`` must match
@@ -78,10 +86,17 @@ def build_model(shape: ModelShape, parallel: ParallelConfig, options: ModelOptio
 
     on_gpu = torch.cuda.is_available()
     use_te = have_transformer_engine() if options.use_te is None else options.use_te
-    config = transformer_config(shape, tensor=parallel.tensor, pipeline=parallel.pipeline, expert=parallel.expert,
-                                expert_tensor=parallel.expert_tensor_size, context=parallel.context,
-                                sequence_parallel=parallel.use_sequence_parallel(shape), on_gpu=on_gpu,
-                                recompute=options.recompute)
+    config = transformer_config(
+        shape,
+        tensor=parallel.tensor,
+        pipeline=parallel.pipeline,
+        expert=parallel.expert,
+        expert_tensor=parallel.expert_tensor_size,
+        context=parallel.context,
+        sequence_parallel=parallel.use_sequence_parallel(shape),
+        on_gpu=on_gpu,
+        recompute=options.recompute,
+    )
     spec = get_gpt_decoder_block_spec(config, use_transformer_engine=use_te)
     model = GPTModel(
         config=config,

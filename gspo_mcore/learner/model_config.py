@@ -78,32 +78,46 @@ class ModelShape:
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise UnsupportedConfigError(f"model_type must be one of {SUPPORTED_MODEL_TYPES}, "
-                                         f"got {self.model_type!r}")
+            raise UnsupportedConfigError(f"model_type must be one of {SUPPORTED_MODEL_TYPES}, got {self.model_type!r}")
         if self.hidden_act != "silu":
             raise UnsupportedConfigError(f"hidden_act={self.hidden_act!r} is not supported (SwiGLU with 'silu' only)")
         if self.attention_bias and self.model_type != "qwen2":
             raise UnsupportedConfigError(
                 f"attention_bias=true is not supported for model_type {self.model_type!r}: it puts a bias on "
-                "o_proj too, which Megatron cannot do without biases on every MLP projection")
+                "o_proj too, which Megatron cannot do without biases on every MLP projection"
+            )
         if self.mlp_bias:
-            raise UnsupportedConfigError(f"mlp_bias=true is not supported for model_type {self.model_type!r} "
-                                         "(SwiGLU without biases only)")
+            raise UnsupportedConfigError(
+                f"mlp_bias=true is not supported for model_type {self.model_type!r} (SwiGLU without biases only)"
+            )
         if self.model_type != "qwen3_moe" and self.num_experts:
-            raise ValueError(f"num_experts={self.num_experts}: model_type {self.model_type!r} is dense "
-                             "(MoE: qwen3_moe)")
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            raise ValueError(
+                f"num_experts={self.num_experts}: model_type {self.model_type!r} is dense (MoE: qwen3_moe)"
+            )
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads={self.num_attention_heads} must be a multiple of "
-                             f"num_key_value_heads={self.num_key_value_heads} (grouped-query attention)")
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads} (grouped-query attention)"
+            )
         if self.is_moe:
             if not 0 < self.num_experts_per_tok <= self.num_experts:
-                raise ValueError(f"num_experts_per_tok must be in [1, num_experts={self.num_experts}], "
-                                 f"got {self.num_experts_per_tok}")
+                raise ValueError(
+                    f"num_experts_per_tok must be in [1, num_experts={self.num_experts}], "
+                    f"got {self.num_experts_per_tok}"
+                )
             if self.moe_intermediate_size <= 0:
                 raise ValueError(f"moe_intermediate_size must be > 0 for a MoE model, got {self.moe_intermediate_size}")
             if self.decoder_sparse_step <= 0:
@@ -132,8 +146,10 @@ class ModelShape:
 
     def moe_layer_pattern(self) -> list[int]:
         """1 for a MoE layer, 0 for a dense layer (Qwen3-MoE's ``decoder_sparse_step``/``mlp_only_layers``)."""
-        return [int(self.is_moe and i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0)
-                for i in range(self.num_hidden_layers)]
+        return [
+            int(self.is_moe and i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0)
+            for i in range(self.num_hidden_layers)
+        ]
 
 
 def load_hf_config(source: str | os.PathLike | dict) -> ModelShape:
@@ -153,8 +169,9 @@ def load_hf_config(source: str | os.PathLike | dict) -> ModelShape:
         where = path
     model_type = raw.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise UnsupportedConfigError(f"{where}: unsupported model_type {model_type!r}; "
-                                     f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        raise UnsupportedConfigError(
+            f"{where}: unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
     _check_rope(raw, where)
     if raw.get("use_sliding_window"):
         raise UnsupportedConfigError(f"{where}: use_sliding_window=true is not supported (full attention only)")
@@ -168,8 +185,10 @@ def load_hf_config(source: str | os.PathLike | dict) -> ModelShape:
     kwargs = {k: v for k, v in raw.items() if k in names and v is not None}
     if "rope_theta" in rope:
         if kwargs.get("rope_theta", rope["rope_theta"]) != rope["rope_theta"]:
-            raise UnsupportedConfigError(f"{where}: rope_theta={kwargs['rope_theta']} and rope_parameters.rope_theta="
-                                         f"{rope['rope_theta']} disagree")
+            raise UnsupportedConfigError(
+                f"{where}: rope_theta={kwargs['rope_theta']} and rope_parameters.rope_theta="
+                f"{rope['rope_theta']} disagree"
+            )
         kwargs["rope_theta"] = rope["rope_theta"]
     if "num_experts" not in kwargs and "num_local_experts" in raw:
         kwargs["num_experts"] = raw["num_local_experts"]
@@ -203,12 +222,22 @@ def _check_rope(raw: dict, where: str) -> None:
         if kind not in SUPPORTED_ROPE_TYPES:
             raise UnsupportedConfigError(
                 f"{where}: {key} asks for RoPE scaling of type {kind!r}, which is not supported; supported: "
-                f"{', '.join(SUPPORTED_ROPE_TYPES)} (plain RoPE, rope_scaling: null)")
+                f"{', '.join(SUPPORTED_ROPE_TYPES)} (plain RoPE, rope_scaling: null)"
+            )
 
 
-def transformer_config(shape: ModelShape, *, tensor: int = 1, pipeline: int = 1, expert: int = 1,
-                       expert_tensor: int | None = None, context: int = 1, sequence_parallel: bool = False,
-                       on_gpu: bool, recompute: bool = False):
+def transformer_config(
+    shape: ModelShape,
+    *,
+    tensor: int = 1,
+    pipeline: int = 1,
+    expert: int = 1,
+    expert_tensor: int | None = None,
+    context: int = 1,
+    sequence_parallel: bool = False,
+    on_gpu: bool,
+    recompute: bool = False,
+):
     """The Megatron-Core ``TransformerConfig`` for ``shape`` under a parallel layout.
 
     ``on_gpu``: bf16 parameters (and the bias-dropout fusion); otherwise fp32 with every CUDA-only fusion off.

@@ -48,8 +48,10 @@ class OptimConfig:
             raise ValueError(f"OptimConfig.lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
         if self.lr_decay_style != "constant":
             if self.lr_decay_steps is None or self.lr_decay_steps <= self.lr_warmup_steps:
-                raise ValueError(f"lr_decay_style={self.lr_decay_style!r} needs lr_decay_steps > lr_warmup_steps "
-                                 f"({self.lr_warmup_steps}), got {self.lr_decay_steps}")
+                raise ValueError(
+                    f"lr_decay_style={self.lr_decay_style!r} needs lr_decay_steps > lr_warmup_steps "
+                    f"({self.lr_warmup_steps}), got {self.lr_decay_steps}"
+                )
 
 
 def build_optimizer(model, cfg: OptimConfig):
@@ -62,8 +64,10 @@ def build_optimizer(model, cfg: OptimConfig):
 
     ddp_flag = model[0].ddp_config.use_distributed_optimizer
     if ddp_flag != cfg.use_distributed_optimizer:
-        raise ValueError(f"OptimConfig.use_distributed_optimizer={cfg.use_distributed_optimizer} but the model was "
-                         f"built with use_distributed_optimizer={ddp_flag}; build both with the same flag")
+        raise ValueError(
+            f"OptimConfig.use_distributed_optimizer={cfg.use_distributed_optimizer} but the model was "
+            f"built with use_distributed_optimizer={ddp_flag}; build both with the same flag"
+        )
     model_config = model[0].config
     opt_config = OptimizerConfig(
         optimizer="adam",

@@ -101,9 +101,22 @@ class Layout:
     @classmethod
     def single(cls, device: torch.device | None = None) -> "Layout":
         """One process, nothing split."""
-        return cls(world_size=1, rank=0, tp_size=1, tp_rank=0, pp_size=1, pp_rank=0, dp_size=1, dp_rank=0,
-                   ep_size=1, cp_size=1, tp_group=None, pp_group=None, dp_group=None,
-                   device=device or torch.device("cpu"))
+        return cls(
+            world_size=1,
+            rank=0,
+            tp_size=1,
+            tp_rank=0,
+            pp_size=1,
+            pp_rank=0,
+            dp_size=1,
+            dp_rank=0,
+            ep_size=1,
+            cp_size=1,
+            tp_group=None,
+            pp_group=None,
+            dp_group=None,
+            device=device or torch.device("cpu"),
+        )
 
 
 def validate_layout(cfg: ParallelConfig, world_size: int, shape: ModelShape, *, on_gpu: bool) -> int:
@@ -134,15 +147,19 @@ def validate_layout(cfg: ParallelConfig, world_size: int, shape: ModelShape, *, 
         if shape.moe_intermediate_size % etp:
             errors.append(f"expert-TP={etp} does not divide moe_intermediate_size={shape.moe_intermediate_size}")
         if world_size % pp == 0 and (world_size // pp) % (ep * etp):
-            errors.append(f"EP*expert-TP = {ep}*{etp} does not divide the ranks of one pipeline stage "
-                          f"(world size {world_size} / PP {pp} = {world_size // pp})")
+            errors.append(
+                f"EP*expert-TP = {ep}*{etp} does not divide the ranks of one pipeline stage "
+                f"(world size {world_size} / PP {pp} = {world_size // pp})"
+            )
     if not on_gpu:
         if cp > 1:
             errors.append(f"CP={cp}: context parallelism needs a GPU with Transformer Engine")
         if cfg.use_sequence_parallel(shape):
-            errors.append(f"sequence parallelism (TP={tp} with a MoE model needs it) needs a GPU: the CPU "
-                          "(local, non-Transformer-Engine) norm refuses it; on CPU split MoE models with EP, "
-                          "not TP")
+            errors.append(
+                f"sequence parallelism (TP={tp} with a MoE model needs it) needs a GPU: the CPU "
+                "(local, non-Transformer-Engine) norm refuses it; on CPU split MoE models with EP, "
+                "not TP"
+            )
     if errors:
         raise ValueError("impossible parallel layout: " + "; ".join(errors))
     return world_size // (tp * pp * cp)
@@ -171,8 +188,9 @@ def init_parallel(cfg: ParallelConfig, shape: ModelShape, *, seed: int = 1234, t
             os.environ.setdefault("WORLD_SIZE", "1")
         if on_gpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend="nccl" if on_gpu else "gloo",
-                                timeout=datetime.timedelta(minutes=timeout_minutes))
+        dist.init_process_group(
+            backend="nccl" if on_gpu else "gloo", timeout=datetime.timedelta(minutes=timeout_minutes)
+        )
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
 

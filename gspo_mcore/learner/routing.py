@@ -68,11 +68,15 @@ def check_replay_supported(model) -> None:
         raise ValueError("Routing Replay needs a MoE model (this one has no routers)")
     config = model[0].config
     if not any(moe_routers(chunk) for chunk in model) and config.pipeline_model_parallel_size == 1:
-        raise ValueError("Routing Replay: the model was built without routing replay support "
-                         "(TransformerConfig.moe_enable_routing_replay)")
+        raise ValueError(
+            "Routing Replay: the model was built without routing replay support "
+            "(TransformerConfig.moe_enable_routing_replay)"
+        )
     if config.recompute_granularity is not None and config.pipeline_model_parallel_size > 1:
-        raise ValueError("Routing Replay with activation recomputation and pipeline parallelism is not supported: "
-                         "a recomputed micro-batch would replay another micro-batch's experts (turn one off)")
+        raise ValueError(
+            "Routing Replay with activation recomputation and pipeline parallelism is not supported: "
+            "a recomputed micro-batch would replay another micro-batch's experts (turn one off)"
+        )
     if config.moe_expert_capacity_factor is not None:
         raise ValueError("Routing Replay with token dropping (moe_expert_capacity_factor) is not supported")
 
@@ -113,7 +117,7 @@ class RoutingTape:
         if not self.sequence_parallel:
             return rows
         per = num_rows // self.tp_size
-        return rows[self.tp_rank * per:(self.tp_rank + 1) * per]
+        return rows[self.tp_rank * per : (self.tp_rank + 1) * per]
 
     def before(self, mb, chunk) -> None:
         if not self.replay:
@@ -124,8 +128,9 @@ class RoutingTape:
         for layer, router in self._by_chunk.get(id(chunk), ()):
             if routing is None:  # an empty (dummy) micro-batch: any distinct experts will do
                 rows = self._local_rows(torch.arange(mb.tokens.numel()), mb.tokens.shape[1]).numel()
-                router.router_replay.target_topk_idx = torch.arange(router.topk, device=mb.tokens.device).expand(
-                    rows, router.topk).contiguous()
+                router.router_replay.target_topk_idx = (
+                    torch.arange(router.topk, device=mb.tokens.device).expand(rows, router.topk).contiguous()
+                )
                 continue
             target = self._local_rows(routing[:, :, layer], routing.shape[0]).reshape(-1, routing.shape[-1])
             if bool((target < 0).any()):
@@ -158,24 +163,28 @@ class RoutingTape:
                 local = idx.view(-1, rows, topk).to(torch.int32) + 1  # +1: 0 means "not recorded here"
                 if self.sequence_parallel:
                     per = width // self.tp_size
-                    full[self.tp_rank * per:(self.tp_rank + 1) * per] = local
+                    full[self.tp_rank * per : (self.tp_rank + 1) * per] = local
                 else:
                     full = local
                 positions = full.transpose(0, 1).reshape(rows * width, topk)  # row-major, as cu_seqlens
                 if not contributes:
                     continue
                 for k, i in enumerate(mb.sample_indices):
-                    flat[offsets[i]:offsets[i + 1], layer] = positions[cu[k]:cu[k] + lengths[i]].to(flat.device)
-        for group, size in ((layout.pp_group, layout.pp_size), (layout.tp_group, layout.tp_size),
-                            (layout.dp_group, layout.dp_size)):
+                    flat[offsets[i] : offsets[i + 1], layer] = positions[cu[k] : cu[k] + lengths[i]].to(flat.device)
+        for group, size in (
+            (layout.pp_group, layout.pp_size),
+            (layout.tp_group, layout.tp_size),
+            (layout.dp_group, layout.dp_size),
+        ):
             if size > 1:
                 dist.all_reduce(flat, group=group)
         flat = (flat - 1).cpu()
-        return [flat[offsets[i]:offsets[i + 1]].clone() for i in range(len(samples))]
+        return [flat[offsets[i] : offsets[i + 1]].clone() for i in range(len(samples))]
 
 
-def microbatch_routing(seqs_routing: list[torch.Tensor | None], lengths: list[int], *, packing: str,
-                       width: int, topk: int) -> torch.Tensor | None:
+def microbatch_routing(
+    seqs_routing: list[torch.Tensor | None], lengths: list[int], *, packing: str, width: int, topk: int
+) -> torch.Tensor | None:
     """A micro-batch's replay target in router order, ``[S, R, num_layers, topk]`` int64, or ``None`` when
     its samples carry no routing. Padding positions get experts ``0..topk-1`` (they never reach real tokens)."""
     if not seqs_routing or any(r is None for r in seqs_routing):
@@ -205,8 +214,9 @@ def routing_change(before: list[torch.Tensor], after: list[torch.Tensor], sample
     changed = new_experts = pairs = 0
     for b, a, s in zip(before, after, samples):
         if b.shape != a.shape:
-            raise ValueError(f"routing_change: recordings of one sample differ in shape: {tuple(b.shape)} vs "
-                             f"{tuple(a.shape)}")
+            raise ValueError(
+                f"routing_change: recordings of one sample differ in shape: {tuple(b.shape)} vs {tuple(a.shape)}"
+            )
         counted = torch.zeros(b.shape[0], dtype=torch.bool)
         counted[:-1] = s.loss_mask[1:] > 0
         moe = (b[..., 0] >= 0) & counted[:, None]  # (L, layers)
@@ -218,5 +228,7 @@ def routing_change(before: list[torch.Tensor], after: list[torch.Tensor], sample
         new_experts += int((~kept).sum())
         pairs += int(moe.sum())
     topk = before[0].shape[-1] if before else 1
-    return {"routing_changed_fraction": changed / pairs if pairs else 0.0,
-            "routing_expert_change_fraction": new_experts / (pairs * topk) if pairs else 0.0}
+    return {
+        "routing_changed_fraction": changed / pairs if pairs else 0.0,
+        "routing_expert_change_fraction": new_experts / (pairs * topk) if pairs else 0.0,
+    }

@@ -1,8 +1,9 @@
 """The training step and forward-only log-probs, through Megatron's ``get_forward_backward_func``.
 
 Every pipeline schedule runs the same ``forward_step``: the model's output on the last stage is this
-rank's vocabulary slice of the logits, ``[R, S, V/TP]`` (flattened to the micro-batch's ``T`` positions); :func:`gspo_mcore.ops.token_logprobs` turns it
-into per-token log-probs with one all-reduce over the TP group (full logits are never gathered), and
+rank's vocabulary slice of the logits, ``[R, S, V/TP]`` (flattened to the micro-batch's ``T`` positions);
+:func:`gspo_mcore.ops.token_logprobs` turns it into per-token log-probs with one all-reduce over the TP group
+(full logits are never gathered), and
 :func:`gspo_mcore.algo.policy_loss` turns those into the loss with ``N`` = the number of sequences in the
 whole mini-batch (all micro-batches, all DP ranks).
 
@@ -23,10 +24,16 @@ import torch.distributed as dist
 
 from gspo_mcore import algo, ops
 from gspo_mcore.config import check_literals
-from gspo_mcore.learner.batching import (MicroBatch, Sample, build_microbatch, count_sequences,
-                                         plan_microbatches, split_minibatches)
-from gspo_mcore.learner.optimizer import current_lr, optimizer_step, zero_grads
 from gspo_mcore.learner import routing
+from gspo_mcore.learner.batching import (
+    MicroBatch,
+    Sample,
+    build_microbatch,
+    count_sequences,
+    plan_microbatches,
+    split_minibatches,
+)
+from gspo_mcore.learner.optimizer import current_lr, optimizer_step, zero_grads
 from gspo_mcore.learner.parallel import Layout
 from gspo_mcore.learner.routing import RoutingConfig
 
@@ -71,14 +78,24 @@ class BatchConfig:
         if self.num_minibatches < 1:
             raise ValueError(f"BatchConfig.num_minibatches must be >= 1, got {self.num_minibatches}")
         if self.max_tokens_per_microbatch < 2:
-            raise ValueError(f"BatchConfig.max_tokens_per_microbatch must be >= 2, "
-                             f"got {self.max_tokens_per_microbatch}")
+            raise ValueError(
+                f"BatchConfig.max_tokens_per_microbatch must be >= 2, got {self.max_tokens_per_microbatch}"
+            )
         check_literals(self)
 
 
 # Layout of the per-micro-batch statistics vector (summed over micro-batches and ranks).
-_SUMS = ("loss", "clipped_tokens", "clipped_sequences", "ratio_sum", "ratio_weight", "nonfinite_tokens",
-         "num_tokens", "num_sequences", "entropy_sum")
+_SUMS = (
+    "loss",
+    "clipped_tokens",
+    "clipped_sequences",
+    "ratio_sum",
+    "ratio_weight",
+    "nonfinite_tokens",
+    "num_tokens",
+    "num_sequences",
+    "entropy_sum",
+)
 _MAXES = ("neg_ratio_min", "ratio_max")
 
 
@@ -92,8 +109,9 @@ def uses_transformer_engine(model) -> bool:
     return False
 
 
-def microbatches_for_rank(samples, layout: Layout, max_tokens: int, *, model,
-                          packing: str = "padded") -> list[MicroBatch]:
+def microbatches_for_rank(
+    samples, layout: Layout, max_tokens: int, *, model, packing: str = "padded"
+) -> list[MicroBatch]:
     """This DP rank's micro-batches of ``samples`` (the same list on every rank).
 
     ``packing`` (``"padded"`` or ``"block_diagonal"``) applies without Transformer Engine; with it the
@@ -106,11 +124,14 @@ def microbatches_for_rank(samples, layout: Layout, max_tokens: int, *, model,
     if uses_transformer_engine(model):
         packing = "thd"
     config = model[0].config
-    plans = plan_microbatches([s.length for s in samples], dp_size=layout.dp_size, max_tokens=max_tokens,
-                              padded=packing == "padded")
+    plans = plan_microbatches(
+        [s.length for s in samples], dp_size=layout.dp_size, max_tokens=max_tokens, padded=packing == "padded"
+    )
     pad_multiple = layout.tp_size if config.sequence_parallel else 1
-    return [build_microbatch(samples, idx, packing=packing, pad_multiple=pad_multiple, device=layout.device)
-            for idx in plans[layout.dp_rank]]
+    return [
+        build_microbatch(samples, idx, packing=packing, pad_multiple=pad_multiple, device=layout.device)
+        for idx in plans[layout.dp_rank]
+    ]
 
 
 def _forward_step(loss_func, tape, data_iterator, model):
@@ -132,22 +153,46 @@ def _check_temperature(temperature: float) -> float:
 def _token_logprobs(mb: MicroBatch, logits: torch.Tensor, layout: Layout, temperature: float, entropy: bool):
     logits = logits.reshape(-1, logits.shape[-1])[: mb.num_tokens]  # (R, S, V/TP) -> (T, V/TP)
     tp = layout.tp_group if layout.tp_size > 1 else None
-    return ops.token_logprobs(logits, mb.targets, vocab_start=layout.tp_rank * logits.shape[-1], tp_group=tp,
-                              return_entropy=entropy, temperature=temperature)
+    return ops.token_logprobs(
+        logits,
+        mb.targets,
+        vocab_start=layout.tp_rank * logits.shape[-1],
+        tp_group=tp,
+        return_entropy=entropy,
+        temperature=temperature,
+    )
 
 
 def _policy_loss_func(layout, loss_cfg, temperature, num_sequences, scale, mb, logits):
     out = _token_logprobs(mb, logits, layout, temperature, loss_cfg.compute_entropy)
     logp, entropy = out if loss_cfg.compute_entropy else (out, None)
-    loss, m = algo.policy_loss(logp, mb.old_logprobs, mb.advantages, mb.cu_seqlens, mb.loss_mask,
-                               variant=loss_cfg.variant, eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
-                               num_sequences=num_sequences)
+    loss, m = algo.policy_loss(
+        logp,
+        mb.old_logprobs,
+        mb.advantages,
+        mb.cu_seqlens,
+        mb.loss_mask,
+        variant=loss_cfg.variant,
+        eps_low=loss_cfg.eps_low,
+        eps_high=loss_cfg.eps_high,
+        num_sequences=num_sequences,
+    )
     weight = m["num_tokens"] if loss_cfg.variant == "grpo" else m["num_sequences"]
     none = weight == 0
     entropy_sum = (entropy.detach() * mb.loss_mask).sum() if entropy is not None else loss.new_zeros(())
-    sums = torch.stack([loss.detach(), m["clip_fraction"] * m["num_tokens"],
-                        m["clipped_sequence_fraction"] * m["num_sequences"], m["ratio_mean"] * weight, weight,
-                        m["nonfinite_tokens"], m["num_tokens"], m["num_sequences"], entropy_sum])
+    sums = torch.stack(
+        [
+            loss.detach(),
+            m["clip_fraction"] * m["num_tokens"],
+            m["clipped_sequence_fraction"] * m["num_sequences"],
+            m["ratio_mean"] * weight,
+            weight,
+            m["nonfinite_tokens"],
+            m["num_tokens"],
+            m["num_sequences"],
+            entropy_sum,
+        ]
+    )
     maxes = torch.stack([torch.where(none, -math.inf, -m["ratio_min"]), torch.where(none, -math.inf, m["ratio_max"])])
     return loss * scale, {"sums": sums, "maxes": maxes}
 
@@ -170,9 +215,16 @@ def _run_schedule(model, microbatches, loss_func, *, forward_only: bool, tape=No
         chunk.train()
     fb = get_forward_backward_func()
     max_len = max(int(mb.tokens.shape[1]) for mb in microbatches)
-    run = partial(fb, forward_step_func=partial(_forward_step, loss_func, tape), data_iterator=iter(microbatches),
-                  model=model, num_microbatches=len(microbatches), seq_length=max_len, micro_batch_size=1,
-                  forward_only=forward_only)
+    run = partial(
+        fb,
+        forward_step_func=partial(_forward_step, loss_func, tape),
+        data_iterator=iter(microbatches),
+        model=model,
+        num_microbatches=len(microbatches),
+        seq_length=max_len,
+        micro_batch_size=1,
+        forward_only=forward_only,
+    )
     if tape is None:
         return run()
     with tape:
@@ -187,9 +239,18 @@ def _tape(model, layout: Layout, *, record: bool = False, replay: bool = False):
     return routing.RoutingTape(model, record=record, replay=replay, tp_rank=layout.tp_rank, tp_size=layout.tp_size)
 
 
-def forward_backward(model, samples: list[Sample], layout: Layout, loss_cfg: LossConfig, *, max_tokens: int,
-                     packing: str = "padded", num_sequences: int | None = None, temperature: float = 1.0,
-                     replay_routing: bool = False) -> dict[str, float]:
+def forward_backward(
+    model,
+    samples: list[Sample],
+    layout: Layout,
+    loss_cfg: LossConfig,
+    *,
+    max_tokens: int,
+    packing: str = "padded",
+    num_sequences: int | None = None,
+    temperature: float = 1.0,
+    replay_routing: bool = False,
+) -> dict[str, float]:
     """Accumulate the policy-loss gradient of ``samples`` into the model's gradient buffers (no step).
 
     ``samples``: the whole mini-batch, identical on all ranks, each with ``old_logprobs``.
@@ -199,8 +260,10 @@ def forward_backward(model, samples: list[Sample], layout: Layout, loss_cfg: Los
     Returns the metrics of :func:`train_minibatch` except the optimizer's.
     """
     if replay_routing and any(s.routed_experts is None for s in samples):
-        raise ValueError("Routing Replay needs routed_experts on every sample (recorded by forward_logprobs with "
-                         "record_routing=True, which train_step does when RoutingConfig.replay is set)")
+        raise ValueError(
+            "Routing Replay needs routed_experts on every sample (recorded by forward_logprobs with "
+            "record_routing=True, which train_step does when RoutingConfig.replay is set)"
+        )
     if any(s.old_logprobs is None for s in samples):
         raise ValueError("the policy loss needs old_logprobs on every sample (see train_step / forward_logprobs)")
     n = count_sequences(samples) if num_sequences is None else num_sequences
@@ -213,9 +276,19 @@ def forward_backward(model, samples: list[Sample], layout: Layout, loss_cfg: Los
     return metrics
 
 
-def train_minibatch(model, optimizer, scheduler, samples: list[Sample], layout: Layout, loss_cfg: LossConfig, *,
-                    max_tokens: int, packing: str = "padded", temperature: float = 1.0,
-                    replay_routing: bool = False) -> dict[str, float]:
+def train_minibatch(
+    model,
+    optimizer,
+    scheduler,
+    samples: list[Sample],
+    layout: Layout,
+    loss_cfg: LossConfig,
+    *,
+    max_tokens: int,
+    packing: str = "padded",
+    temperature: float = 1.0,
+    replay_routing: bool = False,
+) -> dict[str, float]:
     """One optimizer step on one mini-batch (``samples``: the whole mini-batch, identical on all ranks).
 
     Every sample must carry ``old_logprobs``. Returns the mini-batch's metrics, reduced over DP and
@@ -224,8 +297,16 @@ def train_minibatch(model, optimizer, scheduler, samples: list[Sample], layout: 
     ``num_sequences``, ``entropy`` (mean over counted tokens), ``num_microbatches`` (per DP rank).
     """
     zero_grads(model, optimizer)
-    metrics = forward_backward(model, samples, layout, loss_cfg, max_tokens=max_tokens, packing=packing,
-                               temperature=temperature, replay_routing=replay_routing)
+    metrics = forward_backward(
+        model,
+        samples,
+        layout,
+        loss_cfg,
+        max_tokens=max_tokens,
+        packing=packing,
+        temperature=temperature,
+        replay_routing=replay_routing,
+    )
     lr = current_lr(optimizer)
     ok, grad_norm = optimizer_step(optimizer, scheduler)
     metrics.update(grad_norm=grad_norm, update_successful=float(ok), lr=lr)
@@ -265,36 +346,38 @@ def _logprob_func(layout, temperature, mb, logits):
 
 
 @torch.no_grad()
-def forward_logprobs(model, samples: list[Sample], layout: Layout, *, max_tokens: int, packing: str = "padded",
-                     temperature: float = 1.0) -> list[torch.Tensor]:
+def forward_logprobs(
+    model, samples: list[Sample], layout: Layout, *, max_tokens: int, packing: str = "padded", temperature: float = 1.0
+) -> list[torch.Tensor]:
     """Log-probs of ``tokens[1:]`` for every sample (``[L-1]`` float32 each, on the CPU, on every rank).
 
     Runs forward only through the same schedule and micro-batching as training (old-policy or reference
     log-probs). ``samples`` is the same list on every rank.
     """
-    return _forward_logprobs(model, samples, layout, max_tokens=max_tokens, packing=packing,
-                             temperature=temperature)[0]
+    return _forward_logprobs(model, samples, layout, max_tokens=max_tokens, packing=packing, temperature=temperature)[0]
 
 
 @torch.no_grad()
-def forward_logprobs_with_routing(model, samples: list[Sample], layout: Layout, *, max_tokens: int,
-                                  packing: str = "padded", temperature: float = 1.0
-                                  ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def forward_logprobs_with_routing(
+    model, samples: list[Sample], layout: Layout, *, max_tokens: int, packing: str = "padded", temperature: float = 1.0
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """:func:`forward_logprobs` of a MoE model, plus the experts every token was routed to: per sample
     ``[L, num_layers, topk]`` int32 (``-1`` in dense layers), on every rank (see :mod:`.routing`)."""
     if not routing.is_moe(model):
         raise ValueError("forward_logprobs_with_routing needs a MoE model")
     tape = _tape(model, layout, record=True)
-    logps, _ = _forward_logprobs(model, samples, layout, max_tokens=max_tokens, packing=packing,
-                                 temperature=temperature, tape=tape)
+    logps, _ = _forward_logprobs(
+        model, samples, layout, max_tokens=max_tokens, packing=packing, temperature=temperature, tape=tape
+    )
     num_layers, topk = routing.routing_dims(model)
     return logps, tape.scatter_to_samples(samples, layout, num_layers=num_layers, topk=topk)
 
 
 def _forward_logprobs(model, samples, layout, *, max_tokens, packing, temperature, tape=None):
     mbs = microbatches_for_rank(samples, layout, max_tokens, model=model, packing=packing)
-    store = _run_schedule(model, mbs, partial(_logprob_func, layout, _check_temperature(temperature)),
-                          forward_only=True, tape=tape)
+    store = _run_schedule(
+        model, mbs, partial(_logprob_func, layout, _check_temperature(temperature)), forward_only=True, tape=tape
+    )
     sizes = [s.length - 1 for s in samples]
     offsets = [0]
     for n in sizes:
@@ -304,17 +387,28 @@ def _forward_logprobs(model, samples, layout, *, max_tokens, packing, temperatur
         mb, logp = item["mb"], item["logp"]
         cu = mb.cu_seqlens.tolist()
         for k, i in enumerate(mb.sample_indices):
-            flat[offsets[i]: offsets[i + 1]] = logp[cu[k]: cu[k] + sizes[i]]
+            flat[offsets[i] : offsets[i + 1]] = logp[cu[k] : cu[k] + sizes[i]]
     for group, size in ((layout.pp_group, layout.pp_size), (layout.dp_group, layout.dp_size)):
         if size > 1:
             dist.all_reduce(flat, group=group)
     flat = flat.cpu()
-    return [flat[offsets[i]: offsets[i + 1]].clone() for i in range(len(samples))], mbs
+    return [flat[offsets[i] : offsets[i + 1]].clone() for i in range(len(samples))], mbs
 
 
-def train_step(model, optimizer, scheduler, samples: list[Sample], layout: Layout, loss_cfg: LossConfig,
-               batch_cfg: BatchConfig, routing_cfg: RoutingConfig = RoutingConfig(), *, temperature: float = 1.0,
-               recompute_old_logprobs: bool = False, measure_routing: bool = False) -> list[dict[str, float]]:
+def train_step(
+    model,
+    optimizer,
+    scheduler,
+    samples: list[Sample],
+    layout: Layout,
+    loss_cfg: LossConfig,
+    batch_cfg: BatchConfig,
+    routing_cfg: RoutingConfig = RoutingConfig(),
+    *,
+    temperature: float = 1.0,
+    recompute_old_logprobs: bool = False,
+    measure_routing: bool = False,
+) -> list[dict[str, float]]:
     """One rollout batch: old log-probs where needed, then one optimizer step per mini-batch.
 
     ``samples`` is the whole rollout batch, identical on every rank; ``temperature`` the rollout's sampling
@@ -335,8 +429,7 @@ def train_step(model, optimizer, scheduler, samples: list[Sample], layout: Layou
     replay = routing_cfg.replay and moe
     measure = measure_routing and moe
     before = None
-    kw = dict(max_tokens=batch_cfg.max_tokens_per_microbatch, packing=batch_cfg.packing,
-              temperature=temperature)
+    kw = dict(max_tokens=batch_cfg.max_tokens_per_microbatch, packing=batch_cfg.packing, temperature=temperature)
     needs_routing = (replay and any(s.routed_experts is None for s in samples)) or measure
     if recompute_old_logprobs or any(s.old_logprobs is None for s in samples) or needs_routing:
         if needs_routing:
@@ -345,22 +438,40 @@ def train_step(model, optimizer, scheduler, samples: list[Sample], layout: Layou
             old = forward_logprobs(model, samples, layout, **kw)
         rollout = [(s, lp) for s, lp in zip(samples, old) if s.old_logprobs is not None]
         if rollout:
-            diff = sum(float(((lp - s.old_logprobs.float()).abs() * s.loss_mask[1:].float()).sum())
-                       for s, lp in rollout)
+            diff = sum(
+                float(((lp - s.old_logprobs.float()).abs() * s.loss_mask[1:].float()).sum()) for s, lp in rollout
+            )
             count = sum(s.num_response_tokens for s, _ in rollout)
             extra["rollout_logprob_abs_diff"] = diff / max(count, 1)
-        samples = [replace(s, old_logprobs=lp) if recompute_old_logprobs or s.old_logprobs is None else s
-                   for s, lp in zip(samples, old)]
+        samples = [
+            replace(s, old_logprobs=lp) if recompute_old_logprobs or s.old_logprobs is None else s
+            for s, lp in zip(samples, old)
+        ]
         if replay:
             # the experts recorded with the old log-probs; samples that bring both keep their own pair
-            samples = [s if s.routed_experts is not None and not recompute_old_logprobs
-                       else replace(s, routed_experts=r) for s, r in zip(samples, before)]
+            samples = [
+                s if s.routed_experts is not None and not recompute_old_logprobs else replace(s, routed_experts=r)
+                for s, r in zip(samples, before)
+            ]
     results = []
     for j, part in enumerate(split_minibatches(len(samples), batch_cfg.num_minibatches)):
-        results.append(dict(train_minibatch(model, optimizer, scheduler, [samples[i] for i in part], layout,
-                                            loss_cfg, max_tokens=batch_cfg.max_tokens_per_microbatch,
-                                            packing=batch_cfg.packing, temperature=temperature,
-                                            replay_routing=replay), **extra))
+        results.append(
+            dict(
+                train_minibatch(
+                    model,
+                    optimizer,
+                    scheduler,
+                    [samples[i] for i in part],
+                    layout,
+                    loss_cfg,
+                    max_tokens=batch_cfg.max_tokens_per_microbatch,
+                    packing=batch_cfg.packing,
+                    temperature=temperature,
+                    replay_routing=replay,
+                ),
+                **extra,
+            )
+        )
         if j == 0 and measure:
             _, after = forward_logprobs_with_routing(model, samples, layout, **kw)
             extra.update(routing.routing_change(before, after, samples))

@@ -37,8 +37,10 @@ def check_cu_seqlens(cu_seqlens, num_tokens: int, device) -> None:
         steps = cu_seqlens[1:] - cu_seqlens[:-1]
         if steps.numel() and bool((steps < 0).any()):
             b = int(torch.nonzero(steps < 0)[0, 0])
-            raise ValueError(f"cu_seqlens must be non-decreasing, but cu_seqlens[{b}]={int(cu_seqlens[b])} > "
-                             f"cu_seqlens[{b + 1}]={int(cu_seqlens[b + 1])}")
+            raise ValueError(
+                f"cu_seqlens must be non-decreasing, but cu_seqlens[{b}]={int(cu_seqlens[b])} > "
+                f"cu_seqlens[{b + 1}]={int(cu_seqlens[b + 1])}"
+            )
         if int(cu_seqlens[-1]) != num_tokens:
             raise ValueError(f"cu_seqlens must end at the number of tokens T={num_tokens}, got {int(cu_seqlens[-1])}")
     else:

@@ -25,8 +25,16 @@ from gspo_mcore.ops.reference import MAX, OWNED, SUMEXP, TARGET, XSUM
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, vocab_start: int = 0, tp_group=None,
-                   return_entropy: bool = False, temperature: float = 1.0, inplace_backward: bool = False):
+def token_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    vocab_start: int = 0,
+    tp_group=None,
+    return_entropy: bool = False,
+    temperature: float = 1.0,
+    inplace_backward: bool = False,
+):
     """Log-probability of ``targets`` under ``softmax(logits / temperature)`` over the full vocabulary.
 
     Args:
@@ -63,17 +71,27 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, vocab_start: 
     if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
     if tp_group is None and vocab_start != 0:
-        raise ValueError(f"vocab_start={vocab_start} needs tp_group: without a tensor-parallel group the "
-                         "logits hold the whole vocabulary and vocab_start must be 0")
+        raise ValueError(
+            f"vocab_start={vocab_start} needs tp_group: without a tensor-parallel group the "
+            "logits hold the whole vocabulary and vocab_start must be 0"
+        )
     if inplace_backward and torch.is_grad_enabled() and logits.requires_grad:
         owner = _check_inplace_logits(logits)
-        logp, entropy, _ = _TokenLogprobsInplace.apply(owner, targets, int(vocab_start), 1.0 / float(temperature),
-                                                       tp_group, bool(return_entropy), tuple(logits.shape))
+        logp, entropy, _ = _TokenLogprobsInplace.apply(
+            owner,
+            targets,
+            int(vocab_start),
+            1.0 / float(temperature),
+            tp_group,
+            bool(return_entropy),
+            tuple(logits.shape),
+        )
         return (logp, entropy) if return_entropy else logp
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    logp, entropy = _TokenLogprobs.apply(logits, targets, int(vocab_start), 1.0 / float(temperature),
-                                         tp_group, bool(return_entropy))
+    logp, entropy = _TokenLogprobs.apply(
+        logits, targets, int(vocab_start), 1.0 / float(temperature), tp_group, bool(return_entropy)
+    )
     return (logp, entropy) if return_entropy else logp
 
 
@@ -121,8 +139,7 @@ class _TokenLogprobs(torch.autograd.Function):
         # An output the loss does not use gets grad None (not zeros): an entropy returned only for logging
         # then costs nothing in the backward, and cannot turn d logp into 0 * NaN where it is NaN.
         ctx.set_materialize_grads(False)
-        logp, lse, entropy = _full_vocab_stats(logits, targets, vocab_start, inv_temperature, tp_group,
-                                               with_entropy)
+        logp, lse, entropy = _full_vocab_stats(logits, targets, vocab_start, inv_temperature, tp_group, with_entropy)
         ctx.vocab_start, ctx.inv_temperature, ctx.with_entropy = vocab_start, inv_temperature, with_entropy
         if not with_entropy:
             entropy = None
@@ -136,10 +153,15 @@ class _TokenLogprobs(torch.autograd.Function):
             grad_logp = torch.zeros_like(lse)
         use_entropy = entropy is not None and grad_entropy is not None
         grad = _backend.op("token_logprob_backward")(
-            logits, targets, lse, grad_logp.float().contiguous(),
+            logits,
+            targets,
+            lse,
+            grad_logp.float().contiguous(),
             entropy if use_entropy else None,
             grad_entropy.float().contiguous() if use_entropy else None,
-            ctx.vocab_start, ctx.inv_temperature)
+            ctx.vocab_start,
+            ctx.inv_temperature,
+        )
         return grad, None, None, None, None, None
 
 
@@ -147,20 +169,27 @@ def _check_inplace_logits(logits: torch.Tensor) -> torch.Tensor:
     """The tensor that owns the logits' storage, once it is clear that it may be overwritten: contiguous, not
     a leaf, and the logits span all of it (``logits`` itself, or the base of a view spanning the whole base)."""
     if not logits.is_contiguous():
-        raise ValueError(f"token_logprobs(inplace_backward=True) overwrites the logits, which must be contiguous "
-                         f"(got shape {tuple(logits.shape)}, strides {logits.stride()}); pass a contiguous "
-                         "tensor or use inplace_backward=False")
+        raise ValueError(
+            f"token_logprobs(inplace_backward=True) overwrites the logits, which must be contiguous "
+            f"(got shape {tuple(logits.shape)}, strides {logits.stride()}); pass a contiguous "
+            "tensor or use inplace_backward=False"
+        )
     base = logits._base
-    if base is not None and not (base.is_contiguous() and base.numel() == logits.numel()
-                                 and base.data_ptr() == logits.data_ptr()):
-        raise ValueError(f"token_logprobs(inplace_backward=True): logits {tuple(logits.shape)} are a view of part "
-                         f"of a larger tensor {tuple(base.shape)}, whose other elements must not be "
-                         "overwritten; pass a tensor of their own (e.g. .clone()) or inplace_backward=False")
+    if base is not None and not (
+        base.is_contiguous() and base.numel() == logits.numel() and base.data_ptr() == logits.data_ptr()
+    ):
+        raise ValueError(
+            f"token_logprobs(inplace_backward=True): logits {tuple(logits.shape)} are a view of part "
+            f"of a larger tensor {tuple(base.shape)}, whose other elements must not be "
+            "overwritten; pass a tensor of their own (e.g. .clone()) or inplace_backward=False"
+        )
     owner = logits if base is None else base
     if owner.is_leaf:
-        raise ValueError("token_logprobs(inplace_backward=True) cannot overwrite logits that are a leaf tensor "
-                         "requiring grad (its .grad would be lost); pass the output of the layer that computed "
-                         "them, or use inplace_backward=False")
+        raise ValueError(
+            "token_logprobs(inplace_backward=True) cannot overwrite logits that are a leaf tensor "
+            "requiring grad (its .grad would be lost); pass the output of the layer that computed "
+            "them, or use inplace_backward=False"
+        )
     return owner
 
 
@@ -174,8 +203,7 @@ class _TokenLogprobsInplace(torch.autograd.Function):
     def forward(ctx, owner, targets, vocab_start, inv_temperature, tp_group, with_entropy, shape):
         ctx.set_materialize_grads(False)
         logits = owner.view(shape)  # (T, V)
-        logp, lse, entropy = _full_vocab_stats(logits, targets, vocab_start, inv_temperature, tp_group,
-                                               with_entropy)
+        logp, lse, entropy = _full_vocab_stats(logits, targets, vocab_start, inv_temperature, tp_group, with_entropy)
         _backend.op("token_logprob_grad_inplace_")(logits, targets, lse, vocab_start, inv_temperature)
         ctx.mark_dirty(owner)
         ctx.save_for_backward(owner)
@@ -185,15 +213,21 @@ class _TokenLogprobsInplace(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy, grad_logits):
         if grad_entropy is not None:
-            raise RuntimeError("token_logprobs(inplace_backward=True) cannot differentiate the entropy (the "
-                               "logits were overwritten with the gradient of logp alone); use "
-                               "inplace_backward=False for a loss on the entropy")
+            raise RuntimeError(
+                "token_logprobs(inplace_backward=True) cannot differentiate the entropy (the "
+                "logits were overwritten with the gradient of logp alone); use "
+                "inplace_backward=False for a loss on the entropy"
+            )
         if grad_logits is not None:
-            raise RuntimeError("logits overwritten by token_logprobs(inplace_backward=True) were used again in "
-                               "a differentiable computation; their values were gone after that call")
+            raise RuntimeError(
+                "logits overwritten by token_logprobs(inplace_backward=True) were used again in "
+                "a differentiable computation; their values were gone after that call"
+            )
         if ctx.consumed:
-            raise RuntimeError("token_logprobs(inplace_backward=True): the backward already ran once and "
-                               "scaled the gradient buffer in place; it cannot run again (retain_graph)")
+            raise RuntimeError(
+                "token_logprobs(inplace_backward=True): the backward already ran once and "
+                "scaled the gradient buffer in place; it cannot run again (retain_graph)"
+            )
         ctx.consumed = True
         (owner,) = ctx.saved_tensors
         buf = owner.view(ctx.shape)  # (T, V) = (onehot - p) * inv_temperature, in the logits' dtype
@@ -212,7 +246,8 @@ def _check_owned(owners: torch.Tensor, targets: torch.Tensor) -> None:
         bad = owners != 1
         if bool(bad.any()):
             t = int(torch.nonzero(bad)[0, 0])
-            raise ValueError(f"targets[{t}]={int(targets[t])} is outside the vocabulary "
-                             f"({int(bad.sum())} target(s) out of range)")
+            raise ValueError(
+                f"targets[{t}]={int(targets[t])} is outside the vocabulary ({int(bad.sum())} target(s) out of range)"
+            )
     else:
         torch._assert_async((owners == 1).all(), "targets outside the vocabulary")

@@ -14,8 +14,7 @@ MAX, SUMEXP, XSUM, TARGET, OWNED = range(5)
 NUM_STATS = 5
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                   return_entropy: bool = False):
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, return_entropy: bool = False):
     """``log softmax(logits / temperature)[t, targets[t]]`` in float32 (and the entropy), by autograd.
 
     float64 logits are kept in float64 (tests use that as the high-precision reference); every other
@@ -47,8 +46,9 @@ def token_logprob_stats(logits, targets, vocab_start: int, inv_temperature: floa
     return out
 
 
-def token_logprob_backward(logits, targets, lse, grad_logp, entropy, grad_entropy, vocab_start: int,
-                           inv_temperature: float):
+def token_logprob_backward(
+    logits, targets, lse, grad_logp, entropy, grad_entropy, vocab_start: int, inv_temperature: float
+):
     z = logits.float() * inv_temperature
     lp = z - lse[:, None]  # (T, V) log-probs of this slice
     p = lp.exp()
@@ -99,5 +99,6 @@ def gspo_sequence_terms(seq_logratio_sum, seq_token_count, advantages, eps_low: 
 def _segment_ids(cu_seqlens, num_tokens: int):
     """Sequence index of every token: (T,) int64."""
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    return torch.repeat_interleave(torch.arange(lengths.shape[0], device=cu_seqlens.device), lengths,
-                                   output_size=num_tokens)
+    return torch.repeat_interleave(
+        torch.arange(lengths.shape[0], device=cu_seqlens.device), lengths, output_size=num_tokens
+    )

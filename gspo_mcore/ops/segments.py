@@ -28,8 +28,7 @@ def segment_sum(values: torch.Tensor, cu_seqlens: torch.Tensor, mask: torch.Tens
     return _backend.op("segment_sum")(values.float().contiguous(), mask, cu_seqlens.contiguous())
 
 
-def segment_mean(values: torch.Tensor, cu_seqlens: torch.Tensor, mask: torch.Tensor | None = None,
-                 *, cp_group=None):
+def segment_mean(values: torch.Tensor, cu_seqlens: torch.Tensor, mask: torch.Tensor | None = None, *, cp_group=None):
     """Masked mean of ``values`` within each sequence, and each sequence's counted-token count.
 
     With ``cp_group`` the sums and counts are partial on each rank and are completed with one all-reduce.

@@ -104,8 +104,11 @@ def apply() -> bool:
 
     version = getattr(megatron.core, "__version__", "unknown")
     if version not in CHECKED_VERSIONS and not _applied:
-        warnings.warn(f"gspo_mcore.platform.megatron_cpu was checked on megatron-core {CHECKED_VERSIONS}, "
-                      f"this is {version}: CPU runs may hit CUDA calls it does not redirect", stacklevel=2)
+        warnings.warn(
+            f"gspo_mcore.platform.megatron_cpu was checked on megatron-core {CHECKED_VERSIONS}, "
+            f"this is {version}: CPU runs may hit CUDA calls it does not redirect",
+            stacklevel=2,
+        )
     for name in _MODULES:
         importlib.import_module(name)
     _redirect_module_torch()
@@ -121,8 +124,11 @@ def apply() -> bool:
 # Warnings megatron-core 0.16.1 prints on every CPU-only host, whose content the README states once: no
 # Transformer Engine or Apex (the local layer spec and torch's norms and optimizers are used), a CUDA graph
 # option default, and torch's note that it found no CUDA runtime. Silenced only on such a host.
-_BENIGN_CPU_WARNINGS = ("Transformer Engine and Apex are not installed", "Apex is not installed",
-                        "full scope is deprecated")
+_BENIGN_CPU_WARNINGS = (
+    "Transformer Engine and Apex are not installed",
+    "Apex is not installed",
+    "full scope is deprecated",
+)
 
 
 def _quiet_known_cpu_warnings() -> None:
@@ -220,8 +226,22 @@ def _cpu_factory(fn):
     return wrapper
 
 
-_FACTORIES = ("zeros", "ones", "empty", "full", "tensor", "arange", "randn", "rand", "randint",
-              "zeros_like", "ones_like", "empty_like", "full_like", "as_tensor")
+_FACTORIES = (
+    "zeros",
+    "ones",
+    "empty",
+    "full",
+    "tensor",
+    "arange",
+    "randn",
+    "rand",
+    "randint",
+    "zeros_like",
+    "ones_like",
+    "empty_like",
+    "full_like",
+    "as_tensor",
+)
 
 
 class _TorchOnCpu(types.ModuleType):

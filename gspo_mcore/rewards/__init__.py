@@ -14,5 +14,17 @@ from gspo_mcore.rewards.resolve import RewardError, RewardSetupError
 from gspo_mcore.rewards.runner import RewardFailure, RewardRunner
 from gspo_mcore.rewards.setup import check_reward_setup
 
-__all__ = ["RewardError", "RewardFailure", "RewardFn", "RewardRunner", "RewardRunnerConfig", "RewardSetupError",
-           "RewardTermConfig", "check_reward_setup", "get", "names", "register", "unregister"]
+__all__ = [
+    "RewardError",
+    "RewardFailure",
+    "RewardFn",
+    "RewardRunner",
+    "RewardRunnerConfig",
+    "RewardSetupError",
+    "RewardTermConfig",
+    "check_reward_setup",
+    "get",
+    "names",
+    "register",
+    "unregister",
+]

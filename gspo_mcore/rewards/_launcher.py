@@ -114,8 +114,15 @@ def _enter_namespaces(plan, report):
 
 def _mount_points():
     """(mount point, per-mount flags to keep) of every mount, from /proc/self/mountinfo."""
-    keep = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
-            "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
+    keep = {
+        "nosuid": MS_NOSUID,
+        "nodev": MS_NODEV,
+        "noexec": MS_NOEXEC,
+        "noatime": MS_NOATIME,
+        "nodiratime": MS_NODIRATIME,
+        "relatime": MS_RELATIME,
+        "strictatime": MS_STRICTATIME,
+    }
     out = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
@@ -183,8 +190,13 @@ def _private_root(plan, report):
     for name in DEVICES:
         open(f"{new}/dev/{name}", "w").close()
         _mount(f"/dev/{name}", f"{new}/dev/{name}", None, MS_BIND)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2"), ("shm", "/tmp")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("shm", "/tmp"),
+    ):
         os.symlink(target, f"{new}/dev/{name}")
     os.mkdir(new + "/proc", 0o555)
     os.makedirs(new + "/var", 0o755)

@@ -39,8 +39,16 @@ from gspo_mcore.rewards.plain import COMPARE, NotPlain, decode
 
 PROBE = "__gspo_probe__"
 _OPS = {
-    ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
-    ast.In: "in", ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not",
+    ast.Eq: "==",
+    ast.NotEq: "!=",
+    ast.Lt: "<",
+    ast.LtE: "<=",
+    ast.Gt: ">",
+    ast.GtE: ">=",
+    ast.In: "in",
+    ast.NotIn: "not in",
+    ast.Is: "is",
+    ast.IsNot: "is not",
 }
 
 
@@ -147,8 +155,11 @@ class _Rewriter(ast.NodeTransformer):
         if not reported and not site.holds([]):  # e.g. `assert False` after an expected exception
             site = Site(ops=ops, operands=tuple(spec), negate=negate, required=False)
         self.sites.append(site)
-        call = ast.Call(func=ast.Name(PROBE, ast.Load()),
-                        args=[ast.Constant(len(self.sites) - 1), ast.Tuple(reported, ast.Load())], keywords=[])
+        call = ast.Call(
+            func=ast.Name(PROBE, ast.Load()),
+            args=[ast.Constant(len(self.sites) - 1), ast.Tuple(reported, ast.Load())],
+            keywords=[],
+        )
         return ast.copy_location(ast.Expr(call), where)
 
 

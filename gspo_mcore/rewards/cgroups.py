@@ -82,7 +82,7 @@ def _own_paths() -> dict[str, str]:
 
 
 def _below(mount_root: str, mount_point: str, own: str) -> str:
-    rel = own[len(mount_root):] if mount_root != "/" and own.startswith(mount_root) else own
+    rel = own[len(mount_root) :] if mount_root != "/" and own.startswith(mount_root) else own
     return os.path.join(mount_point, rel.lstrip("/"))
 
 
@@ -93,8 +93,11 @@ def _plan(parent_override: str | None) -> tuple[int, dict[str, str]] | str:
         return "not running as root (give SandboxConfig.cgroup_parent: a cgroup v2 directory delegated to you)"
     reasons = []
     mounts, own = _mounts(), _own_paths()
-    v2_parents = [parent_override] if parent_override else [
-        _below(root, point, own.get("", "/")) for root, point, fs, _ in mounts if fs == "cgroup2"]
+    v2_parents = (
+        [parent_override]
+        if parent_override
+        else [_below(root, point, own.get("", "/")) for root, point, fs, _ in mounts if fs == "cgroup2"]
+    )
     for parent in v2_parents:
         why = _usable_v2(parent)
         if why is None:
@@ -130,8 +133,10 @@ def _usable_v2(parent: str) -> str | None:
             Path(parent, "cgroup.subtree_control").write_text(" ".join("+" + c for c in want))
         except OSError as e:
             if {"memory", "pids"} - set(enabled):
-                return (f"cannot enable {want} for child cgroups ({e.strerror}; a cgroup with processes cannot: "
-                        f"run in a delegated subtree and set SandboxConfig.cgroup_parent)")
+                return (
+                    f"cannot enable {want} for child cgroups ({e.strerror}; a cgroup with processes cannot: "
+                    f"run in a delegated subtree and set SandboxConfig.cgroup_parent)"
+                )
     if not os.access(parent, os.W_OK):
         return "not writable"
     return None
@@ -150,10 +155,12 @@ def warn_once_if_unavailable(parent: str | None = None) -> None:
     version, why = availability(parent)
     if version is None and not _warned.is_set():
         _warned.set()
-        logger.warning("REWARD SANDBOX: NO CGROUP LAYER (%s). Memory is bounded per process only (a tree of N "
-                       "processes may use N x memory_mb), there is no CPU bandwidth limit, and the process count "
-                       "is bounded by RLIMIT_NPROC alone. Set sandbox.require_cgroup: true to refuse such hosts.",
-                       why)
+        logger.warning(
+            "REWARD SANDBOX: NO CGROUP LAYER (%s). Memory is bounded per process only (a tree of N "
+            "processes may use N x memory_mb), there is no CPU bandwidth limit, and the process count "
+            "is bounded by RLIMIT_NPROC alone. Set sandbox.require_cgroup: true to refuse such hosts.",
+            why,
+        )
 
 
 def make(limits: Limits, parent: str | None = None) -> RunGroups:
@@ -164,15 +171,25 @@ def make(limits: Limits, parent: str | None = None) -> RunGroups:
     version, parents = plan
     name = f"gspo-sandbox-{os.getpid()}-{random.randrange(1 << 30)}"
     if version == 2:
-        settings = {"": {"memory.max": limits.memory_bytes, "memory.swap.max": 0, "pids.max": limits.pids,
-                         "cpu.max": _cpu_max(limits)}}
+        settings = {
+            "": {
+                "memory.max": limits.memory_bytes,
+                "memory.swap.max": 0,
+                "pids.max": limits.pids,
+                "cpu.max": _cpu_max(limits),
+            }
+        }
         optional = {"memory.swap.max", "cpu.max"}
     else:
         quota = None if limits.cpu_cores is None else max(1000, int(limits.cpu_cores * _CPU_PERIOD_US))
-        settings = {"memory": {"memory.limit_in_bytes": limits.memory_bytes,
-                               "memory.memsw.limit_in_bytes": limits.memory_bytes},
-                    "pids": {"pids.max": limits.pids},
-                    "cpu": {"cpu.cfs_period_us": _CPU_PERIOD_US, "cpu.cfs_quota_us": quota}}
+        settings = {
+            "memory": {
+                "memory.limit_in_bytes": limits.memory_bytes,
+                "memory.memsw.limit_in_bytes": limits.memory_bytes,
+            },
+            "pids": {"pids.max": limits.pids},
+            "cpu": {"cpu.cfs_period_us": _CPU_PERIOD_US, "cpu.cfs_quota_us": quota},
+        }
         optional = {"memory.memsw.limit_in_bytes"}
     made: list[str] = []
     try:

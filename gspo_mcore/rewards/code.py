@@ -151,8 +151,9 @@ def run_assert_tests(code: str, tests: list[str], *, config: CodeRewardConfig, h
 
     ``hide_literals=False`` is for tests only: it sends literal expected values into the sandbox.
     """
-    compiled = [asserts.compile_test(t, hide_literals=hide_literals, filename=f"<test {i}>")
-                for i, t in enumerate(tests)]
+    compiled = [
+        asserts.compile_test(t, hide_literals=hide_literals, filename=f"<test {i}>") for i, t in enumerate(tests)
+    ]
     payload = {"mode": "assert", "tests": [c.source for c in compiled], "test_timeout_s": config.test_timeout_s}
     records = _records(_run_harness(code, payload, config))
     return sum(asserts.judge(compiled, records)) / len(tests)
@@ -160,8 +161,12 @@ def run_assert_tests(code: str, tests: list[str], *, config: CodeRewardConfig, h
 
 def run_call_tests(code: str, cases: CallCases, *, config: CodeRewardConfig) -> float:
     """Fraction of call-based cases whose reported result equals the expected output (host-side)."""
-    payload = {"mode": "call", "fn_name": cases.fn_name, "inputs": cases.inputs,
-               "test_timeout_s": config.test_timeout_s}
+    payload = {
+        "mode": "call",
+        "fn_name": cases.fn_name,
+        "inputs": cases.inputs,
+        "test_timeout_s": config.test_timeout_s,
+    }
     results: dict[int, list] = {}
     for r in _records(_run_harness(code, payload, config)):
         k = r.get("c")
@@ -187,8 +192,7 @@ def _call_ok(record: Mapping[str, Any], want: Any, tol: float | None) -> bool:
 
 
 def _run_harness(code: str, payload: dict, config: CodeRewardConfig):
-    return run_python(_HARNESS, stdin=json.dumps(payload).encode(), files={"solution.py": code},
-                      config=config.sandbox)
+    return run_python(_HARNESS, stdin=json.dumps(payload).encode(), files={"solution.py": code}, config=config.sandbox)
 
 
 def _records(result) -> list[dict]:

@@ -79,7 +79,8 @@ class RewardRunnerConfig:
             raise ValueError(f"RewardRunnerConfig.timeout_s must be a finite number > 0, got {self.timeout_s!r}")
         if not (isinstance(self.max_error_fraction, (int, float)) and 0 <= self.max_error_fraction <= 1):
             raise ValueError(
-                f"RewardRunnerConfig.max_error_fraction must be in [0, 1], got {self.max_error_fraction!r}")
+                f"RewardRunnerConfig.max_error_fraction must be in [0, 1], got {self.max_error_fraction!r}"
+            )
         object.__setattr__(self, "required_fields", tuple(self.required_fields))
         object.__setattr__(self, "terms", tuple(self.terms))
         names = [t.name for t in self.terms]

@@ -105,8 +105,15 @@ def _is(a: Any, b: Any) -> bool:
 
 
 COMPARE = {
-    "==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
-    ">=": operator.ge, "in": lambda a, b: a in b, "not in": lambda a, b: a not in b,
-    "is": _is, "is not": lambda a, b: not _is(a, b),
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "in": lambda a, b: a in b,
+    "not in": lambda a, b: a not in b,
+    "is": _is,
+    "is not": lambda a, b: not _is(a, b),
 }
 """Python's comparison operators, applied on the host to decoded (builtin) values only."""

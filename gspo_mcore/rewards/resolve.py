@@ -45,10 +45,19 @@ class Reward:
 def default_terms(config: RewardRunnerConfig) -> list[Reward]:
     """The rewards every sample gets (unless its metadata names its own)."""
     if not config.terms:
-        return [resolve(config.reward, config, name=short_name(config.reward), where="reward.reward",
-                        required_fields=config.required_fields)]
-    return [resolve(t.reward, config, name=t.name, where=f"reward.terms[{k}].reward", term=t)
-            for k, t in enumerate(config.terms)]
+        return [
+            resolve(
+                config.reward,
+                config,
+                name=short_name(config.reward),
+                where="reward.reward",
+                required_fields=config.required_fields,
+            )
+        ]
+    return [
+        resolve(t.reward, config, name=t.name, where=f"reward.terms[{k}].reward", term=t)
+        for k, t in enumerate(config.terms)
+    ]
 
 
 def short_name(spec: str) -> str:
@@ -56,8 +65,15 @@ def short_name(spec: str) -> str:
     return spec.replace(":", ".").rsplit(".", 1)[-1]
 
 
-def resolve(spec: str, config: RewardRunnerConfig, *, name: str, where: str, term: RewardTermConfig | None = None,
-            required_fields: tuple[str, ...] = ()) -> Reward:
+def resolve(
+    spec: str,
+    config: RewardRunnerConfig,
+    *,
+    name: str,
+    where: str,
+    term: RewardTermConfig | None = None,
+    required_fields: tuple[str, ...] = (),
+) -> Reward:
     """Bind ``spec`` to its section of ``config`` (and the term's options); ``RewardSetupError`` if it cannot."""
     try:
         fn = registry.get(spec)
@@ -79,8 +95,14 @@ def resolve(spec: str, config: RewardRunnerConfig, *, name: str, where: str, ter
             cfg = from_dict(type(cfg), {**to_dict(cfg), **options}, path=f"{where.rsplit('.', 1)[0]}.options")
         except ConfigError as e:
             raise RewardSetupError(str(e)) from e
-    return dataclasses.replace(bind(cfg), name=name, spec=spec, where=where, weight=weight,
-                               required_fields=tuple(dict.fromkeys(required + bind(cfg).required_fields)))
+    return dataclasses.replace(
+        bind(cfg),
+        name=name,
+        spec=spec,
+        where=where,
+        weight=weight,
+        required_fields=tuple(dict.fromkeys(required + bind(cfg).required_fields)),
+    )
 
 
 def _builtin_of(fn):
@@ -95,15 +117,27 @@ def _builtin_of(fn):
         return Reward("", "", "", functools.partial(exact_match, config=c), required_fields=(c.answer_key,))
 
     def regex_(c):
-        return Reward("", "", "", functools.partial(regex_match, config=c),
-                      required_fields=() if c.patterns else (c.pattern_key,))
+        return Reward(
+            "", "", "", functools.partial(regex_match, config=c), required_fields=() if c.patterns else (c.pattern_key,)
+        )
 
     def code_(c):
-        return Reward("", "", "", functools.partial(code_reward, config=c), required_fields=(c.tests_key,),
-                      check_row=functools.partial(check_code_metadata, config=c), sandbox=c.sandbox)
+        return Reward(
+            "",
+            "",
+            "",
+            functools.partial(code_reward, config=c),
+            required_fields=(c.tests_key,),
+            check_row=functools.partial(check_code_metadata, config=c),
+            sandbox=c.sandbox,
+        )
 
-    table = {math_reward: ("math", math_), exact_match: ("exact", exact_), regex_match: ("regex", regex_),
-             code_reward: ("code", code_)}
+    table = {
+        math_reward: ("math", math_),
+        exact_match: ("exact", exact_),
+        regex_match: ("regex", regex_),
+        code_reward: ("code", code_),
+    }
     return table.get(fn)
 
 

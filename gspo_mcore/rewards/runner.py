@@ -54,12 +54,14 @@ class RewardRunner:
         if not spec:
             return self.terms
         if spec not in self._own:
-            self._own[spec] = [resolve(spec, self.config, name=short_name(spec),
-                                       where=f"metadata[{self.config.reward_key!r}]")]
+            self._own[spec] = [
+                resolve(spec, self.config, name=short_name(spec), where=f"metadata[{self.config.reward_key!r}]")
+            ]
         return self._own[spec]
 
-    def score(self, responses: Sequence[str], metadata: Sequence[Mapping[str, Any]],
-              prompts: Sequence[str] | None = None) -> list[float]:
+    def score(
+        self, responses: Sequence[str], metadata: Sequence[Mapping[str, Any]], prompts: Sequence[str] | None = None
+    ) -> list[float]:
         """One reward per response (the weighted sum of its terms). ``prompts`` only improve messages.
 
         Raises ``RewardFailure`` when more than ``max_error_fraction`` of the calls failed or timed out,
@@ -76,8 +78,14 @@ class RewardRunner:
             try:
                 jobs += [(i, r) for r in self.terms_for(metadata[i])]
             except RewardSetupError as e:
-                failures.append((i, Reward("unknown", str(metadata[i].get(self.config.reward_key)), "", None),
-                                 "RewardSetupError", e))
+                failures.append(
+                    (
+                        i,
+                        Reward("unknown", str(metadata[i].get(self.config.reward_key)), "", None),
+                        "RewardSetupError",
+                        e,
+                    )
+                )
         values = self._run(jobs, responses, metadata, failures)
         rewards = [0.0] * n
         for (i, r), v in zip(jobs, values):
@@ -166,8 +174,12 @@ class RewardRunner:
                 c[f"reward/{r.name}/errors/{cause}"] += 1
             if self._logged < _LOGGED_ERRORS:
                 self._logged += 1
-                logger.warning("reward %r failed on sample %d (reward 0): %s", r.name, i,
-                               "timed out" if error is None else f"{cause}: {error}")
+                logger.warning(
+                    "reward %r failed on sample %d (reward 0): %s",
+                    r.name,
+                    i,
+                    "timed out" if error is None else f"{cause}: {error}",
+                )
 
     def _check(self, calls: int, failures, responses, prompts) -> None:
         if not failures:
@@ -179,10 +191,17 @@ class RewardRunner:
         i, reward, cause, error = (fatal or sorted(failures, key=lambda f: f[0]))[0]
         what = f"timed out after {self.config.timeout_s:g} s" if error is None else f"{cause}: {error}"
         sample = f"prompt {_head(prompts[i])}" if prompts is not None else f"response {_head(responses[i])}"
-        why = "cannot run" if fatal else (f"{len(failures)} of {calls} reward calls failed "
-                                          f"(> reward.max_error_fraction={self.config.max_error_fraction:g})")
-        raise RewardFailure(f"rewards {why}; first: reward {reward.name!r} ({reward.spec}) on sample {i} {what}; "
-                            f"{sample}") from error
+        why = (
+            "cannot run"
+            if fatal
+            else (
+                f"{len(failures)} of {calls} reward calls failed "
+                f"(> reward.max_error_fraction={self.config.max_error_fraction:g})"
+            )
+        )
+        raise RewardFailure(
+            f"rewards {why}; first: reward {reward.name!r} ({reward.spec}) on sample {i} {what}; {sample}"
+        ) from error
 
 
 def _head(text: str, n: int = 200) -> str:

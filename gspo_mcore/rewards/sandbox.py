@@ -74,8 +74,23 @@ _PY_FLAGS = ("-E", "-s", "-S", "-B")
 _LAUNCHER_OVERHEAD_MB = 64
 _NO_REPORT = "the launcher died before reporting"
 _KNOWN_LAYERS = frozenset(
-    {"netns", "mountns", "pidns", "ipcns", "utsns", "userns", "uid", "privilege", "readonly_fs", "private_tmp",
-     "private_proc", "private_root", "cgroup", "rlimits", "no_new_privs"}
+    {
+        "netns",
+        "mountns",
+        "pidns",
+        "ipcns",
+        "utsns",
+        "userns",
+        "uid",
+        "privilege",
+        "readonly_fs",
+        "private_tmp",
+        "private_proc",
+        "private_root",
+        "cgroup",
+        "rlimits",
+        "no_new_privs",
+    }
 )
 # Read-only in the private root: the system's programs and libraries (and the interpreter's prefix).
 _ROOT_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache", "/etc/localtime")
@@ -148,8 +163,15 @@ class SandboxConfig:
     and the system directories are invisible."""
 
     def __post_init__(self):
-        for name in ("cpu_time_s", "memory_mb", "max_processes", "max_file_mb", "max_open_files", "tmpfs_mb",
-                     "max_output_bytes"):
+        for name in (
+            "cpu_time_s",
+            "memory_mb",
+            "max_processes",
+            "max_file_mb",
+            "max_open_files",
+            "tmpfs_mb",
+            "max_output_bytes",
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"SandboxConfig.{name} must be an int >= 1, got {v!r}")
@@ -227,8 +249,10 @@ def run_python(
         if groups is None:
             cgroups.warn_once_if_unavailable(config.cgroup_parent)
             if config.require_cgroup:
-                raise SandboxUnavailable(f"sandbox.require_cgroup is set but no cgroup layer is available: "
-                                         f"{notes[-1] if notes else 'use_cgroup is false'}")
+                raise SandboxUnavailable(
+                    f"sandbox.require_cgroup is set but no cgroup layer is available: "
+                    f"{notes[-1] if notes else 'use_cgroup is false'}"
+                )
         plan = _plan(config, python, args, uid, groups, os.path.join(outer, "root"))
         paths = {k: os.path.join(outer, k) for k in ("stdin", "stdout", "stderr")}
         for k in paths:  # only the launcher's inherited descriptors reach them, never a path
@@ -272,8 +296,10 @@ def startup_check(config: SandboxConfig = SandboxConfig()) -> tuple[str, ...]:
     cgroups.warn_once_if_unavailable(config.cgroup_parent)
     result = run_python("pass", config=config)
     if not result.ok:
-        raise SandboxUnavailable(f"a trivial program failed in the sandbox (status {result.returncode}): "
-                                 f"{result.stderr.decode(errors='replace')[-500:]}")
+        raise SandboxUnavailable(
+            f"a trivial program failed in the sandbox (status {result.returncode}): "
+            f"{result.stderr.decode(errors='replace')[-500:]}"
+        )
     return result.layers
 
 
@@ -326,12 +352,21 @@ def _launch(plan: dict, paths: dict[str, str], work: str, wall_time_s: float):
     try:
         t0 = time.monotonic()
         try:
-            with open(paths["stdin"], "rb") as fin, open(paths["stdout"], "wb") as fout, \
-                    open(paths["stderr"], "wb") as ferr:
+            with (
+                open(paths["stdin"], "rb") as fin,
+                open(paths["stdout"], "wb") as fout,
+                open(paths["stderr"], "wb") as ferr,
+            ):
                 proc = subprocess.Popen(
                     [sys.executable, "-I", "-S", "-B", _LAUNCHER, json.dumps(plan), str(status_w)],
-                    stdin=fin, stdout=fout, stderr=ferr, cwd=work, env={"PATH": "/usr/bin:/bin"},
-                    start_new_session=True, pass_fds=(status_w,), close_fds=True,
+                    stdin=fin,
+                    stdout=fout,
+                    stderr=ferr,
+                    cwd=work,
+                    env={"PATH": "/usr/bin:/bin"},
+                    start_new_session=True,
+                    pass_fds=(status_w,),
+                    close_fds=True,
                 )
         finally:
             os.close(status_w)
@@ -458,8 +493,18 @@ def _signal(pid: int, sig: int) -> None:
 def _kill_uid(python: str, uid: int) -> None:
     """Without a PID namespace: kill(-1) as the sandbox uid reaches exactly that uid's processes."""
     code = "import os\ntry:\n    os.kill(-1, 9)\nexcept OSError:\n    pass"
-    subprocess.run([python, "-I", "-S", "-c", code], user=uid, group=uid, extra_groups=[], env={}, cwd="/",
-                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
+    subprocess.run(
+        [python, "-I", "-S", "-c", code],
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        env={},
+        cwd="/",
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=30,
+    )
 
 
 def _read_report(fd: int) -> tuple[dict, int | None]:
@@ -501,8 +546,11 @@ def _user_tasks(uid: int) -> int:
 
 def _make_cgroups(config: SandboxConfig):
     """``(RunGroups, None)``, or ``(None, why not)``: never a group whose limits could not be written."""
-    limits = cgroups.Limits(memory_bytes=(config.memory_mb + _LAUNCHER_OVERHEAD_MB) << 20,  # launcher + PID 1
-                            pids=config.max_processes + 2, cpu_cores=config.cpu_cores)
+    limits = cgroups.Limits(
+        memory_bytes=(config.memory_mb + _LAUNCHER_OVERHEAD_MB) << 20,  # launcher + PID 1
+        pids=config.max_processes + 2,
+        cpu_cores=config.cpu_cores,
+    )
     try:
         return cgroups.make(limits, config.cgroup_parent), None
     except cgroups.CgroupUnavailable as e:

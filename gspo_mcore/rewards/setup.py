@@ -47,17 +47,20 @@ def check_reward_setup(config: RewardRunnerConfig, rows: Iterable[Any], *, check
         for r in terms:
             for key in r.required_fields:
                 if meta.get(key) is None:
-                    problems.append(f"{source}: reward {r.name!r} ({r.spec}, {r.where}) needs metadata field "
-                                    f"{key!r}, which this row {'lacks' if key not in meta else 'has as null'} "
-                                    f"(row fields: {sorted(meta)})")
+                    problems.append(
+                        f"{source}: reward {r.name!r} ({r.spec}, {r.where}) needs metadata field "
+                        f"{key!r}, which this row {'lacks' if key not in meta else 'has as null'} "
+                        f"(row fields: {sorted(meta)})"
+                    )
                     break
             else:
                 if r.check_row is not None:
                     try:
                         r.check_row(meta)
                     except Exception as e:  # noqa: BLE001 - any reason the reward could not score this row
-                        problems.append(f"{source}: reward {r.name!r} ({r.spec}) cannot score this row: "
-                                        f"{type(e).__name__}: {e}")
+                        problems.append(
+                            f"{source}: reward {r.name!r} ({r.spec}) cannot score this row: {type(e).__name__}: {e}"
+                        )
         count += 1
     if problems:
         shown = "\n  ".join(problems[:_SHOWN])
@@ -75,8 +78,9 @@ def _check_sandboxes(terms) -> None:
         try:
             layers = startup_check(r.sandbox)
         except SandboxUnavailable as e:
-            raise RewardSetupError(f"reward {r.name!r} ({r.spec}, {r.where}): the code sandbox is unavailable on "
-                                   f"this host: {e}") from None
+            raise RewardSetupError(
+                f"reward {r.name!r} ({r.spec}, {r.where}): the code sandbox is unavailable on this host: {e}"
+            ) from None
         logger.info("reward %r: sandbox layers %s", r.name, ", ".join(layers))
 
 
@@ -87,6 +91,7 @@ def _pairs(rows: Iterable[Any]):
         else:
             source, meta = row
             if not isinstance(meta, Mapping):
-                raise TypeError(f"check_reward_setup: row {k} ({source}): metadata must be a mapping, "
-                                f"got {type(meta).__name__}")
+                raise TypeError(
+                    f"check_reward_setup: row {k} ({source}): metadata must be a mapping, got {type(meta).__name__}"
+                )
             yield source, meta

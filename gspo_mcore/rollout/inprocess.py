@@ -56,8 +56,9 @@ class DecodeSession(Protocol):
 class DecodeModel(Protocol):
     """What the engine needs from a model: a prefill that starts a :class:`DecodeSession`."""
 
-    def start(self, tokens: torch.Tensor, lengths: torch.Tensor, max_new_tokens: int
-              ) -> tuple[DecodeSession, torch.Tensor]:
+    def start(
+        self, tokens: torch.Tensor, lengths: torch.Tensor, max_new_tokens: int
+    ) -> tuple[DecodeSession, torch.Tensor]:
         """Prefill ``tokens [B, P] int64``, LEFT-padded: row ``b``'s prompt is in its last ``lengths[b]``
         columns and the padding before it must not influence anything (positions count from the first
         prompt token). The session must have room for ``max_new_tokens - 1`` further steps.
@@ -77,7 +78,7 @@ class RecomputeModel:
         right = torch.full((B, P + max_new_tokens), self.pad_token_id, dtype=torch.long)  # (B, P + N)
         for b in range(B):
             n = int(lengths[b])
-            right[b, :n] = tokens[b, P - n:]
+            right[b, :n] = tokens[b, P - n :]
         session = _RecomputeSession(self.logits_fn, right, lengths.clone().long())
         return session, session.last_logits()
 
@@ -90,8 +91,9 @@ class _RecomputeSession:
         B, width = self.tokens.shape[0], int(self.lengths.max())
         logits = self.logits_fn(self.tokens[:, :width])  # (B, width, V)
         if logits.dim() != 3 or logits.shape[:2] != (B, width):
-            raise RolloutError(f"in-process engine: logits_fn returned shape {tuple(logits.shape)}, "
-                               f"expected ({B}, {width}, V)")
+            raise RolloutError(
+                f"in-process engine: logits_fn returned shape {tuple(logits.shape)}, expected ({B}, {width}, V)"
+            )
         return logits[torch.arange(B), self.lengths - 1]  # (B, V)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -116,8 +118,17 @@ class InProcessEngine(RolloutEngine):
             the finished ones are dropped from the cache (``DecodeSession.select``); 0 never drops them.
     """
 
-    def __init__(self, model: DecodeModel | LogitsFn, *, eos_token_id: int, vocab_size: int | None = None,
-                 pad_token_id: int = 0, max_batch_size: int = 512, version: int = 0, compact_below: float = 0.75):
+    def __init__(
+        self,
+        model: DecodeModel | LogitsFn,
+        *,
+        eos_token_id: int,
+        vocab_size: int | None = None,
+        pad_token_id: int = 0,
+        max_batch_size: int = 512,
+        version: int = 0,
+        compact_below: float = 0.75,
+    ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if not 0 <= compact_below <= 1:
@@ -143,8 +154,9 @@ class InProcessEngine(RolloutEngine):
     async def generate(self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams) -> list[list[Sample]]:
         return self.generate_sync(prompts, n, params)
 
-    def generate_sync(self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams, *,
-                      prompt_offset: int = 0) -> list[list[Sample]]:
+    def generate_sync(
+        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams, *, prompt_offset: int = 0
+    ) -> list[list[Sample]]:
         """``n`` samples per prompt. ``prompt_offset``: the global index of ``prompts[0]`` (a data-parallel
         rank's share starts there), so that sample ``j`` of global prompt ``i`` is drawn from the same
         random numbers whatever the split. ``Sample.prompt_index`` stays local (``0 .. len(prompts)-1``)."""
@@ -159,12 +171,19 @@ class InProcessEngine(RolloutEngine):
         self._calls += 1
         out: list[list[Sample | None]] = [[None] * n for _ in prompts]
         for start in range(0, len(rows), self.max_batch_size):
-            chunk = rows[start:start + self.max_batch_size]
+            chunk = rows[start : start + self.max_batch_size]
             keys = np.array([derive_sample_seed(seed, prompt_offset + i, j) for i, j in chunk], dtype=np.int64)
             decoded = self._decode([prompts[i] for i, _ in chunk], params, keys.view(np.uint64))
             for (i, j), (ids, lps, reason) in zip(chunk, decoded):
-                out[i][j] = Sample(prompt_index=i, sample_index=j, prompt_ids=prompts[i], response_ids=tuple(ids),
-                                   response_logprobs=tuple(lps), finish_reason=reason, weight_version=self._version)
+                out[i][j] = Sample(
+                    prompt_index=i,
+                    sample_index=j,
+                    prompt_ids=prompts[i],
+                    response_ids=tuple(ids),
+                    response_logprobs=tuple(lps),
+                    finish_reason=reason,
+                    weight_version=self._version,
+                )
         return out  # type: ignore[return-value]
 
     @torch.no_grad()
@@ -174,9 +193,10 @@ class InProcessEngine(RolloutEngine):
         P = int(lengths.max())
         tokens = torch.full((B, P), self.pad_token_id, dtype=torch.long)  # (B, P), left padding
         for b, p in enumerate(prompts):
-            tokens[b, P - len(p):] = torch.tensor(p)
-        stop_ids = torch.tensor(sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else
-                                                                     {self.eos_token_id})), dtype=torch.long)
+            tokens[b, P - len(p) :] = torch.tensor(p)
+        stop_ids = torch.tensor(
+            sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else {self.eos_token_id})), dtype=torch.long
+        )
         session, logits = self.model.start(tokens, lengths, params.max_new_tokens)
         out_ids = torch.full((B, params.max_new_tokens), -1, dtype=torch.long)  # (B, N)
         out_lps = torch.zeros((B, params.max_new_tokens), dtype=torch.float32)  # (B, N)
@@ -186,11 +206,13 @@ class InProcessEngine(RolloutEngine):
         steps = 0
         for t in range(params.max_new_tokens):
             if logits.dim() != 2 or logits.shape[0] != len(live):
-                raise RolloutError(f"in-process engine: the model returned logits of shape {tuple(logits.shape)}, "
-                                   f"expected ({len(live)}, V)")
+                raise RolloutError(
+                    f"in-process engine: the model returned logits of shape {tuple(logits.shape)}, "
+                    f"expected ({len(live)}, V)"
+                )
             last = logits.float()  # (B_live, V)
             if self.vocab_size is not None and last.shape[1] > self.vocab_size:
-                last[:, self.vocab_size:] = -torch.inf
+                last[:, self.vocab_size :] = -torch.inf
             nxt = draw_tokens(last, params, _uniforms(keys[live.numpy()], t))  # (B_live,)
             lp = torch.log_softmax(last / tau, dim=-1).gather(1, nxt[:, None]).squeeze(1)  # (B_live,)
             active = ~finished[live]  # (B_live,)
@@ -215,8 +237,10 @@ class InProcessEngine(RolloutEngine):
         return results
 
     async def update_weights(self, buckets: Iterable[NamedTensors], version: int) -> None:
-        raise RolloutError("the in-process engine samples from the learner's live parameters: "
-                           "use set_weight_version() after an optimizer step instead of a weight update")
+        raise RolloutError(
+            "the in-process engine samples from the learner's live parameters: "
+            "use set_weight_version() after an optimizer step instead of a weight update"
+        )
 
     async def update_weights_from_disk(self, path: str, version: int) -> None:
         await self.update_weights((), version)

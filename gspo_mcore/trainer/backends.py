@@ -33,8 +33,7 @@ from gspo_mcore.rollout.types import Sample, SamplingParams
 class RolloutBackend(Protocol):
     """What the training loop needs of a rollout engine. Every rank calls every method, in the same order."""
 
-    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, *,
-                 seed: int) -> list[list[Sample]]:
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, *, seed: int) -> list[list[Sample]]:
         """``n`` samples for each prompt, on every rank. The samples depend only on ``seed``, the prompts
         and ``params``, not on the parallel layout."""
 
@@ -101,17 +100,24 @@ class InProcessRollout:
         from gspo_mcore.rollout.inprocess import InProcessEngine
 
         self.layout = layout
-        self.engine = InProcessEngine(decode_model(model, layout), eos_token_id=tokenizer.eos_token_id,
-                                      vocab_size=shape.vocab_size, pad_token_id=tokenizer.pad_token_id or 0,
-                                      max_batch_size=max_batch_size)
+        self.engine = InProcessEngine(
+            decode_model(model, layout),
+            eos_token_id=tokenizer.eos_token_id,
+            vocab_size=shape.vocab_size,
+            pad_token_id=tokenizer.pad_token_id or 0,
+            max_batch_size=max_batch_size,
+        )
 
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, *, seed: int):
         """``n`` samples per prompt: each DP rank generates a contiguous share, then all ranks gather."""
         layout = self.layout
         share = dp_share(len(prompts), layout.dp_size, layout.dp_rank)
         params = dataclasses.replace(params, seed=seed)
-        mine = self.engine.generate_sync(prompts[share.start:share.stop], n, params,
-                                         prompt_offset=share.start) if len(share) else []
+        mine = (
+            self.engine.generate_sync(prompts[share.start : share.stop], n, params, prompt_offset=share.start)
+            if len(share)
+            else []
+        )
         if layout.dp_size == 1:
             return mine
         parts = [None] * layout.dp_size
@@ -149,26 +155,38 @@ class SGLangRollout:
             if cfg.urls:
                 self.engine = SGLangEngine(list(cfg.urls), router_url=cfg.router_url, config=cfg.client)
             else:
-                self.engine = SGLangEngine.launch(self._server_configs(), config=cfg.client,
-                                                  log_dir=os.path.join(output_dir, "sglang_logs"))
+                self.engine = SGLangEngine.launch(
+                    self._server_configs(), config=cfg.client, log_dir=os.path.join(output_dir, "sglang_logs")
+                )
 
     def _server_configs(self):
         from gspo_mcore.rollout.sglang_server import SGLangServerConfig
 
         tp = self.cfg.server_tp_size
         extra = {"python": self.cfg.python} if self.cfg.python else {}
-        return [SGLangServerConfig(model_path=self.model_dir, tp_size=tp, extra_args=self.cfg.extra_args,
-                                   env=dict(self.cfg.env), **extra,
-                                   gpu_ids=tuple(range(self.cfg.gpu_offset + i * tp, self.cfg.gpu_offset + (i + 1) * tp))
-                                   if torch.cuda.is_available() else None)
-                for i in range(self.cfg.num_servers)]
+        return [
+            SGLangServerConfig(
+                model_path=self.model_dir,
+                tp_size=tp,
+                extra_args=self.cfg.extra_args,
+                env=dict(self.cfg.env),
+                **extra,
+                gpu_ids=tuple(range(self.cfg.gpu_offset + i * tp, self.cfg.gpu_offset + (i + 1) * tp))
+                if torch.cuda.is_available()
+                else None,
+            )
+            for i in range(self.cfg.num_servers)
+        ]
 
     def _run(self, coro):
         return self.loop.run_until_complete(coro)
 
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, *, seed: int):
-        groups = [self._run(self.engine.generate(prompts, n, dataclasses.replace(params, seed=seed)))] \
-            if self.is_driver else [None]
+        groups = (
+            [self._run(self.engine.generate(prompts, n, dataclasses.replace(params, seed=seed)))]
+            if self.is_driver
+            else [None]
+        )
         if self.layout.world_size > 1:
             dist.broadcast_object_list(groups, src=0)
         return groups[0]
@@ -185,8 +203,7 @@ class SGLangRollout:
             self._run(self.engine.resume_memory())
         dtype = getattr(torch, self.cfg.sync_dtype)
         if self.cfg.weight_sync in ("tensor", "distributed"):
-            buckets = hf_buckets(model, shape, bucket_bytes=self.cfg.bucket_mb * 2**20, dtype=dtype,
-                                 layout=self.layout)
+            buckets = hf_buckets(model, shape, bucket_bytes=self.cfg.bucket_mb * 2**20, dtype=dtype, layout=self.layout)
             if self.is_driver:
                 if self.cfg.weight_sync == "distributed" and self.group is None:
                     self._init_group()
@@ -216,9 +233,16 @@ class SGLangRollout:
         def broadcast(bucket) -> None:
             broadcast_bucket(holder["group"])(bucket)
 
-        self._run(self.engine.init_weight_update_group(master_address=self.cfg.group_address, master_port=port,
-                                                       trainer_init=trainer_init, broadcast=broadcast,
-                                                       group_name=name, backend=backend))
+        self._run(
+            self.engine.init_weight_update_group(
+                master_address=self.cfg.group_address,
+                master_port=port,
+                trainer_init=trainer_init,
+                broadcast=broadcast,
+                group_name=name,
+                backend=backend,
+            )
+        )
         self.group = holder["group"]
 
     def _export_to_disk(self, model, shape, dtype, version: int) -> str:
@@ -229,8 +253,13 @@ class SGLangRollout:
         path = os.path.join(self.output_dir, "weights", f"step_{version}")
         tmp = path + ".tmp"
         plan = export_plan(model, shape, dtype=dtype, layout=self.layout)
-        named = (item for bucket in hf_buckets(model, shape, bucket_bytes=self.cfg.bucket_mb * 2**20, dtype=dtype,
-                                                plan=plan, layout=self.layout) for item in bucket)
+        named = (
+            item
+            for bucket in hf_buckets(
+                model, shape, bucket_bytes=self.cfg.bucket_mb * 2**20, dtype=dtype, plan=plan, layout=self.layout
+            )
+            for item in bucket
+        )
         if not self.is_driver:
             for _ in named:  # take part in the gather's collectives
                 pass

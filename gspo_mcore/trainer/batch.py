@@ -19,8 +19,9 @@ def decode_responses(groups: Sequence[Sequence[Sample]], tokenizer) -> list[str]
     return [tokenizer.decode(list(s.response_ids), skip_special_tokens=True) for g in groups for s in g]
 
 
-def overlong_penalties(groups: Sequence[Sequence[Sample]], *, max_new_tokens: int, buffer: int,
-                       penalty: float) -> torch.Tensor:
+def overlong_penalties(
+    groups: Sequence[Sequence[Sample]], *, max_new_tokens: int, buffer: int, penalty: float
+) -> torch.Tensor:
     """DAPO's soft overlong punishment per sample, ``(num_groups * G,)``: 0 up to ``max_new_tokens - buffer``
     tokens, then falling linearly to ``-penalty`` at ``max_new_tokens``. All zeros when ``buffer == 0``."""
     lengths = torch.tensor([len(s.response_ids) for g in groups for s in g], dtype=torch.float32)
@@ -30,8 +31,9 @@ def overlong_penalties(groups: Sequence[Sequence[Sample]], *, max_new_tokens: in
     return -penalty * excess / buffer
 
 
-def learner_samples(groups: Sequence[Sequence[Sample]], advantages: torch.Tensor, keep: torch.Tensor, *,
-                    mask_truncated: bool = False) -> tuple[list[LearnerSample], int]:
+def learner_samples(
+    groups: Sequence[Sequence[Sample]], advantages: torch.Tensor, keep: torch.Tensor, *, mask_truncated: bool = False
+) -> tuple[list[LearnerSample], int]:
     """The learner's samples of the kept groups, and how many responses were left out of the loss.
 
     ``advantages``: ``(num_groups * G,)``; ``keep``: ``(num_groups,)`` bool. Left out: responses with no

@@ -87,8 +87,10 @@ class RolloutConfig:
         if self.prompts_per_step < 1 or self.group_size < 2:
             raise ValueError("RolloutConfig needs prompts_per_step >= 1 and group_size >= 2")
         if not 0 <= self.overlong_buffer < self.sampling.max_new_tokens:
-            raise ValueError(f"RolloutConfig.overlong_buffer must be in [0, sampling.max_new_tokens = "
-                             f"{self.sampling.max_new_tokens}), got {self.overlong_buffer}")
+            raise ValueError(
+                f"RolloutConfig.overlong_buffer must be in [0, sampling.max_new_tokens = "
+                f"{self.sampling.max_new_tokens}), got {self.overlong_buffer}"
+            )
         if self.overlong_penalty < 0:
             raise ValueError(f"RolloutConfig.overlong_penalty must be >= 0, got {self.overlong_penalty}")
         if self.max_batch_size < 1:
@@ -147,8 +149,10 @@ class EvalConfig:
             raise ValueError(f"EvalConfig.pass_k must be a non-empty list of integers >= 1, got {self.pass_k}")
         too_big = [k for k in self.pass_k if k > self.n]
         if too_big:
-            raise ValueError(f"EvalConfig.pass_k: pass@{too_big[0]} needs at least {too_big[0]} samples per prompt, "
-                             f"but eval.n is {self.n}")
+            raise ValueError(
+                f"EvalConfig.pass_k: pass@{too_big[0]} needs at least {too_big[0]} samples per prompt, "
+                f"but eval.n is {self.n}"
+            )
         names = [d.name for d in self.datasets]
         if len(set(names)) != len(names):
             raise ValueError(f"EvalConfig.datasets: names must be unique, got {names}")
@@ -181,15 +185,20 @@ class TrainConfig:
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if self.rollout.engine == "sglang" and not self.model.load_hf_weights:
-            raise ValueError("rollout.engine=sglang needs model.load_hf_weights=true: the servers load the weights in "
-                             "model.hf_dir, so the learner must start from the same ones")
+            raise ValueError(
+                "rollout.engine=sglang needs model.load_hf_weights=true: the servers load the weights in "
+                "model.hf_dir, so the learner must start from the same ones"
+            )
         if self.routing.replay and self.rollout.old_logprobs != "recompute":
-            raise ValueError("routing.replay=true needs rollout.old_logprobs=recompute: the experts are recorded in "
-                             "the learner's old-log-prob forward, so the old log-probs must come from it too")
+            raise ValueError(
+                "routing.replay=true needs rollout.old_logprobs=recompute: the experts are recorded in "
+                "the learner's old-log-prob forward, so the old log-probs must come from it too"
+            )
         total = self.rollout.prompts_per_step * self.rollout.group_size
         if self.batch.num_minibatches > total:
-            raise ValueError(f"batch.num_minibatches ({self.batch.num_minibatches}) exceeds the rollout batch "
-                             f"({total} samples)")
+            raise ValueError(
+                f"batch.num_minibatches ({self.batch.num_minibatches}) exceeds the rollout batch ({total} samples)"
+            )
 
     @property
     def temperature(self) -> float:
@@ -205,7 +214,9 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
     checkpoint = cfg.checkpoint
     if not checkpoint.dir:
         checkpoint = dataclasses.replace(checkpoint, dir=os.path.join(cfg.log.output_dir, "checkpoints"))
-    datasets = tuple(d if d.reward is not None else dataclasses.replace(d, reward=cfg.reward)
-                     for d in cfg.eval.datasets)
-    return dataclasses.replace(cfg, template=template, checkpoint=checkpoint,
-                               eval=dataclasses.replace(cfg.eval, datasets=datasets))
+    datasets = tuple(
+        d if d.reward is not None else dataclasses.replace(d, reward=cfg.reward) for d in cfg.eval.datasets
+    )
+    return dataclasses.replace(
+        cfg, template=template, checkpoint=checkpoint, eval=dataclasses.replace(cfg.eval, datasets=datasets)
+    )

@@ -45,12 +45,23 @@ class EvalSet:
     rewards: object
 
 
-def summarize(rewards: torch.Tensor, lengths: torch.Tensor, truncated: torch.Tensor, *, n: int,
-              pass_k: Sequence[int], threshold: float) -> dict[str, float]:
+def summarize(
+    rewards: torch.Tensor,
+    lengths: torch.Tensor,
+    truncated: torch.Tensor,
+    *,
+    n: int,
+    pass_k: Sequence[int],
+    threshold: float,
+) -> dict[str, float]:
     """Metrics of one evaluation: ``rewards``, ``lengths``, ``truncated`` are ``(num_prompts * n,)``, prompt-major."""
     passed = (rewards >= threshold).view(-1, n).sum(dim=1).tolist()  # (num_prompts,) passing samples
-    out = {"reward_mean": float(rewards.mean()), "response_length_mean": float(lengths.float().mean()),
-           "truncated_fraction": float(truncated.float().mean()), "num_prompts": float(len(passed))}
+    out = {
+        "reward_mean": float(rewards.mean()),
+        "response_length_mean": float(lengths.float().mean()),
+        "truncated_fraction": float(truncated.float().mean()),
+        "num_prompts": float(len(passed)),
+    }
     for k in pass_k:
         out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in passed) / len(passed)
     return out

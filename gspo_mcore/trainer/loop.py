@@ -58,9 +58,13 @@ def run(cfg: TrainConfig) -> list[dict]:
     if is_writer:
         os.makedirs(cfg.log.output_dir, exist_ok=True)
         save_yaml(cfg, os.path.join(cfg.log.output_dir, "config.yaml"))
-    model = build_model(shape, cfg.parallel, cfg.model.options,
-                        seed=None if cfg.model.load_hf_weights else cfg.model.init_seed,
-                        use_distributed_optimizer=cfg.optim.use_distributed_optimizer)
+    model = build_model(
+        shape,
+        cfg.parallel,
+        cfg.model.options,
+        seed=None if cfg.model.load_hf_weights else cfg.model.init_seed,
+        use_distributed_optimizer=cfg.optim.use_distributed_optimizer,
+    )
     if cfg.model.load_hf_weights:
         from gspo_mcore.convert.hf_import import load_hf_weights
 
@@ -68,8 +72,9 @@ def run(cfg: TrainConfig) -> list[dict]:
     optimizer, scheduler = build_optimizer(model, cfg.optim)
     engine = _rollout_backend(cfg, model, layout, shape, tokenizer)
     evaluator = Evaluator(cfg.eval, eval_sets, engine, tokenizer)
-    checkpoints = Checkpointer(cfg.checkpoint, cfg.checkpoint.dir, layout, run_config=to_dict(cfg),
-                               total_steps=cfg.steps)
+    checkpoints = Checkpointer(
+        cfg.checkpoint, cfg.checkpoint.dir, layout, run_config=to_dict(cfg), total_steps=cfg.steps
+    )
 
     start = 0
     resumed = checkpoints.resume(model, optimizer, scheduler)
@@ -79,8 +84,9 @@ def run(cfg: TrainConfig) -> list[dict]:
         start = resumed.step + 1
         if is_writer:
             _drop_metrics_after(os.path.join(cfg.log.output_dir, "metrics.jsonl"), resumed.step)
-    metrics = MetricsLogger(cfg.log, total_steps=cfg.steps, start_step=start, enabled=is_writer,
-                            run_config=to_dict(cfg))
+    metrics = MetricsLogger(
+        cfg.log, total_steps=cfg.steps, start_step=start, enabled=is_writer, run_config=to_dict(cfg)
+    )
     history, evaluated = [], set()
     try:
         step = start
@@ -88,15 +94,17 @@ def run(cfg: TrainConfig) -> list[dict]:
             if evaluator.due(step):
                 _log_eval(metrics, step, evaluator.run())
                 evaluated.add(step)
-            record = _train_one_step(cfg, step, loader, engine, rewards, tokenizer, model, optimizer, scheduler,
-                                     layout, shape)
+            record = _train_one_step(
+                cfg, step, loader, engine, rewards, tokenizer, model, optimizer, scheduler, layout, shape
+            )
             if record is None:  # the prompts ran out (a finite number of epochs)
                 break
             history.append(record)
             metrics.log(step, record)
             if checkpoints.due(step):
-                checkpoints.save(step, model, optimizer, scheduler,
-                                 extra={"data": loader.state_dict(), "weight_version": step + 1})
+                checkpoints.save(
+                    step, model, optimizer, scheduler, extra={"data": loader.state_dict(), "weight_version": step + 1}
+                )
             step += 1
         if evaluator.sets and step not in evaluated:  # after the last step
             _log_eval(metrics, step, evaluator.run())
@@ -106,8 +114,9 @@ def run(cfg: TrainConfig) -> list[dict]:
     return history
 
 
-def _train_one_step(cfg: TrainConfig, step, loader, engine, rewards, tokenizer, model, optimizer, scheduler,
-                    layout, shape) -> dict | None:
+def _train_one_step(
+    cfg: TrainConfig, step, loader, engine, rewards, tokenizer, model, optimizer, scheduler, layout, shape
+) -> dict | None:
     """One GSPO step; its metrics record, or ``None`` when no prompts are left."""
     phases = _Phases()
     G = cfg.rollout.group_size
@@ -115,35 +124,70 @@ def _train_one_step(cfg: TrainConfig, step, loader, engine, rewards, tokenizer, 
         prompts = loader.next_batch(cfg.rollout.prompts_per_step)
         if not prompts:
             return None
-        groups = engine.generate([p.input_ids for p in prompts], G, cfg.rollout.sampling,
-                                 seed=cfg.seed * 100_003 + step)
+        groups = engine.generate(
+            [p.input_ids for p in prompts], G, cfg.rollout.sampling, seed=cfg.seed * 100_003 + step
+        )
     with phases("reward"):
         metas = [p.sample.metadata for p in prompts for _ in range(G)]
         texts = [text for p in prompts for text in [tokenizer.decode(p.input_ids)] * G]  # for a failure's message
-        scores = torch.tensor(rewards.score(decode_responses(groups, tokenizer), metas, prompts=texts),
-                              dtype=torch.float32)  # (num_groups * G,)
-        shaped = scores + overlong_penalties(groups, max_new_tokens=cfg.rollout.sampling.max_new_tokens,
-                                             buffer=cfg.rollout.overlong_buffer,
-                                             penalty=cfg.rollout.overlong_penalty)
+        scores = torch.tensor(
+            rewards.score(decode_responses(groups, tokenizer), metas, prompts=texts), dtype=torch.float32
+        )  # (num_groups * G,)
+        shaped = scores + overlong_penalties(
+            groups,
+            max_new_tokens=cfg.rollout.sampling.max_new_tokens,
+            buffer=cfg.rollout.overlong_buffer,
+            penalty=cfg.rollout.overlong_penalty,
+        )
     with phases("train"):
         advantages = group_advantages(shaped, G, normalize_std=cfg.rollout.normalize_std)
-        keep = ~zero_advantage_groups(shaped, G) if cfg.rollout.drop_zero_advantage_groups \
+        keep = (
+            ~zero_advantage_groups(shaped, G)
+            if cfg.rollout.drop_zero_advantage_groups
             else torch.ones(len(groups), dtype=torch.bool)
+        )
         samples, left_out = learner_samples(groups, advantages, keep, mask_truncated=cfg.rollout.mask_truncated)
         engine.before_train()  # colocated SGLang frees its GPU memory
         skipped = len(samples) < cfg.batch.num_minibatches
         if skipped:
-            logger.warning("step %d: %d samples to train on, fewer than batch.num_minibatches=%d: no update",
-                           step, len(samples), cfg.batch.num_minibatches)
+            logger.warning(
+                "step %d: %d samples to train on, fewer than batch.num_minibatches=%d: no update",
+                step,
+                len(samples),
+                cfg.batch.num_minibatches,
+            )
         measure = cfg.routing.measure_every > 0 and step % cfg.routing.measure_every == 0
-        updates = [] if skipped else train_step(
-            model, optimizer, scheduler, samples, layout, cfg.loss, cfg.batch, cfg.routing,
-            temperature=cfg.temperature, recompute_old_logprobs=cfg.rollout.old_logprobs == "recompute",
-            measure_routing=measure)
+        updates = (
+            []
+            if skipped
+            else train_step(
+                model,
+                optimizer,
+                scheduler,
+                samples,
+                layout,
+                cfg.loss,
+                cfg.batch,
+                cfg.routing,
+                temperature=cfg.temperature,
+                recompute_old_logprobs=cfg.rollout.old_logprobs == "recompute",
+                measure_routing=measure,
+            )
+        )
     with phases("weight_sync"):
         engine.sync_weights(model, shape, step + 1)  # the engine serves the updated policy as version step+1
-    return step_metrics(groups, scores, shaped, keep, updates, rewards.metrics(), G, timings=phases.seconds,
-                        left_out=left_out, update_skipped=skipped)
+    return step_metrics(
+        groups,
+        scores,
+        shaped,
+        keep,
+        updates,
+        rewards.metrics(),
+        G,
+        timings=phases.seconds,
+        left_out=left_out,
+        update_skipped=skipped,
+    )
 
 
 class _Phases:
@@ -163,35 +207,49 @@ class _Phases:
 
 def _rollout_backend(cfg: TrainConfig, model, layout, shape, tokenizer) -> RolloutBackend:
     if cfg.rollout.engine == "sglang":
-        return SGLangRollout(cfg.rollout.sglang, model_dir=cfg.model.hf_dir, output_dir=cfg.log.output_dir,
-                             layout=layout)
+        return SGLangRollout(
+            cfg.rollout.sglang, model_dir=cfg.model.hf_dir, output_dir=cfg.log.output_dir, layout=layout
+        )
     return InProcessRollout(model, layout, shape, tokenizer, max_batch_size=cfg.rollout.max_batch_size)
 
 
 def _eval_set(cfg, template: PromptTemplate) -> EvalSet:
     dataset = PromptDataset(cfg.data)
     rows = list(dataset)[: cfg.max_prompts] if cfg.max_prompts else list(dataset)
-    return EvalSet(name=cfg.name, prompts=[template.encode(r) for r in rows], metadata=[r.metadata for r in rows],
-                   rewards=check_reward_setup(cfg.reward, rows))
+    return EvalSet(
+        name=cfg.name,
+        prompts=[template.encode(r) for r in rows],
+        metadata=[r.metadata for r in rows],
+        rewards=check_reward_setup(cfg.reward, rows),
+    )
 
 
 def _check_lengths(cfg: TrainConfig, shape, dataset, template, eval_sets) -> None:
     """Refuse prompts that cannot fit ``max_position_embeddings`` with their ``max_new_tokens``."""
     limit = shape.max_position_embeddings
     checks = [("data", cfg.rollout.sampling.max_new_tokens, ((r.source, template.encode(r)) for r in dataset))]
-    checks += [(f"eval.datasets[{s.name}]", cfg.eval.sampling.max_new_tokens,
-                ((f"prompt {i}", p) for i, p in enumerate(s.prompts))) for s in eval_sets]
+    checks += [
+        (
+            f"eval.datasets[{s.name}]",
+            cfg.eval.sampling.max_new_tokens,
+            ((f"prompt {i}", p) for i, p in enumerate(s.prompts)),
+        )
+        for s in eval_sets
+    ]
     for what, new_tokens, rows in checks:
         for where, ids in rows:
             if len(ids) + new_tokens > limit:
-                raise ValueError(f"{what}: {where}: the prompt has {len(ids)} tokens; with max_new_tokens "
-                                 f"{new_tokens} that exceeds the model's max_position_embeddings {limit}")
+                raise ValueError(
+                    f"{what}: {where}: the prompt has {len(ids)} tokens; with max_new_tokens "
+                    f"{new_tokens} that exceeds the model's max_position_embeddings {limit}"
+                )
 
 
 def _log_eval(metrics: MetricsLogger, step: int, record: dict) -> None:
     metrics.log(step, record, advance=False)
-    summary = ", ".join(f"{k.removeprefix('eval/')} {v:.3f}" for k, v in record.items()
-                        if k.endswith(("/reward_mean", "/pass@1")))
+    summary = ", ".join(
+        f"{k.removeprefix('eval/')} {v:.3f}" for k, v in record.items() if k.endswith(("/reward_mean", "/pass@1"))
+    )
     logger.info("eval at step %d: %s", step, summary)
 
 

@@ -15,7 +15,7 @@ def hand(rewards, G, normalize_std=True, eps=1e-6):
     """The spec with Python's statistics module (sample std, as torch.std / TRL / verl)."""
     out = []
     for g in range(0, len(rewards), G):
-        grp = rewards[g:g + G]
+        grp = rewards[g : g + G]
         mu = statistics.fmean(grp)
         if len(set(grp)) == 1:
             out += [0.0] * G
@@ -31,7 +31,7 @@ def test_values_match_hand_computation(G, normalize_std):
     """Each group is centred on its own mean and (optionally) scaled by its own sample std + eps;
     groups are consecutive runs of G rewards."""
     rewards = torch.randn(3 * G).tolist()
-    rewards[G:2 * G] = [1.0] * (G // 2) + [0.0] * (G - G // 2)  # a binary (verifiable-reward) group
+    rewards[G : 2 * G] = [1.0] * (G // 2) + [0.0] * (G - G // 2)  # a binary (verifiable-reward) group
     got = group_advantages(torch.tensor(rewards), G, normalize_std=normalize_std)
     assert got.dtype == torch.float32 and got.shape == (3 * G,)
     torch.testing.assert_close(got.double(), hand(rewards, G, normalize_std), rtol=1e-5, atol=1e-6)
@@ -62,8 +62,11 @@ def test_all_equal_group_gives_exactly_zero(G, value, eps):
 
 def test_input_dtypes():
     """Integer / bool / float64 rewards are accepted and give float32 advantages."""
-    for r in (torch.tensor([1, 0, 1, 1]), torch.tensor([True, False, True, True]),
-              torch.tensor([1.0, 0, 1, 1]).double()):
+    for r in (
+        torch.tensor([1, 0, 1, 1]),
+        torch.tensor([True, False, True, True]),
+        torch.tensor([1.0, 0, 1, 1]).double(),
+    ):
         got = group_advantages(r, 4)
         assert got.dtype == torch.float32
         torch.testing.assert_close(got.double(), hand([1.0, 0.0, 1.0, 1.0], 4), rtol=1e-5, atol=1e-6)

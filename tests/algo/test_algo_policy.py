@@ -33,13 +33,13 @@ SCENARIO = [
     (3, +0.05, -0.7, False),  # s > 1 + eps_high, A < 0: not clipped
     (5, -0.05, -1.2, False),  # s < 1 - eps_low,  A < 0: clipped
     (2, -0.05, +0.4, False),  # s < 1 - eps_low,  A > 0: not clipped
-    (6, 0.0, +2.0, False),    # s = 1: inside
-    (1, 0.0, -2.0, False),    # one token, inside
-    (0, 0.0, +1.0, False),    # empty sequence (cu_seqlens repeats)
-    (3, +0.05, 0.0, False),   # A = 0
-    (4, -0.05, -0.5, True),   # no counted token: contributes nothing, counts in no metric
-    (7, -0.3, -0.9, False),   # far below, A < 0: clipped
-    (2, +0.3, +0.8, False),   # far above, A > 0: clipped
+    (6, 0.0, +2.0, False),  # s = 1: inside
+    (1, 0.0, -2.0, False),  # one token, inside
+    (0, 0.0, +1.0, False),  # empty sequence (cu_seqlens repeats)
+    (3, +0.05, 0.0, False),  # A = 0
+    (4, -0.05, -0.5, True),  # no counted token: contributes nothing, counts in no metric
+    (7, -0.3, -0.9, False),  # far below, A < 0: clipped
+    (2, +0.3, +0.8, False),  # far above, A > 0: clipped
 ]
 
 
@@ -60,9 +60,9 @@ def make_batch(dtype=torch.float32, rows=SCENARIO, token_noise=0.0, seed=0):
         if n:
             mask[t] = 1.0  # at least one counted token...
             if masked:
-                mask[t:t + n] = 0.0  # ...unless the sequence has none on purpose
+                mask[t : t + n] = 0.0  # ...unless the sequence has none on purpose
             if d != 0.0:
-                delta[t:t + n] = d + token_noise * torch.randn(n, generator=g)
+                delta[t : t + n] = d + token_noise * torch.randn(n, generator=g)
         t += n
     logp = logp.to(dtype)
     old = (logp.float() - delta).to(dtype)
@@ -211,7 +211,7 @@ def test_metrics_match_hand_computation(impl, variant):
         assert float(metrics[k]) == pytest.approx(v, rel=1e-5, abs=1e-7), k
     if variant == "gspo":
         # explicitly, from the scenario table: sequences 0, 2, 9, 10 are clipped
-        counts = [int(mask[cu[i]:cu[i + 1]].sum()) for i in range(len(SCENARIO))]
+        counts = [int(mask[cu[i] : cu[i + 1]].sum()) for i in range(len(SCENARIO))]
         clipped_tokens = counts[0] + counts[2] + counts[9] + counts[10]
         assert float(metrics["clip_fraction"]) == pytest.approx(clipped_tokens / sum(counts))
         assert float(metrics["clipped_sequence_fraction"]) == pytest.approx(4 / 9)
@@ -222,8 +222,9 @@ def test_metrics_when_nothing_counts(impl):
     """No counted token at all: loss 0, ratios reported as 1, fractions 0 (no division by zero)."""
     logp = torch.randn(5, requires_grad=True)
     for variant in VARIANTS:
-        loss, m = policy_loss(logp, logp.detach() + 1, torch.ones(2), torch.tensor([0, 2, 5]), torch.zeros(5),
-                              variant=variant)
+        loss, m = policy_loss(
+            logp, logp.detach() + 1, torch.ones(2), torch.tensor([0, 2, 5]), torch.zeros(5), variant=variant
+        )
         assert float(loss.detach()) == 0.0
         assert [float(m[k]) for k in ("ratio_mean", "ratio_min", "ratio_max")] == [1.0, 1.0, 1.0]
         assert float(m["clip_fraction"]) == 0 and float(m["num_sequences"]) == 0 and float(m["num_tokens"]) == 0
@@ -293,12 +294,13 @@ def _split(logp, old, adv, cu, mask, bounds, per_token):
     for b0, b1 in bounds:
         t0, t1 = int(cu[b0]), int(cu[b1])
         a = adv[t0:t1] if per_token else adv[b0:b1]
-        out.append((t0, t1, old[t0:t1], a, cu[b0:b1 + 1] - cu[b0], mask[t0:t1]))
+        out.append((t0, t1, old[t0:t1], a, cu[b0 : b1 + 1] - cu[b0], mask[t0:t1]))
     return out
 
 
-@pytest.mark.parametrize("variant,per_token", [("gspo", False), ("gspo_token", False), ("gspo_token", True),
-                                               ("grpo", False)])
+@pytest.mark.parametrize(
+    "variant,per_token", [("gspo", False), ("gspo_token", False), ("gspo_token", True), ("grpo", False)]
+)
 def test_micro_batches_sum_to_the_whole_batch(impl, variant, per_token):
     """Splitting a mini-batch into micro-batches, each normalised by the GLOBAL N (num_sequences=B_total),
     gives the same summed loss and the same gradient as the whole batch (and so does a data-parallel
@@ -461,8 +463,13 @@ def test_nan_in_masked_token_changes_nothing(impl, variant):
 
 
 def _good():
-    return dict(logp=torch.randn(6), old_logp=torch.randn(6), advantages=torch.randn(2),
-                cu_seqlens=torch.tensor([0, 4, 6]), loss_mask=torch.ones(6))
+    return dict(
+        logp=torch.randn(6),
+        old_logp=torch.randn(6),
+        advantages=torch.randn(2),
+        cu_seqlens=torch.tensor([0, 4, 6]),
+        loss_mask=torch.ones(6),
+    )
 
 
 def _with(**kw):
@@ -471,6 +478,7 @@ def _with(**kw):
         extra = {k: v for k, v in kw.items() if k not in args}
         args.update({k: v for k, v in kw.items() if k in args})
         return args, extra
+
     return build
 
 
@@ -489,25 +497,49 @@ POLICY_BAD = [
     ("logp-2d", _with(logp=torch.randn(6, 1)), ValueError, r"logp must be 1-D"),
     ("logp-int", _with(logp=torch.zeros(6, dtype=torch.long)), TypeError, r"logp must have dtype"),
     ("old_logp-length", _with(old_logp=torch.randn(5)), ValueError, r"old_logp has 5 entries but logp has 6"),
-    ("old_logp-device", _with(old_logp=torch.randn(6, device="meta")), ValueError,
-     r"old_logp is on meta but must be on cpu"),
+    (
+        "old_logp-device",
+        _with(old_logp=torch.randn(6, device="meta")),
+        ValueError,
+        r"old_logp is on meta but must be on cpu",
+    ),
     ("loss_mask-length", _with(loss_mask=torch.ones(7)), ValueError, r"loss_mask has 7 entries but logp has 6"),
     ("loss_mask-2d", _with(loss_mask=torch.ones(6, 1)), ValueError, r"loss_mask must be 1-D"),
     ("loss_mask-device", _with(loss_mask=torch.ones(6, device="meta")), ValueError, r"loss_mask is on meta"),
-    ("advantages-per-token-for-gspo", _with(advantages=torch.randn(6)), ValueError,
-     r"advantages must have shape \[B\]=2 \(one per sequence\) for variant 'gspo', got \(6,\)"),
-    ("advantages-per-token-for-grpo", _with(advantages=torch.randn(6), variant="grpo"), ValueError,
-     r"advantages must have shape \[B\]=2 \(one per sequence\) for variant 'grpo'"),
-    ("advantages-wrong-for-gspo_token", _with(advantages=torch.randn(5), variant="gspo_token"), ValueError,
-     r"advantages must have shape \[B\]=2 or \[T\]=6 for variant 'gspo_token', got \(5,\)"),
+    (
+        "advantages-per-token-for-gspo",
+        _with(advantages=torch.randn(6)),
+        ValueError,
+        r"advantages must have shape \[B\]=2 \(one per sequence\) for variant 'gspo', got \(6,\)",
+    ),
+    (
+        "advantages-per-token-for-grpo",
+        _with(advantages=torch.randn(6), variant="grpo"),
+        ValueError,
+        r"advantages must have shape \[B\]=2 \(one per sequence\) for variant 'grpo'",
+    ),
+    (
+        "advantages-wrong-for-gspo_token",
+        _with(advantages=torch.randn(5), variant="gspo_token"),
+        ValueError,
+        r"advantages must have shape \[B\]=2 or \[T\]=6 for variant 'gspo_token', got \(5,\)",
+    ),
     ("advantages-2d", _with(advantages=torch.randn(2, 1)), ValueError, r"advantages must be 1-D"),
     ("advantages-int", _with(advantages=torch.ones(2, dtype=torch.long)), TypeError, r"advantages must have dtype"),
     ("advantages-device", _with(advantages=torch.ones(2, device="meta")), ValueError, r"advantages is on meta"),
     ("cu-start", _with(cu_seqlens=torch.tensor([1, 4, 6])), ValueError, r"cu_seqlens must start at 0"),
-    ("cu-monotone", _with(cu_seqlens=torch.tensor([0, 5, 4, 6]), advantages=torch.randn(3)), ValueError,
-     r"cu_seqlens must be non-decreasing"),
-    ("cu-end", _with(cu_seqlens=torch.tensor([0, 4, 5])), ValueError,
-     r"cu_seqlens must end at the number of tokens T=6"),
+    (
+        "cu-monotone",
+        _with(cu_seqlens=torch.tensor([0, 5, 4, 6]), advantages=torch.randn(3)),
+        ValueError,
+        r"cu_seqlens must be non-decreasing",
+    ),
+    (
+        "cu-end",
+        _with(cu_seqlens=torch.tensor([0, 4, 5])),
+        ValueError,
+        r"cu_seqlens must end at the number of tokens T=6",
+    ),
     ("cu-dtype", _with(cu_seqlens=torch.tensor([0.0, 4.0, 6.0])), TypeError, r"cu_seqlens must have dtype"),
 ]
 

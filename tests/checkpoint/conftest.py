@@ -8,7 +8,6 @@ metrics exactly. (The non-distributed optimizer's exact continuation is checked 
 from __future__ import annotations
 
 import pytest
-
 from helpers.checkpoint_launch import DISTOPT, STEPS, metrics, run_tiny
 
 

@@ -24,7 +24,6 @@ import os
 
 import torch
 import torch.distributed as dist
-
 from helpers import learner_toy as toy
 from helpers.worker_cases import run_cases
 
@@ -33,8 +32,14 @@ OPTIM = dict(lr=1e-3, clip_grad=1.0, weight_decay=0.01, adam_eps=1e-6, lr_warmup
 
 
 def build(case, seed):
-    from gspo_mcore.learner import (OptimConfig, ParallelConfig, build_model, build_optimizer, init_parallel,
-                                    load_hf_config)
+    from gspo_mcore.learner import (
+        OptimConfig,
+        ParallelConfig,
+        build_model,
+        build_optimizer,
+        init_parallel,
+        load_hf_config,
+    )
 
     shape = load_hf_config(toy.MODELS[case.get("model", "dense")])
     pc = ParallelConfig(tensor=case.get("tp", 1), expert=case.get("ep", 1))
@@ -51,8 +56,15 @@ def rollout_batch(model, optimizer, scheduler, layout, seed):
     samples = toy.toy_samples(vocab=128, seed=seed)
     logp = forward_logprobs(model, samples, layout, max_tokens=MAX_TOKENS)
     batch = toy.with_offset_old_logprobs(samples, logp, "gspo")
-    metrics = train_step(model, optimizer, scheduler, batch, layout, LossConfig(),
-                         BatchConfig(num_minibatches=2, max_tokens_per_microbatch=MAX_TOKENS))
+    metrics = train_step(
+        model,
+        optimizer,
+        scheduler,
+        batch,
+        layout,
+        LossConfig(),
+        BatchConfig(num_minibatches=2, max_tokens_per_microbatch=MAX_TOKENS),
+    )
     return [m["loss"] for m in metrics], [m["grad_norm"] for m in metrics]
 
 
@@ -67,12 +79,14 @@ def saved(args, name):
     """The saver's shards (all ranks' merged into full tensors) and its rank-0 record."""
     files = sorted(f for f in os.listdir(os.path.join(args.dir, name)) if f.startswith("rank"))
     parts = [torch.load(os.path.join(args.dir, name, f), weights_only=False) for f in files]
-    return ({k: toy.assemble([s for p in parts for s in p[k]]) for k in ("at_save", "after")},
-            next(p for p in parts if "logits" in p))
+    return (
+        {k: toy.assemble([s for p in parts for s in p[k]]) for k in ("at_save", "after")},
+        next(p for p in parts if "logits" in p),
+    )
 
 
 def run_case(case, args):
-    from gspo_mcore.learner.checkpoint import CheckpointConfig, CheckpointError, Checkpointer, load_model_and_optimizer
+    from gspo_mcore.learner.checkpoint import CheckpointConfig, Checkpointer, CheckpointError, load_model_and_optimizer
 
     name = case["name"]
     if case["phase"] == "save":
@@ -104,11 +118,20 @@ def run_case(case, args):
     if case["phase"] == "model":
         with open(os.path.join(source, "trainer_state.json")) as f:
             state = json.load(f)
-        load_model_and_optimizer(os.path.join(source, "megatron"), model, None, saved_optimizer=state["optimizer"],
-                                 saved_layout=state["layout"], layout=state["layout"])
+        load_model_and_optimizer(
+            os.path.join(source, "megatron"),
+            model,
+            None,
+            saved_optimizer=state["optimizer"],
+            saved_layout=state["layout"],
+            layout=state["layout"],
+        )
         load_diff, _ = toy.max_diff_vs(toy.local_shards(model), ref["at_save"])
-        return dict(case=name, load_param_diff=load_diff,
-                    logits_diff=float((logits(model, layout) - ref_record["logits"]).abs().max()))
+        return dict(
+            case=name,
+            load_param_diff=load_diff,
+            logits_diff=float((logits(model, layout) - ref_record["logits"]).abs().max()),
+        )
     resumed = ckpt.resume(model, optimizer, scheduler)
     load_diff, _ = toy.max_diff_vs(toy.local_shards(model), ref["at_save"])
     out = logits(model, layout)
@@ -118,17 +141,30 @@ def run_case(case, args):
     # control: same weights, fresh optimizer state and LR schedule
     _, layout, model2, optimizer2, scheduler2 = build(case, seed=99)
     state = resumed.trainer_state
-    load_model_and_optimizer(os.path.join(source, "megatron"), model2, None, saved_optimizer=state["optimizer"],
-                             saved_layout=state["layout"], layout=state["layout"])
+    load_model_and_optimizer(
+        os.path.join(source, "megatron"),
+        model2,
+        None,
+        saved_optimizer=state["optimizer"],
+        saved_layout=state["layout"],
+        layout=state["layout"],
+    )
     rollout_batch(model2, optimizer2, scheduler2, layout, seed=1)
     control_diff, _ = toy.max_diff_vs(toy.local_shards(model2), ref["after"])
     diffs = torch.tensor([load_diff, after_diff, control_diff])
     dist.all_reduce(diffs, op=dist.ReduceOp.MAX)
-    return dict(case=name, load_s=ckpt.last_load_s, load_param_diff=float(diffs[0]),
-                logits_diff=float((out - ref_record["logits"]).abs().max()),
-                losses=losses, ref_losses=ref_record["losses"], grad_norms=grad_norms,
-                ref_grad_norms=ref_record["grad_norms"], after_param_diff=float(diffs[1]),
-                control_param_diff=float(diffs[2]))
+    return dict(
+        case=name,
+        load_s=ckpt.last_load_s,
+        load_param_diff=float(diffs[0]),
+        logits_diff=float((out - ref_record["logits"]).abs().max()),
+        losses=losses,
+        ref_losses=ref_record["losses"],
+        grad_norms=grad_norms,
+        ref_grad_norms=ref_record["grad_norms"],
+        after_param_diff=float(diffs[1]),
+        control_param_diff=float(diffs[2]),
+    )
 
 
 if __name__ == "__main__":

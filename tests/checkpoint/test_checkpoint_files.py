@@ -11,13 +11,11 @@ import os
 import shutil
 
 import pytest
+from helpers.checkpoint_launch import TINY_CONFIG
 
 from gspo_mcore.config import ConfigError
-from gspo_mcore.learner.checkpoint import (CheckpointConfig, CheckpointError, Checkpointer, find_latest_valid,
-                                           validate)
+from gspo_mcore.learner.checkpoint import CheckpointConfig, Checkpointer, CheckpointError, find_latest_valid, validate
 from gspo_mcore.train import parse_config
-
-from helpers.checkpoint_launch import TINY_CONFIG
 
 
 @pytest.fixture
@@ -37,8 +35,14 @@ def test_a_complete_checkpoint_is_valid(ckpts):
     with open(os.path.join(step(ckpts, 5), "manifest.json")) as f:
         manifest = json.load(f)
     names = set(manifest["files"])
-    assert {"trainer_state.json", "config.yaml", "megatron/metadata.json", "megatron/.metadata",
-            "rng/rank_0.pt", "rng/rank_1.pt"} <= names
+    assert {
+        "trainer_state.json",
+        "config.yaml",
+        "megatron/metadata.json",
+        "megatron/.metadata",
+        "rng/rank_0.pt",
+        "rng/rank_1.pt",
+    } <= names
     assert manifest["step"] == 5 and len(manifest["config_sha256"]) == 64
 
 
@@ -59,15 +63,18 @@ def _append(path):
         f.write(b"x")
 
 
-@pytest.mark.parametrize("damage, file, expected", [
-    (_truncate, "megatron/__0_0.distcp", "megatron/__0_0.distcp truncated"),
-    (_append, "megatron/common.pt", "megatron/common.pt longer than recorded"),
-    (_flip, "megatron/__1_1.distcp", "megatron/__1_1.distcp corrupted (sha256 mismatch)"),
-    (_flip, "trainer_state.json", "trainer_state.json corrupted (sha256 mismatch)"),
-    (os.remove, "rng/rank_1.pt", "rng/rank_1.pt missing"),
-    (os.remove, "manifest.json", "no manifest.json (incomplete checkpoint)"),
-    (_truncate, "manifest.json", "manifest.json unreadable: JSONDecodeError"),
-])
+@pytest.mark.parametrize(
+    "damage, file, expected",
+    [
+        (_truncate, "megatron/__0_0.distcp", "megatron/__0_0.distcp truncated"),
+        (_append, "megatron/common.pt", "megatron/common.pt longer than recorded"),
+        (_flip, "megatron/__1_1.distcp", "megatron/__1_1.distcp corrupted (sha256 mismatch)"),
+        (_flip, "trainer_state.json", "trainer_state.json corrupted (sha256 mismatch)"),
+        (os.remove, "rng/rank_1.pt", "rng/rank_1.pt missing"),
+        (os.remove, "manifest.json", "no manifest.json (incomplete checkpoint)"),
+        (_truncate, "manifest.json", "manifest.json unreadable: JSONDecodeError"),
+    ],
+)
 def test_damage_is_detected_with_the_reason(ckpts, damage, file, expected):
     damage(os.path.join(step(ckpts, 5), file))
     problems = validate(step(ckpts, 5))
@@ -138,12 +145,16 @@ def test_checkpoint_config_from_yaml_and_overrides():
     cfg = parse_config(["--config", TINY_CONFIG, "checkpoint.save_every=10", "checkpoint.resume=true"])
     assert cfg.checkpoint.save_every == 10 and cfg.checkpoint.resume is True
     assert parse_config(["--config", TINY_CONFIG, "checkpoint.resume=auto"]).checkpoint.resume == "auto"
-    assert parse_config(["--config", TINY_CONFIG, "checkpoint.resume=runs/x/checkpoints/step_9"]).checkpoint.resume \
+    assert (
+        parse_config(["--config", TINY_CONFIG, "checkpoint.resume=runs/x/checkpoints/step_9"]).checkpoint.resume
         == "runs/x/checkpoints/step_9"
+    )
     assert parse_config(["--config", TINY_CONFIG]).checkpoint == CheckpointConfig()
-    for bad, message in (("checkpoint.keep_last=0", "keep_last must be >= 1"),
-                         ("checkpoint.save_every=-1", "save_every must be an int >= 0"),
-                         ("checkpoint.optimizer_format=zero", "checkpoint.optimizer_format: must be one of"),
-                         ("checkpoint.verify=md5", "checkpoint.verify: must be one of")):
+    for bad, message in (
+        ("checkpoint.keep_last=0", "keep_last must be >= 1"),
+        ("checkpoint.save_every=-1", "save_every must be an int >= 0"),
+        ("checkpoint.optimizer_format=zero", "checkpoint.optimizer_format: must be one of"),
+        ("checkpoint.verify=md5", "checkpoint.verify: must be one of"),
+    ):
         with pytest.raises(ConfigError, match=message):
             parse_config(["--config", TINY_CONFIG, bad])

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers.checkpoint_launch import run_worker
 
 pytestmark = pytest.mark.distributed
@@ -33,30 +32,40 @@ PARAM_ATOL = 1e-5
 LOGITS_ATOL = 1e-5
 CONTROL_MIN = 1e-4
 
-SAVES = [dict(name="tp2", phase="save", tp=2),
-         dict(name="ep2-moe", phase="save", model="moe", ep=2),
-         dict(name="dp2-dist", phase="save", distopt=True),
-         dict(name="dp2-dist-full", phase="save", distopt=True, format="fully_reshardable")]
-LOADS_2 = [dict(name="tp2 -> tp2 (same layout)", phase="load", tp=2, exact=True, **{"from": "tp2"}),
-           dict(name="tp2 -> dp2", phase="load", **{"from": "tp2"}),
-           dict(name="dp2-dist -> dp2-dist (same layout)", phase="load", distopt=True, exact=True,
-                **{"from": "dp2-dist"}),
-           dict(name="dp2-dist-full -> tp2-dist", phase="load", tp=2, distopt=True, **{"from": "dp2-dist-full"}),
-           dict(name="dp2-dist -> tp2-dist (refused)", phase="refuse", tp=2, distopt=True, **{"from": "dp2-dist"})]
-LOADS_1 = [dict(name="tp2 -> 1 rank", phase="load", **{"from": "tp2"}),
-           dict(name="ep2-moe -> 1 rank (model)", phase="model", model="moe", **{"from": "ep2-moe"}),
-           dict(name="ep2-moe -> 1 rank (refused)", phase="refuse", model="moe", **{"from": "ep2-moe"}),
-           dict(name="dp2-dist -> 1 rank dist", phase="load", distopt=True, **{"from": "dp2-dist"})]
+SAVES = [
+    dict(name="tp2", phase="save", tp=2),
+    dict(name="ep2-moe", phase="save", model="moe", ep=2),
+    dict(name="dp2-dist", phase="save", distopt=True),
+    dict(name="dp2-dist-full", phase="save", distopt=True, format="fully_reshardable"),
+]
+LOADS_2 = [
+    dict(name="tp2 -> tp2 (same layout)", phase="load", tp=2, exact=True, **{"from": "tp2"}),
+    dict(name="tp2 -> dp2", phase="load", **{"from": "tp2"}),
+    dict(name="dp2-dist -> dp2-dist (same layout)", phase="load", distopt=True, exact=True, **{"from": "dp2-dist"}),
+    dict(name="dp2-dist-full -> tp2-dist", phase="load", tp=2, distopt=True, **{"from": "dp2-dist-full"}),
+    dict(name="dp2-dist -> tp2-dist (refused)", phase="refuse", tp=2, distopt=True, **{"from": "dp2-dist"}),
+]
+LOADS_1 = [
+    dict(name="tp2 -> 1 rank", phase="load", **{"from": "tp2"}),
+    dict(name="ep2-moe -> 1 rank (model)", phase="model", model="moe", **{"from": "ep2-moe"}),
+    dict(name="ep2-moe -> 1 rank (refused)", phase="refuse", model="moe", **{"from": "ep2-moe"}),
+    dict(name="dp2-dist -> 1 rank dist", phase="load", distopt=True, **{"from": "dp2-dist"}),
+]
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     d = tmp_path_factory.mktemp("reshard")
     out = d / "results.jsonl"
-    run_worker("reshard_worker.py", 2, ["--dir", str(d), "--out", str(out), "--cases", json.dumps(SAVES + LOADS_2)],
-               timeout=240)
-    run_worker("reshard_worker.py", 1, ["--dir", str(d), "--out", str(out), "--cases", json.dumps(LOADS_1)],
-               timeout=240)
+    run_worker(
+        "reshard_worker.py",
+        2,
+        ["--dir", str(d), "--out", str(out), "--cases", json.dumps(SAVES + LOADS_2)],
+        timeout=240,
+    )
+    run_worker(
+        "reshard_worker.py", 1, ["--dir", str(d), "--out", str(out), "--cases", json.dumps(LOADS_1)], timeout=240
+    )
     return {r["case"]: r for r in map(json.loads, out.read_text().splitlines())}
 
 
@@ -64,9 +73,11 @@ def results(tmp_path_factory):
 def test_checkpoint_loads_at_another_layout_and_continues_like_the_saver(results, case, record_property):
     r = results[case["name"]]
     record_property("result", r)
-    print(f"{case['name']}: load {r['load_s']:.2f} s, |dparam| at load {r['load_param_diff']:.1e}, "
-          f"|dlogits| {r['logits_diff']:.1e}, |dparam| after one batch {r['after_param_diff']:.1e} "
-          f"(control {r['control_param_diff']:.1e})")
+    print(
+        f"{case['name']}: load {r['load_s']:.2f} s, |dparam| at load {r['load_param_diff']:.1e}, "
+        f"|dlogits| {r['logits_diff']:.1e}, |dparam| after one batch {r['after_param_diff']:.1e} "
+        f"(control {r['control_param_diff']:.1e})"
+    )
     assert r["load_param_diff"] == 0.0, "loaded parameters differ from the saved ones"
     assert r["logits_diff"] <= LOGITS_ATOL
     if case.get("exact"):

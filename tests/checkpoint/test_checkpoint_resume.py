@@ -28,7 +28,6 @@ import os
 import time
 
 import pytest
-
 from helpers.checkpoint_launch import DISTOPT, STEPS, kill_tree, metrics, run_tiny, start_tiny
 
 pytestmark = pytest.mark.distributed
@@ -59,7 +58,8 @@ def test_reference_run_keeps_the_last_three_checkpoints(reference):
 
 
 def test_kill9_crashes_in_saves_and_damaged_checkpoints_then_resume_matches_the_uninterrupted_run(
-        tiny_data, reference, tmp_path):
+    tiny_data, reference, tmp_path
+):
     """Four launches of the same 6-step job (saving after every step, keeping 3), each resuming:
     1. SIGKILL of the launcher and both ranks while step 3 runs (step_0..2 saved);
     2. resumes from step_2; rank 0 killed in the save of step 3 after the shards are written (no manifest);

@@ -7,7 +7,6 @@ import os
 
 import pytest
 import torch
-
 from convert_models import MODELS, build_hf_model, tokens
 
 

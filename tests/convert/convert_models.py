@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import torch
-
 from helpers import worker_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -20,9 +19,18 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 # 8 query heads in 2 groups (4 per group: the q/k/v interleave is not the identity), a vocabulary that is
 # not a power of two, an MLP width that TP2 splits into halves of gate and up.
-COMMON = dict(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=8,
-              num_key_value_heads=2, head_dim=16, max_position_embeddings=128, rope_theta=10000.0,
-              rms_norm_eps=1e-6)
+COMMON = dict(
+    vocab_size=100,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=128,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 _LLAMA = {k: v for k, v in COMMON.items() if k != "head_dim"} | dict(num_hidden_layers=2)
 MODELS = {
@@ -31,12 +39,15 @@ MODELS = {
     # layer 1 is a dense MLP layer inside the MoE model; top-k probabilities renormalised
     "moe": ("qwen3_moe", dict(COMMON, **MOE, norm_topk_prob=True, mlp_only_layers=[1])),
     # tied embeddings; top-k of the full softmax, not renormalised
-    "moe_tied": ("qwen3_moe", dict(COMMON, **MOE, num_hidden_layers=2, tie_word_embeddings=True,
-                                   norm_topk_prob=False)),
+    "moe_tied": ("qwen3_moe", dict(COMMON, **MOE, num_hidden_layers=2, tie_word_embeddings=True, norm_topk_prob=False)),
     # Llama: 6 query heads on 2 KV heads (3 per group, as SmolLM2's 9 on 3; TP2 holds 3 + 1 per rank),
     # head_dim from hidden_size / heads, SmolLM2's epsilon and RoPE base
-    "llama": ("llama", dict(_LLAMA, hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
-                            rms_norm_eps=1e-5, rope_theta=100000.0)),
+    "llama": (
+        "llama",
+        dict(
+            _LLAMA, hidden_size=96, num_attention_heads=6, num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=100000.0
+        ),
+    ),
     # tied; an explicit head_dim (16) unrelated to hidden_size / heads (64 / 8)
     "llama_tied": ("llama", dict(_LLAMA, head_dim=16, tie_word_embeddings=True)),
     # Qwen2: q/k/v biases, no o_proj bias, no QK-norm
@@ -97,11 +108,22 @@ def run(cmd: list[str], *, timeout: float, what: str) -> subprocess.CompletedPro
         err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
         pytest.fail(f"{what} timed out after {timeout} s\n--- stdout\n{out[-4000:]}\n--- stderr\n{err[-8000:]}")
     if proc.returncode != 0:
-        pytest.fail(f"{what} failed (exit {proc.returncode})\n--- stdout\n{proc.stdout[-4000:]}\n"
-                    f"--- stderr\n{proc.stderr[-8000:]}")
+        pytest.fail(
+            f"{what} failed (exit {proc.returncode})\n--- stdout\n{proc.stdout[-4000:]}\n"
+            f"--- stderr\n{proc.stderr[-8000:]}"
+        )
     return proc
 
 
 def torchrun(script: str, nproc: int, args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-            str(free_port()), script, *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(nproc),
+        "--master_port",
+        str(free_port()),
+        script,
+        *args,
+    ]

@@ -21,7 +21,6 @@ import time
 
 import torch
 import torch.distributed as dist
-
 from convert_models import digest
 from helpers.worker_cases import run_cases
 
@@ -49,8 +48,15 @@ def megatron_logits(model, layout, toks: torch.Tensor) -> torch.Tensor | None:
 
     for chunk in model:
         chunk.eval()
-    get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter([None]), model=model,
-                                num_microbatches=1, seq_length=L, micro_batch_size=B, forward_only=True)
+    get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=iter([None]),
+        model=model,
+        num_microbatches=1,
+        seq_length=L,
+        micro_batch_size=B,
+        forward_only=True,
+    )
     return store.get("logits")
 
 
@@ -66,9 +72,12 @@ def gather_digests(model, shape, *, dtype=None) -> tuple[dict[str, str], dict]:
         digests.update(entry)
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, [e for e, _ in buckets])
-    facts = dict(num_buckets=len(buckets), identical_on_all_ranks=all(o == everyone[0] for o in everyone),
-                 over_budget=[n for e, n in buckets if n > BUCKET_BYTES and len(e) > 1],
-                 num_tensors=sum(len(e) for e, _ in buckets))
+    facts = dict(
+        num_buckets=len(buckets),
+        identical_on_all_ranks=all(o == everyone[0] for o in everyone),
+        over_budget=[n for e, n in buckets if n > BUCKET_BYTES and len(e) > 1],
+        num_tensors=sum(len(e) for e, _ in buckets),
+    )
     return digests, facts
 
 

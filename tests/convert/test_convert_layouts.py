@@ -23,9 +23,8 @@ import os
 
 import pytest
 import torch
-from safetensors import safe_open
-
 from convert_models import HERE, digest, run, torchrun
+from safetensors import safe_open
 
 pytestmark = pytest.mark.distributed
 
@@ -65,9 +64,15 @@ def results(hf_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("layouts")
     cases = [dict(name=f"{m}-{lay}", model=m, layout=lay, hf=hf_models[m], **extra) for m, lay, extra in CASES]
     out = str(root / "results.jsonl")
-    run(torchrun(os.path.join(HERE, "convert_worker.py"), 2,
-                 ["--cases", json.dumps(cases), "--ckpt-root", str(root), "--out", out]),
-        timeout=480, what="convert_worker.py on 2 ranks")
+    run(
+        torchrun(
+            os.path.join(HERE, "convert_worker.py"),
+            2,
+            ["--cases", json.dumps(cases), "--ckpt-root", str(root), "--out", out],
+        ),
+        timeout=480,
+        what="convert_worker.py on 2 ranks",
+    )
     with open(out) as f:
         return {r["case"]: r for r in map(json.loads, f)}
 
@@ -78,8 +83,11 @@ def checkpoint_digests(path: str, dtype=None) -> dict[str, str]:
 
 
 def mismatches(got: dict[str, str], want: dict[str, str]) -> dict:
-    return dict(missing=sorted(set(want) - set(got)), extra=sorted(set(got) - set(want)),
-                different=sorted(k for k in set(got) & set(want) if got[k] != want[k]))
+    return dict(
+        missing=sorted(set(want) - set(got)),
+        extra=sorted(set(got) - set(want)),
+        different=sorted(k for k in set(got) & set(want) if got[k] != want[k]),
+    )
 
 
 NO_MISMATCH = dict(missing=[], extra=[], different=[])

@@ -9,15 +9,32 @@ import shutil
 
 import pytest
 import torch
+from convert_models import MODELS, ROOT, build_hf_model
 from safetensors.torch import load_file, save_file
 
-from convert_models import MODELS, ROOT, build_hf_model
-from gspo_mcore.convert import (HFCheckpoint, MissingTensorError, ShapeMismatchError, UnsupportedArchitectureError,
-                                check_architecture, hf_shapes, to_transformers_layout)
+from gspo_mcore.convert import (
+    HFCheckpoint,
+    MissingTensorError,
+    ShapeMismatchError,
+    UnsupportedArchitectureError,
+    check_architecture,
+    hf_shapes,
+    to_transformers_layout,
+)
 from gspo_mcore.convert.convert import preflight_hf
-from gspo_mcore.convert.hf_mapping import (KINDS, from_hf, from_transformers_layout, megatron_params, merge_qkv,
-                                           parse_hf_name, parse_megatron_name, split_qkv, to_hf, tp_shard,
-                                           tp_unshard)
+from gspo_mcore.convert.hf_mapping import (
+    KINDS,
+    from_hf,
+    from_transformers_layout,
+    megatron_params,
+    merge_qkv,
+    parse_hf_name,
+    parse_megatron_name,
+    split_qkv,
+    to_hf,
+    tp_shard,
+    tp_unshard,
+)
 from gspo_mcore.learner import load_hf_config
 from gspo_mcore.learner.model_config import UnsupportedConfigError
 
@@ -35,10 +52,10 @@ def test_qkv_interleave_is_per_query_group():
     assert qkv.shape == ((nh + 2 * ng) * d, H)
     block = (qpg + 2) * d
     for g in range(ng):
-        rows = qkv[g * block:(g + 1) * block]
-        assert torch.equal(rows[:qpg * d], q[g * qpg * d:(g + 1) * qpg * d])
-        assert torch.equal(rows[qpg * d:(qpg + 1) * d], k[g * d:(g + 1) * d])
-        assert torch.equal(rows[(qpg + 1) * d:], v[g * d:(g + 1) * d])
+        rows = qkv[g * block : (g + 1) * block]
+        assert torch.equal(rows[: qpg * d], q[g * qpg * d : (g + 1) * qpg * d])
+        assert torch.equal(rows[qpg * d : (qpg + 1) * d], k[g * d : (g + 1) * d])
+        assert torch.equal(rows[(qpg + 1) * d :], v[g * d : (g + 1) * d])
     for a, b in zip(split_qkv(qkv, ng, nh, d), (q, k, v)):
         assert torch.equal(a, b)
     bias = merge_qkv(q[:, 0], k[:, 0], v[:, 0], ng)  # biases interleave the same way
@@ -74,16 +91,18 @@ def test_vocab_padding_is_dropped_and_restored():
 
 
 def test_transformer_engine_names_map_like_local_ones():
-    te = {"decoder.layers.3.self_attention.linear_qkv.layer_norm_weight": "decoder.layers.3.input_layernorm.weight",
-          "decoder.layers.3.mlp.linear_fc1.layer_norm_weight": "decoder.layers.3.pre_mlp_layernorm.weight",
-          "decoder.layers.3.mlp.experts.linear_fc1.weight5":
-              "decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight",
-          "decoder.layers.3.mlp.experts.linear_fc2.weight5":
-              "decoder.layers.3.mlp.experts.local_experts.5.linear_fc2.weight"}
+    experts = "decoder.layers.3.mlp.experts"
+    te = {
+        "decoder.layers.3.self_attention.linear_qkv.layer_norm_weight": "decoder.layers.3.input_layernorm.weight",
+        "decoder.layers.3.mlp.linear_fc1.layer_norm_weight": "decoder.layers.3.pre_mlp_layernorm.weight",
+        f"{experts}.linear_fc1.weight5": f"{experts}.local_experts.5.linear_fc1.weight",
+        f"{experts}.linear_fc2.weight5": f"{experts}.local_experts.5.linear_fc2.weight",
+    }
     for name, local in te.items():
         assert parse_megatron_name(name) == parse_megatron_name(local)
     assert parse_megatron_name("decoder.layers.3.mlp.experts.linear_fc2.weight5").hf_names == [
-        "model.layers.3.mlp.experts.5.down_proj.weight"]
+        "model.layers.3.mlp.experts.5.down_proj.weight"
+    ]
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -138,8 +157,10 @@ def test_config_as_transformers_5_writes_it(hf_models):
 # ------------------------------------------------------------------------------------------ errors
 
 
-@pytest.mark.parametrize("arch,model_type", [("MistralForCausalLM", "mistral"), ("GemmaForCausalLM", "gemma"),
-                                             ("MixtralForCausalLM", "mixtral")])
+@pytest.mark.parametrize(
+    "arch,model_type",
+    [("MistralForCausalLM", "mistral"), ("GemmaForCausalLM", "gemma"), ("MixtralForCausalLM", "mixtral")],
+)
 def test_unsupported_architecture_is_named(arch, model_type):
     with pytest.raises(UnsupportedArchitectureError) as exc:
         check_architecture({"architectures": [arch], "model_type": model_type})
@@ -147,8 +168,10 @@ def test_unsupported_architecture_is_named(arch, model_type):
     assert arch in msg
     for supported in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM"):
         assert supported in msg
-    with pytest.raises(UnsupportedConfigError, match=f"unsupported model_type '{model_type}'; supported: "
-                                                     "qwen3, qwen3_moe, llama, qwen2"):
+    with pytest.raises(
+        UnsupportedConfigError,
+        match=f"unsupported model_type '{model_type}'; supported: qwen3, qwen3_moe, llama, qwen2",
+    ):
         load_hf_config(dict(MODELS["dense"][1], model_type=model_type))
 
 
@@ -158,39 +181,56 @@ def test_rope_scaling_is_refused_by_name(key, kind):
     """transformers < 5 writes ``rope_scaling`` (``type`` in the oldest files), >= 5 ``rope_parameters``."""
     field = "type" if kind == "linear" and key == "rope_scaling" else "rope_type"
     config = dict(MODELS["llama"][1], model_type="llama", **{key: {field: kind, "factor": 8.0, "rope_theta": 5e5}})
-    with pytest.raises(UnsupportedConfigError, match=f"{key} asks for RoPE scaling of type '{kind}', which is not "
-                                                     "supported; supported: default"):
+    with pytest.raises(
+        UnsupportedConfigError,
+        match=f"{key} asks for RoPE scaling of type '{kind}', which is not supported; supported: default",
+    ):
         load_hf_config(config)
 
 
 def test_llama_and_qwen2_shapes():
     """QK-norm only for Qwen3; q/k/v biases only for Qwen2 (whatever attention_bias says); rope_parameters
     (transformers 5) give rope_theta; a null rope_scaling / head_dim is the default."""
-    raw = dict(MODELS["llama"][1], model_type="llama", rope_scaling=None, head_dim=None,
-               rope_parameters={"rope_type": "default", "rope_theta": 5e5})
+    raw = dict(
+        MODELS["llama"][1],
+        model_type="llama",
+        rope_scaling=None,
+        head_dim=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 5e5},
+    )
     with pytest.raises(UnsupportedConfigError, match="rope_theta=100000.0 and rope_parameters.rope_theta=500000.0"):
         load_hf_config(raw)
     llama = load_hf_config({k: v for k, v in raw.items() if k != "rope_theta"})
-    assert (llama.qk_norm, llama.qkv_bias, llama.head_dim, llama.rope_theta, llama.rms_norm_eps) == \
-        (False, False, 16, 5e5, 1e-5)
+    assert (llama.qk_norm, llama.qkv_bias, llama.head_dim, llama.rope_theta, llama.rms_norm_eps) == (
+        False,
+        False,
+        16,
+        5e5,
+        1e-5,
+    )
     qwen2 = load_hf_config(dict(MODELS["qwen2"][1], model_type="qwen2", attention_bias=False))
     assert (qwen2.qk_norm, qwen2.qkv_bias) == (False, True)
     qwen3 = load_hf_config(dict(MODELS["dense"][1], model_type="qwen3"))
     assert (qwen3.qk_norm, qwen3.qkv_bias) == (True, False)
-    names = {name: [p.name.split(".", 3)[-1] for p in megatron_params(s) if p.layer == 0]
-             for name, s in (("llama", llama), ("qwen2", qwen2), ("qwen3", qwen3))}
+    names = {
+        name: [p.name.split(".", 3)[-1] for p in megatron_params(s) if p.layer == 0]
+        for name, s in (("llama", llama), ("qwen2", qwen2), ("qwen3", qwen3))
+    }
     assert "self_attention.q_layernorm.weight" in names["qwen3"] and "self_attention.linear_qkv.bias" in names["qwen2"]
     assert not any("layernorm.weight" in n and "self_attention" in n for n in names["llama"] + names["qwen2"])
     assert not any(n.endswith(".bias") for n in names["llama"] + names["qwen3"])
 
 
-@pytest.mark.parametrize("edit,message", [
-    (dict(attention_bias=True), "attention_bias=true is not supported for model_type 'llama'"),
-    (dict(mlp_bias=True), "mlp_bias=true is not supported for model_type 'llama'"),
-    (dict(hidden_act="gelu"), "hidden_act='gelu' is not supported"),
-    (dict(layer_types=["full_attention", "sliding_attention"]), r"layer_types \['sliding_attention'\]"),
-    (dict(use_sliding_window=True), "use_sliding_window=true"),
-])
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (dict(attention_bias=True), "attention_bias=true is not supported for model_type 'llama'"),
+        (dict(mlp_bias=True), "mlp_bias=true is not supported for model_type 'llama'"),
+        (dict(hidden_act="gelu"), "hidden_act='gelu' is not supported"),
+        (dict(layer_types=["full_attention", "sliding_attention"]), r"layer_types \['sliding_attention'\]"),
+        (dict(use_sliding_window=True), "use_sliding_window=true"),
+    ],
+)
 def test_llama_features_not_implemented_are_refused(edit, message, tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(dict(MODELS["llama"][1], model_type="llama", **edit)))
@@ -228,20 +268,27 @@ def test_shape_mismatch_names_tensor_expected_and_got(hf_models, tmp_path):
 def test_shape_mismatch_in_mapping_names_tensor():
     shape = load_hf_config(dict(model_type="qwen3", **MODELS["dense"][1]))
     p = parse_megatron_name("decoder.layers.0.mlp.linear_fc2.weight")
-    with pytest.raises(ShapeMismatchError, match=r"model.layers.0.mlp.down_proj.weight: expected shape \(64, 96\)"
-                                                 r" from config.json, got \(96, 64\)"):
+    with pytest.raises(
+        ShapeMismatchError,
+        match=r"model.layers.0.mlp.down_proj.weight: expected shape \(64, 96\)"
+        r" from config.json, got \(96, 64\)",
+    ):
         from_hf(p, {"model.layers.0.mlp.down_proj.weight": torch.zeros(96, 64)}, shape)
     with pytest.raises(ShapeMismatchError, match="decoder.layers.0.mlp.linear_fc2.weight"):
         to_hf(p, torch.zeros(64, 95), shape)
 
 
 def test_missing_and_unexpected_tensors_are_named(hf_models, tmp_path):
-    path = _corrupt_copy(hf_models["moe"], tmp_path / "missing",
-                         lambda t: t.pop("model.layers.2.mlp.experts.3.up_proj.weight"))
+    path = _corrupt_copy(
+        hf_models["moe"], tmp_path / "missing", lambda t: t.pop("model.layers.2.mlp.experts.3.up_proj.weight")
+    )
     with pytest.raises(MissingTensorError, match="model.layers.2.mlp.experts.3.up_proj.weight"):
         preflight_hf(path)
-    path = _corrupt_copy(hf_models["dense"], tmp_path / "extra",
-                         lambda t: t.update({"model.layers.0.mlp.shared_expert.weight": torch.zeros(2)}))
+    path = _corrupt_copy(
+        hf_models["dense"],
+        tmp_path / "extra",
+        lambda t: t.update({"model.layers.0.mlp.shared_expert.weight": torch.zeros(2)}),
+    )
     with pytest.raises(MissingTensorError, match="shared_expert"):
         preflight_hf(path)
 

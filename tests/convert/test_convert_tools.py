@@ -15,8 +15,8 @@ import sys
 
 import pytest
 import torch
-
 from convert_models import ROOT, run
+
 from gspo_mcore.convert import HFCheckpoint
 
 pytestmark = pytest.mark.distributed
@@ -29,8 +29,11 @@ def tool(name: str, *args: str) -> list[str]:
 def test_round_trip_through_the_tools(hf_models, tmp_path):
     src = hf_models["moe"]
     mcore, back = str(tmp_path / "mcore"), str(tmp_path / "hf")
-    run(tool("convert_hf_to_mcore", "--hf", src, "--out", mcore, "--ep", "2"), timeout=150,
-        what="convert_hf_to_mcore.py --ep 2")
+    run(
+        tool("convert_hf_to_mcore", "--hf", src, "--out", mcore, "--ep", "2"),
+        timeout=150,
+        what="convert_hf_to_mcore.py --ep 2",
+    )
     meta = json.loads(open(os.path.join(mcore, "gspo_mcore_convert.json")).read())
     assert meta["saved_with"] == dict(tensor=1, pipeline=1, expert=2, world_size=2)
     assert os.path.isfile(os.path.join(mcore, "model", "metadata.json"))
@@ -40,8 +43,22 @@ def test_round_trip_through_the_tools(hf_models, tmp_path):
     (train / "step_3").mkdir(parents=True)
     os.rename(os.path.join(mcore, "model"), train / "step_3" / "megatron")
     (train / "latest").write_text("step_3\n")
-    run(tool("convert_mcore_to_hf", "--mcore", str(train), "--config", mcore, "--out", back,
-             "--max-shard-size", "100KB", "--progress"), timeout=120, what="convert_mcore_to_hf.py")
+    run(
+        tool(
+            "convert_mcore_to_hf",
+            "--mcore",
+            str(train),
+            "--config",
+            mcore,
+            "--out",
+            back,
+            "--max-shard-size",
+            "100KB",
+            "--progress",
+        ),
+        timeout=120,
+        what="convert_mcore_to_hf.py",
+    )
     index = json.loads(open(os.path.join(back, "model.safetensors.index.json")).read())
     files = sorted(set(index["weight_map"].values()))
     assert len(files) > 2 and all(os.path.getsize(os.path.join(back, f)) < 150_000 for f in files)

@@ -21,7 +21,10 @@ from gspo_mcore.data import (
 
 ROWS = [
     {"prompt": "What is 1 + 1?", "answer": "2"},
-    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add 2 and 3."}], "answer": "5"},
+    {
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add 2 and 3."}],
+        "answer": "5",
+    },
     {"prompt": "Write add(a, b).", "tests": ["assert add(1, 2) == 3"], "reward_fn": "code"},
 ]
 
@@ -49,10 +52,12 @@ def test_jsonl_prompts_messages_and_metadata(tmp_path):
 
 def test_parquet_and_several_files(tmp_path):
     pq_path = tmp_path / "train.parquet"
-    table = pa.Table.from_pylist([
-        {"prompt": None, "messages": [{"role": "user", "content": "Hi"}], "answer": "1", "tests": None},
-        {"prompt": "Plain", "messages": None, "answer": None, "tests": ["assert True"]},
-    ])
+    table = pa.Table.from_pylist(
+        [
+            {"prompt": None, "messages": [{"role": "user", "content": "Hi"}], "answer": "1", "tests": None},
+            {"prompt": "Plain", "messages": None, "answer": None, "tests": ["assert True"]},
+        ]
+    )
     pq.write_table(table, pq_path)
     jsonl = write_jsonl(tmp_path / "more.jsonl", ROWS[:1])
     ds = PromptDataset(DataConfig(paths=(str(pq_path), str(jsonl))))
@@ -184,8 +189,10 @@ def make_tokenizer(directory, chat_template=CHAT_TEMPLATE):
     tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     specials = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
-    tok.train_from_iterator(["What is 1 + 1 ?", "Add 2 and 3 .", "Be brief .", "Write add ( a , b ) ."],
-                            trainers.WordLevelTrainer(special_tokens=specials))
+    tok.train_from_iterator(
+        ["What is 1 + 1 ?", "Add 2 and 3 .", "Be brief .", "Write add ( a , b ) ."],
+        trainers.WordLevelTrainer(special_tokens=specials),
+    )
     kwargs = {"chat_template": chat_template} if chat_template else {}
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", **kwargs)
     fast.save_pretrained(str(directory))

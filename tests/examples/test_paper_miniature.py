@@ -20,10 +20,10 @@ import subprocess
 import sys
 
 import pytest
+from helpers import ROOT
 
 from examples.paper_miniature import report, run
 from gspo_mcore.train import parse_config
-from helpers import ROOT
 
 ALL_ALGOS = ["gspo", "gspo_token", "grpo", "grpo_rr"]
 
@@ -80,8 +80,9 @@ def test_completeness_needs_every_step_under_the_same_config(tmp_path):
         f.write('\n{"step": 2}\n')
     assert run.is_complete(r, 3)
     assert not run.is_complete(r, 4)
-    other = _matrix(tmp_path, steps=3, models=["dense"], algos=["gspo"], seeds=1, routing=False,
-                    extra=("optim.lr=1e-3",))[0]
+    other = _matrix(
+        tmp_path, steps=3, models=["dense"], algos=["gspo"], seeds=1, routing=False, extra=("optim.lr=1e-3",)
+    )[0]
     assert not run.is_complete(other, 3)  # same directory, different config: rerun
 
 
@@ -95,9 +96,16 @@ def _write_run(out, model, algo, seed, rewards, *, clip, routing=None, zero_adv=
     d.mkdir(parents=True)
     with open(d / "metrics.jsonl", "w") as f:
         for step, reward in enumerate(rewards):
-            row = {"step": step, "reward_mean": reward, "clip_fraction": clip, "clipped_sequence_fraction": clip * 2,
-                   "entropy": 1.0, "zero_advantage_group_fraction": zero_adv, "time_step_s": 0.5,
-                   "nonfinite_tokens": nonfinite if step == 5 else 0.0}
+            row = {
+                "step": step,
+                "reward_mean": reward,
+                "clip_fraction": clip,
+                "clipped_sequence_fraction": clip * 2,
+                "entropy": 1.0,
+                "zero_advantage_group_fraction": zero_adv,
+                "time_step_s": 0.5,
+                "nonfinite_tokens": nonfinite if step == 5 else 0.0,
+            }
             if routing is not None and step % 5 == 0:
                 row["routing_changed_fraction"] = routing
                 row["routing_expert_change_fraction"] = routing / 2
@@ -124,8 +132,9 @@ def synthetic(tmp_path):
         _write_run(out, "moe", "gspo", seed, _rising(seed), clip=0.1)  # no routing keys at all
     _write_run(out, "moe", "gspo_token", 0, _rising(0), clip=0.1, zero_adv=1.0)  # stalled at reward ~0.6
     _write_run(out, "moe", "gspo_token", 1, [0.95] * STEPS, clip=0.1, zero_adv=1.0)  # all equal, but solved
-    _write_run(out, "moe", "grpo_rr", 0, _rising(0)[:10], clip=0.001, routing=0.05).joinpath(
-        "config.yaml").write_text(f"steps: {STEPS}\n")  # incomplete: 10 of 40 steps
+    _write_run(out, "moe", "grpo_rr", 0, _rising(0)[:10], clip=0.001, routing=0.05).joinpath("config.yaml").write_text(
+        f"steps: {STEPS}\n"
+    )  # incomplete: 10 of 40 steps
     return out
 
 
@@ -177,17 +186,39 @@ def test_report_flags_nonfinite_tokens_and_handles_no_routing(tmp_path):
 
 
 def test_report_cli_refuses_an_empty_directory(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "examples.paper_miniature.report", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "examples.paper_miniature.report", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 1 and "no <model>/<algo>/seed<k>/metrics.jsonl" in proc.stderr
 
 
 # ---- end to end ----------------------------------------------------------------------------------------
 
+
 def test_run_py_end_to_end_two_moe_runs(tmp_path):
     out = tmp_path / "pm"
-    cmd = [sys.executable, "-m", "examples.paper_miniature.run", "--out", str(out), "--steps", "2", "--seeds", "1",
-           "--models", "moe", "--algos", "grpo_rr", "gspo", "--jobs", "1", "rollout.prompts_per_step=8"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "examples.paper_miniature.run",
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--seeds",
+        "1",
+        "--models",
+        "moe",
+        "--algos",
+        "grpo_rr",
+        "gspo",
+        "--jobs",
+        "1",
+        "rollout.prompts_per_step=8",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     expected = ["moe/gspo/seed0"] + (["moe/grpo_rr/seed0"] if run.routing_supported() else [])
@@ -211,9 +242,29 @@ def test_run_py_end_to_end_two_moe_runs(tmp_path):
 
 def test_run_py_reports_failed_runs_and_exits_nonzero(tmp_path):
     out = tmp_path / "pm"  # one rank cannot hold tensor parallelism 2: the run fails at start-up
-    proc = subprocess.run([sys.executable, "-m", "examples.paper_miniature.run", "--out", str(out), "--steps", "2",
-                           "--seeds", "1", "--models", "dense", "--algos", "gspo", "--", "parallel.tensor=2"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "examples.paper_miniature.run",
+            "--out",
+            str(out),
+            "--steps",
+            "2",
+            "--seeds",
+            "1",
+            "--models",
+            "dense",
+            "--algos",
+            "gspo",
+            "--",
+            "parallel.tensor=2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     log = out / "dense/gspo/seed0/train.log"
     assert f"FAILED dense/gspo/seed0: {log}" in proc.stderr

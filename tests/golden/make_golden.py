@@ -42,16 +42,32 @@ def run_trace(work_dir: str, *, steps: int = STEPS, timeout: float = 600) -> lis
     data, out = os.path.join(work_dir, "data"), os.path.join(work_dir, "run")
     commands = [
         [sys.executable, "-m", "examples.tiny.prepare", "--out", data],
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-         "-m", "gspo_mcore.train", "--config", CONFIG, f"steps={steps}", f"model.hf_dir={data}/model",
-         f"data.paths=[{data}/prompts.jsonl]", f"log.output_dir={out}", "log.progress_bar=false",
-         "log.tensorboard=false"],
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(_free_port()),
+            "-m",
+            "gspo_mcore.train",
+            "--config",
+            CONFIG,
+            f"steps={steps}",
+            f"model.hf_dir={data}/model",
+            f"data.paths=[{data}/prompts.jsonl]",
+            f"log.output_dir={out}",
+            "log.progress_bar=false",
+            "log.tensorboard=false",
+        ],
     ]
     for cmd in commands:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode})\n{proc.stdout[-3000:]}\n"
-                               f"{proc.stderr[-6000:]}")
+            raise RuntimeError(
+                f"{' '.join(cmd)} failed (exit {proc.returncode})\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+            )
     with open(os.path.join(out, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
     return [{"step": r["step"], **{k: r[k] for k in KEYS}} for r in rows]
@@ -82,8 +98,13 @@ def main() -> None:
         steps = run_trace(d)
     import torch
 
-    golden = {"config": CONFIG, "overrides": [f"steps={STEPS}"], "machine": machine(), "torch": torch.__version__,
-              "steps": steps}
+    golden = {
+        "config": CONFIG,
+        "overrides": [f"steps={STEPS}"],
+        "machine": machine(),
+        "torch": torch.__version__,
+        "steps": steps,
+    }
     with open(args.out, "w") as f:
         json.dump(golden, f, indent=1)
         f.write("\n")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from make_golden import GOLDEN, KEYS, run_trace
 
 TIGHT_STEPS = 3
@@ -42,11 +41,16 @@ def test_tiny_job_follows_the_golden_trace(tmp_path):
     problems = []
     for got, want in zip(fresh, golden):
         tight = got["step"] < TIGHT_STEPS
-        bounds = {"loss": LOSS_ATOL if tight else LOSS_LOOSE_ATOL,
-                  "reward_mean": REWARD_ATOL_TIGHT if tight else REWARD_ATOL}
+        bounds = {
+            "loss": LOSS_ATOL if tight else LOSS_LOOSE_ATOL,
+            "reward_mean": REWARD_ATOL_TIGHT if tight else REWARD_ATOL,
+        }
         for key in KEYS:
             if not abs(got[key] - want[key]) <= bounds[key]:
-                problems.append(f"step {got['step']} {key}: {got[key]:.7g} vs golden {want[key]:.7g} "
-                                f"(bound {bounds[key]:g})")
-    assert not problems, "the tiny job left its golden trace (regenerate only after an intended change, see " \
-                         "tests/golden/README.md):\n" + "\n".join(problems)
+                problems.append(
+                    f"step {got['step']} {key}: {got[key]:.7g} vs golden {want[key]:.7g} (bound {bounds[key]:g})"
+                )
+    assert not problems, (
+        "the tiny job left its golden trace (regenerate only after an intended change, see "
+        "tests/golden/README.md):\n" + "\n".join(problems)
+    )

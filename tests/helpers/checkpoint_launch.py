@@ -25,10 +25,25 @@ DISTOPT = "optim.use_distributed_optimizer=true"
 
 
 def tiny_command(data_dir: str, out_dir: str, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-            "-m", "gspo_mcore.train", "--config", TINY_CONFIG, f"model.hf_dir={data_dir}/model",
-            f"data.paths=[{data_dir}/prompts.jsonl]", f"log.output_dir={out_dir}", "log.progress_bar=false",
-            "log.tensorboard=false", *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "gspo_mcore.train",
+        "--config",
+        TINY_CONFIG,
+        f"model.hf_dir={data_dir}/model",
+        f"data.paths=[{data_dir}/prompts.jsonl]",
+        f"log.output_dir={out_dir}",
+        "log.progress_bar=false",
+        "log.tensorboard=false",
+        *overrides,
+    ]
 
 
 def start_tiny(data_dir: str, out_dir: str, *overrides: str, env: dict | None = None) -> subprocess.Popen:
@@ -36,8 +51,13 @@ def start_tiny(data_dir: str, out_dir: str, *overrides: str, env: dict | None = 
     os.makedirs(out_dir, exist_ok=True)
     log_path = os.path.join(out_dir, f"launch-{time.monotonic_ns()}.log")
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(tiny_command(data_dir, out_dir, *overrides), cwd=ROOT,
-                                env=dict(ENV, **(env or {})), stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            tiny_command(data_dir, out_dir, *overrides),
+            cwd=ROOT,
+            env=dict(ENV, **(env or {})),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     proc.log_path = log_path
     return proc
 
@@ -52,8 +72,9 @@ def wait(proc: subprocess.Popen, *, timeout: float) -> tuple[int, str]:
     return rc, _output(proc)
 
 
-def run_tiny(data_dir: str, out_dir: str, *overrides: str, env: dict | None = None, timeout: float = 300,
-             check: bool = True) -> str:
+def run_tiny(
+    data_dir: str, out_dir: str, *overrides: str, env: dict | None = None, timeout: float = 300, check: bool = True
+) -> str:
     rc, out = wait(start_tiny(data_dir, out_dir, *overrides, env=env), timeout=timeout)
     if check and rc != 0:
         pytest.fail(f"the tiny job failed (exit {rc})\n{out[-8000:]}")

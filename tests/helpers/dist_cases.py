@@ -94,7 +94,7 @@ def _tp_rank(rank, world, case):
     _, _, V, split, _, temp, ent = case
     logits, targets, w, u = tp_inputs(case)
     start = sum(split[:rank])
-    local = logits[:, start:start + split[rank]].contiguous()
+    local = logits[:, start : start + split[rank]].contiguous()
     return _tp_forward_backward(local, targets, w, u, temp, ent, vocab_start=start, tp_group=dist.group.WORLD)
 
 
@@ -108,7 +108,7 @@ def _tp_out_of_range(rank, world):
         targets = torch.zeros(logits.shape[0], dtype=torch.long)
         targets[4] = bad
         start = (0, 500)[rank]
-        local = logits[:, start:start + (500, 501)[rank]].contiguous()
+        local = logits[:, start : start + (500, 501)[rank]].contiguous()
         try:
             ops.token_logprobs(local, targets, vocab_start=start, tp_group=dist.group.WORLD)
             out[label] = None
@@ -133,11 +133,12 @@ def cp_inputs():
     logp = -(torch.rand(T, generator=g) * 2 + 0.1)
     seq_delta = torch.tensor([0.05, -0.05, 0.0, 0.0, 0.3, -0.05, 0.0])  # GSPO-level log-ratio per sequence
     delta = seq_delta.repeat_interleave(torch.tensor(CP_LENGTHS)) + 0.2 * torch.randn(T, generator=g) * (
-        seq_delta.repeat_interleave(torch.tensor(CP_LENGTHS)) != 0)
+        seq_delta.repeat_interleave(torch.tensor(CP_LENGTHS)) != 0
+    )
     old = logp - delta
     mask = (torch.rand(T, generator=g) < 0.8).float()
     mask[cu[:-1][torch.tensor(CP_LENGTHS) > 0]] = 1.0
-    mask[cu[5]:cu[6]] = 0.0
+    mask[cu[5] : cu[6]] = 0.0
     adv = torch.tensor([1.0, -1.0, 0.5, 2.0, -0.7, 1.0, -1.5])
     adv_tok = adv.repeat_interleave(torch.tensor(CP_LENGTHS)) + 0.3 * torch.randn(T, generator=g)
     values = torch.randn(T, generator=g)
@@ -174,16 +175,30 @@ def _cp_compute(batch, cu, idx, group, use_reference):
         mean, count = ops.segment_mean(v, cu, batch["mask"][idx], cp_group=group)
         (mean * batch["w"]).sum().backward()
         out["segment_mean"] = (mean.detach(), count, None, v.grad)
-        for variant, adv in (("gspo", batch["adv"]), ("gspo_token", batch["adv"]), ("gspo_token", None),
-                             ("grpo", batch["adv"])):
+        for variant, adv in (
+            ("gspo", batch["adv"]),
+            ("gspo_token", batch["adv"]),
+            ("gspo_token", None),
+            ("grpo", batch["adv"]),
+        ):
             if adv is None:
                 adv, key = batch["adv_tok"][idx], "gspo_token-per-token"
             else:
                 key = variant
             lp = batch["logp"][idx].clone().requires_grad_(True)
             eps_low, eps_high = DEFAULT_EPS[variant]
-            loss, metrics = policy_loss(lp, batch["old"][idx], adv, cu, batch["mask"][idx], variant=variant,
-                                        eps_low=eps_low, eps_high=eps_high, num_sequences=B, cp_group=group)
+            loss, metrics = policy_loss(
+                lp,
+                batch["old"][idx],
+                adv,
+                cu,
+                batch["mask"][idx],
+                variant=variant,
+                eps_low=eps_low,
+                eps_high=eps_high,
+                num_sequences=B,
+                cp_group=group,
+            )
             loss.backward()
             out[key] = (loss.detach(), None, metrics, lp.grad)
     return out

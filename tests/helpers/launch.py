@@ -26,17 +26,36 @@ def run_ranks(script: str, nproc: int, args: list[str], *, timeout: float, env: 
     if nproc == 1:
         cmd = [sys.executable, path, *args]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-               "--master_port", str(free_port()), path, *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(nproc),
+            "--master_port",
+            str(free_port()),
+            path,
+            *args,
+        ]
     try:
-        proc = subprocess.run(cmd, cwd=os.path.dirname(path), env=worker_env(**(env or {})), capture_output=True,
-                              text=True, timeout=timeout)
+        proc = subprocess.run(
+            cmd,
+            cwd=os.path.dirname(path),
+            env=worker_env(**(env or {})),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired as exc:
         out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         err = (exc.stderr or b"").decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        pytest.fail(f"{script} on {nproc} rank(s) timed out after {timeout} s\n--- stdout\n{out[-4000:]}\n"
-                    f"--- stderr\n{err[-8000:]}")
+        pytest.fail(
+            f"{script} on {nproc} rank(s) timed out after {timeout} s\n--- stdout\n{out[-4000:]}\n"
+            f"--- stderr\n{err[-8000:]}"
+        )
     if proc.returncode != 0:
-        pytest.fail(f"{script} on {nproc} rank(s) failed (exit {proc.returncode})\n--- stdout\n{proc.stdout[-4000:]}\n"
-                    f"--- stderr\n{proc.stderr[-8000:]}")
+        pytest.fail(
+            f"{script} on {nproc} rank(s) failed (exit {proc.returncode})\n--- stdout\n{proc.stdout[-4000:]}\n"
+            f"--- stderr\n{proc.stderr[-8000:]}"
+        )
     return proc.stdout + proc.stderr

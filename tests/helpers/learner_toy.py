@@ -7,15 +7,40 @@ from __future__ import annotations
 
 import torch
 
-DENSE = dict(model_type="qwen3", vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-             num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
-             max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False)
+DENSE = dict(
+    model_type="qwen3",
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rope_theta=10000.0,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+)
 DENSE_TIED = dict(DENSE, tie_word_embeddings=True)
-MOE = dict(DENSE, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-           norm_topk_prob=True, router_aux_loss_coef=0.0)
+MOE = dict(
+    DENSE,
+    model_type="qwen3_moe",
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    norm_topk_prob=True,
+    router_aux_loss_coef=0.0,
+)
 # Llama: 6 query heads on 2 KV heads (TP2: 3 + 1 per rank); Qwen2 (q/k/v biases), tied
-LLAMA = dict(DENSE, model_type="llama", hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
-             rms_norm_eps=1e-5, rope_theta=100000.0)
+LLAMA = dict(
+    DENSE,
+    model_type="llama",
+    hidden_size=96,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+)
 QWEN2_TIED = dict(DENSE, model_type="qwen2", tie_word_embeddings=True)
 MODELS = {"dense": DENSE, "dense_tied": DENSE_TIED, "moe": MOE, "llama": LLAMA, "qwen2_tied": QWEN2_TIED}
 
@@ -25,8 +50,9 @@ MODELS = {"dense": DENSE, "dense_tied": DENSE_TIED, "moe": MOE, "llama": LLAMA, 
 OFFSETS = {"gspo": (-0.01, 0.0, 0.01), "gspo_token": (-0.01, 0.0, 0.01), "grpo": (-0.3, 0.0, 0.3)}
 
 
-def toy_samples(*, num_samples: int = 12, vocab: int = 128, seed: int = 0, group_size: int = 4,
-                prompt_only: tuple[int, ...] = ()):
+def toy_samples(
+    *, num_samples: int = 12, vocab: int = 128, seed: int = 0, group_size: int = 4, prompt_only: tuple[int, ...] = ()
+):
     """A rollout batch: prompt + response of varied lengths, group-relative advantages.
 
     ``prompt_only``: indices of samples with no counted token (loss mask all 0: they add nothing to the loss

@@ -21,7 +21,6 @@ import sys
 import time
 
 import pytest
-
 from sglang_cpu import HERE, ROOT, launch, server_config, sglang_missing, write_tiny_checkpoint
 
 _MODE = os.environ.get("GSPO_SGLANG_TESTS", "")
@@ -130,26 +129,36 @@ def learner(tmp_path, sglang_server, figures):
     def run(spec: dict, *, timeout: float = 900.0, what: str = "learner") -> dict:
         spec_path, out_path = tmp_path / f"{what}.spec.json", tmp_path / f"{what}.report.json"
         spec_path.write_text(json.dumps(spec))
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", GLOO_SOCKET_IFNAME="lo",
-                   PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS="1",
+            PYTHONWARNINGS="ignore",
+            GLOO_SOCKET_IFNAME="lo",
+            PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+        )
         cmd = [sys.executable, os.path.join(HERE, "learner_worker.py"), str(spec_path), str(out_path)]
         log_path = tmp_path / f"{what}.log"
         t0 = time.monotonic()
         # Output to a file, not a pipe: the tensor sync starts torch's shared-memory manager daemon, which
         # inherits the worker's stdout/stderr and outlives it (until the server exits).
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
             try:
                 code = proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-                pytest.fail(f"{what}: learner_worker timed out after {timeout} s\n--- output\n"
-                            f"{_tail(log_path, 8000)}\n--- server log\n{sglang_server.log_tail()}")
+                pytest.fail(
+                    f"{what}: learner_worker timed out after {timeout} s\n--- output\n"
+                    f"{_tail(log_path, 8000)}\n--- server log\n{sglang_server.log_tail()}"
+                )
         if code != 0:
-            pytest.fail(f"{what}: learner_worker failed (exit {code})\n--- output\n{_tail(log_path, 8000)}\n"
-                        f"--- server log\n{sglang_server.log_tail()}")
+            pytest.fail(
+                f"{what}: learner_worker failed (exit {code})\n--- output\n{_tail(log_path, 8000)}\n"
+                f"--- server log\n{sglang_server.log_tail()}"
+            )
         figures(f"learner worker wall time, {what} (s)", time.monotonic() - t0)
         return json.loads(out_path.read_text())
 

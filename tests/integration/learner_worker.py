@@ -36,8 +36,15 @@ import torch
 
 from gspo_mcore.convert import hf_buckets, load_hf_weights, write_safetensors
 from gspo_mcore.convert.export import export_plan
-from gspo_mcore.learner import (ModelOptions, ParallelConfig, Sample, build_model, forward_logprobs, init_parallel,
-                                load_hf_config)
+from gspo_mcore.learner import (
+    ModelOptions,
+    ParallelConfig,
+    Sample,
+    build_model,
+    forward_logprobs,
+    init_parallel,
+    load_hf_config,
+)
 from gspo_mcore.rollout import SamplingParams, SGLangClientConfig, SGLangEngine
 
 
@@ -49,8 +56,9 @@ class Worker:
         self.layout = init_parallel(ParallelConfig(), self.shape, seed=0)
         self.model = build_model(self.shape, ParallelConfig(), ModelOptions(use_te=False), seed=None)
         load_hf_weights(self.model, self.hf_dir)
-        config = SGLangClientConfig(initial_weight_version=int(spec.get("initial_weight_version", 0)),
-                                    request_timeout_s=600.0, max_attempts=1)
+        config = SGLangClientConfig(
+            initial_weight_version=int(spec.get("initial_weight_version", 0)), request_timeout_s=600.0, max_attempts=1
+        )
         self.engine = SGLangEngine(spec["urls"], config=config)
         self.report: dict = {"generate": {}, "score": {}, "sync": [], "timings": {}}
         self.group_pg = None
@@ -102,8 +110,13 @@ class Worker:
 
             port = free_port()
             world = await self.engine.init_weight_update_group(
-                master_address="127.0.0.1", master_port=port, trainer_init=trainer_init, broadcast=broadcast,
-                group_name=group_name, backend="gloo")
+                master_address="127.0.0.1",
+                master_port=port,
+                trainer_init=trainer_init,
+                broadcast=broadcast,
+                group_name=group_name,
+                backend="gloo",
+            )
             self.report["group_world_size"] = world
             buckets = [list(b) for b in self._buckets(bucket_bytes)]
             self.report["sync_buckets"] = len(buckets)
@@ -111,8 +124,14 @@ class Worker:
             await self.engine.destroy_weight_update_group()
         else:
             raise ValueError(f"unknown sync method {method!r}")
-        self.report["sync"].append({"method": method, "version": version, "engine_version": self.engine.weight_version,
-                                    "seconds": time.monotonic() - t0})
+        self.report["sync"].append(
+            {
+                "method": method,
+                "version": version,
+                "engine_version": self.engine.weight_version,
+                "seconds": time.monotonic() - t0,
+            }
+        )
 
     async def op_generate(self, name: str, prompts, n: int, params: dict):
         sp = SamplingParams(**params)
@@ -120,8 +139,12 @@ class Worker:
         groups = await self.engine.generate(prompts, n, sp)
         self.report["timings"][f"generate:{name}"] = time.monotonic() - t0
         self.report["generate"][name] = {
-            "params": params, "n": n, "num_prompts": len(prompts), "logprob_temperature": sp.logprob_temperature,
-            "groups": [[dataclasses.asdict(s) for s in g] for g in groups]}
+            "params": params,
+            "n": n,
+            "num_prompts": len(prompts),
+            "logprob_temperature": sp.logprob_temperature,
+            "groups": [[dataclasses.asdict(s) for s in g] for g in groups],
+        }
 
     def op_score(self, name: str, label: str | None = None):
         gen = self.report["generate"][name]
@@ -130,11 +153,12 @@ class Worker:
         for s in flat:
             tokens = torch.tensor(list(s["prompt_ids"]) + list(s["response_ids"]), dtype=torch.int64)
             mask = torch.zeros_like(tokens)
-            mask[len(s["prompt_ids"]):] = 1
+            mask[len(s["prompt_ids"]) :] = 1
             samples.append(Sample(tokens=tokens, loss_mask=mask, advantage=0.0))
         t0 = time.monotonic()
-        logps = forward_logprobs(self.model, samples, self.layout, max_tokens=4096,
-                                 temperature=gen["logprob_temperature"])
+        logps = forward_logprobs(
+            self.model, samples, self.layout, max_tokens=4096, temperature=gen["logprob_temperature"]
+        )
         label = label or name
         self.report["timings"][f"score:{label}"] = time.monotonic() - t0
         learner, engine = [], []
@@ -144,10 +168,13 @@ class Worker:
             engine.append(list(s["response_logprobs"]))
         diffs = [abs(a - b) for la, ea in zip(learner, engine) for a, b in zip(la, ea)]
         self.report["score"][label] = {
-            "learner": learner, "engine": engine, "num_tokens": len(diffs),
+            "learner": learner,
+            "engine": engine,
+            "num_tokens": len(diffs),
             "max_abs_diff": max(diffs) if diffs else 0.0,
             "mean_abs_diff": sum(diffs) / len(diffs) if diffs else 0.0,
-            "min_logprob": min((x for ea in engine for x in ea), default=0.0)}
+            "min_logprob": min((x for ea in engine for x in ea), default=0.0),
+        }
 
     # ----------------------------------------------------------------------------------------- main
     async def run(self):

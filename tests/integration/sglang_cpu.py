@@ -29,17 +29,24 @@ STANDIN_DIR = os.path.join(HERE, "sgl_kernel_cpu")
 # float32 forward only to ~2e-4. A KV pool and context large enough for the multi-thousand-token generations
 # the pause and kill tests need.
 CPU_ARGS = (
-    "--device", "cpu",
-    "--attention-backend", "torch_native",
-    "--sampling-backend", "pytorch",
+    "--device",
+    "cpu",
+    "--attention-backend",
+    "torch_native",
+    "--sampling-backend",
+    "pytorch",
     "--disable-overlap-schedule",
     "--cuda-graph-backend-decode=disabled",
     "--cuda-graph-backend-prefill=disabled",
-    "--max-total-tokens", "32768",
-    "--dtype", "float32",
-    "--kv-cache-dtype", "auto",
+    "--max-total-tokens",
+    "32768",
+    "--dtype",
+    "float32",
+    "--kv-cache-dtype",
+    "auto",
     "--skip-server-warmup",
-    "--log-level", "info",
+    "--log-level",
+    "info",
 )
 
 CPU_ENV = {
@@ -56,11 +63,17 @@ CPU_ENV = {
 def sglang_missing() -> str | None:
     """Why the tier cannot run here (None when the SGLang venv is usable)."""
     if not os.path.exists(PYTHON):
-        return (f"no SGLang environment at {VENV} (run `make test-sglang`, or "
-                "tests/integration/setup_sglang_env.sh, to create it)")
+        return (
+            f"no SGLang environment at {VENV} (run `make test-sglang`, or "
+            "tests/integration/setup_sglang_env.sh, to create it)"
+        )
     try:
-        out = subprocess.run([PYTHON, "-c", "import importlib.metadata as m; print(m.version('sglang'))"],
-                             capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [PYTHON, "-c", "import importlib.metadata as m; print(m.version('sglang'))"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"{PYTHON} does not run: {e}"
     if out.returncode != 0:
@@ -68,8 +81,10 @@ def sglang_missing() -> str | None:
     from gspo_mcore.rollout.sglang_api import SGLANG_VERSION
 
     if out.stdout.strip() != SGLANG_VERSION:
-        return (f"{VENV} has sglang {out.stdout.strip()}, the client is pinned to {SGLANG_VERSION} "
-                "(rerun tests/integration/setup_sglang_env.sh)")
+        return (
+            f"{VENV} has sglang {out.stdout.strip()}, the client is pinned to {SGLANG_VERSION} "
+            "(rerun tests/integration/setup_sglang_env.sh)"
+        )
     return None
 
 
@@ -123,8 +138,15 @@ PROMPTS = [encode(t) for t in ("rev:407>", "rev:12>", "rev:9981>", "add:3+4=", "
 def server_config(model_path: str, log_dir: str, **kw):
     from gspo_mcore.rollout import SGLangServerConfig
 
-    return SGLangServerConfig(model_path=model_path, python=PYTHON, extra_args=CPU_ARGS, env=dict(CPU_ENV),
-                              startup_timeout_s=600.0, log_path=None, **kw)
+    return SGLangServerConfig(
+        model_path=model_path,
+        python=PYTHON,
+        extra_args=CPU_ARGS,
+        env=dict(CPU_ENV),
+        startup_timeout_s=600.0,
+        log_path=None,
+        **kw,
+    )
 
 
 def launch(configs, log_dir: str):

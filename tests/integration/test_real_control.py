@@ -174,8 +174,10 @@ def test_server_killed_mid_batch(doomed, server, figures):
     config = SGLangClientConfig(request_timeout_s=300.0)
 
     async def main():
-        async with SGLangEngine([victim.url], config=config) as alone, \
-                SGLangEngine([server.url, victim.url], config=config) as pair:
+        async with (
+            SGLangEngine([victim.url], config=config) as alone,
+            SGLangEngine([server.url, victim.url], config=config) as pair,
+        ):
             prompts = PROMPTS[:4]
             alone_task = asyncio.create_task(alone.generate(prompts, 2, LONG))
             pair_task = asyncio.create_task(pair.generate(prompts, 2, params))

@@ -25,8 +25,10 @@ N = 4
 def test_n_samples_logprobs_match_learner(server, learner, figures):
     steps = []
     for name, params in CASES.items():
-        steps += [{"op": "generate", "name": name, "prompts": PROMPTS, "n": N, "params": params},
-                  {"op": "score", "name": name}]
+        steps += [
+            {"op": "generate", "name": name, "prompts": PROMPTS, "n": N, "params": params},
+            {"op": "score", "name": name},
+        ]
     report = learner({"hf_dir": server.base_dir, "urls": [server.url], "steps": steps}, what="parity")
 
     for name, params in CASES.items():
@@ -37,7 +39,8 @@ def test_n_samples_logprobs_match_learner(server, learner, figures):
         assert score["num_tokens"] == sum(len(s["response_ids"]) for g in gen["groups"] for s in g)
         assert score["max_abs_diff"] <= LOGPROB_TOL, (
             f"{name}: SGLang's log-probs differ from the learner's by up to {score['max_abs_diff']:.3g} "
-            f"(mean {score['mean_abs_diff']:.3g}) over {score['num_tokens']} tokens")
+            f"(mean {score['mean_abs_diff']:.3g}) over {score['num_tokens']} tokens"
+        )
         # the check has teeth: the log-probs span a real range, not a near-uniform distribution
         assert score["min_logprob"] < -2.0
 

@@ -42,21 +42,43 @@ def test_tiny_gspo_run_with_sglang(weight_sync, server, tmp_path, figures):
     cfg["log"] = {"output_dir": str(out), "progress_bar": False}
     cfg["rollout"].update(prompts_per_step=8, group_size=4, old_logprobs="recompute")
     cfg["rollout"]["engine"] = "sglang"
-    cfg["rollout"]["sglang"] = {"urls": [server.url], "colocate": False, "weight_sync": weight_sync,
-                                "sync_dtype": "float32", "bucket_mb": 1}
+    cfg["rollout"]["sglang"] = {
+        "urls": [server.url],
+        "colocate": False,
+        "weight_sync": weight_sync,
+        "sync_dtype": "float32",
+        "bucket_mb": 1,
+    }
     cfg_path = tmp_path / "config.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
 
     server.holds_base = False
     from gspo_mcore.rollout.sglang_server import free_port
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           "-m", "gspo_mcore.train", "--config", str(cfg_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "gspo_mcore.train",
+        "--config",
+        str(cfg_path),
+    ]
     t0 = time.monotonic()
     log_path = tmp_path / "train.log"
     with open(log_path, "wb") as log:  # a file, not a pipe (see conftest.learner)
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=900,
-                              env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
+        proc = subprocess.run(
+            cmd,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=900,
+            env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"),
+        )
     text = log_path.read_text(errors="replace")
     assert proc.returncode == 0, f"{text[-8000:]}\n--- server log\n{server.log_tail()}"
     figures(f"tiny GSPO run, {STEPS} steps, SGLang engine, 2 ranks (s)", time.monotonic() - t0)

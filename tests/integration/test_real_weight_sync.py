@@ -36,8 +36,13 @@ def test_weight_sync(method, version, server, learner, figures, tmp_path):
         {"op": "generate", "name": "before", "prompts": PROMPTS, "n": 2, "params": SAMPLED},
         {"op": "score", "name": "before"},  # server and learner agree before the change
         {"op": "perturb", "seed": version, "scale": 0.05},
-        {"op": "sync", "method": method, "version": version, "export_dir": str(tmp_path / "export"),
-         "bucket_bytes": 64 * 1024},
+        {
+            "op": "sync",
+            "method": method,
+            "version": version,
+            "export_dir": str(tmp_path / "export"),
+            "bucket_bytes": 64 * 1024,
+        },
         {"op": "generate", "name": "after_greedy", "prompts": PROMPTS, "n": 1, "params": GREEDY},
         {"op": "generate", "name": "after", "prompts": PROMPTS, "n": 2, "params": SAMPLED},
         {"op": "score", "name": "after"},

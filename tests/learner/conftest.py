@@ -12,9 +12,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not rows:
         return
     terminalreporter.section("learner aggregation invariance vs 1 rank (2 mini-batch updates)")
-    terminalreporter.write_line(f"{'layout':<22} {'ranks':>5} {'mb/rank':>7} {'loss[1]':>12} {'grad norm[0]':>12} "
-                                f"{'|dloss|':>9} {'|dgnorm|':>9} {'max|dparam|':>11} {'|dlogp|':>9} "
-                                f"{'|dgrad|/max|g|':>14} {'worst dgrad/bound':>17}")
+    terminalreporter.write_line(
+        f"{'layout':<22} {'ranks':>5} {'mb/rank':>7} {'loss[1]':>12} {'grad norm[0]':>12} "
+        f"{'|dloss|':>9} {'|dgnorm|':>9} {'max|dparam|':>11} {'|dlogp|':>9} "
+        f"{'|dgrad|/max|g|':>14} {'worst dgrad/bound':>17}"
+    )
     for r in rows:
         dloss = max(abs(a - b) for a, b in zip(r["losses"], r["ref_losses"]))
         dgn = max(abs(a - b) for a, b in zip(r["grad_norms"], r["ref_grad_norms"]))
@@ -23,4 +25,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(
             f"{r['case']:<22} {r['world']:>5} {max(r['num_microbatches']):>7.0f} {r['losses'][1]:>12.7f} "
             f"{r['grad_norms'][0]:>12.7f} {dloss:>9.2e} {dgn:>9.2e} {r['param_diff']:>11.2e} {r['logp_diff']:>9.2e} "
-            f"{grad:>14} {bound:>17}")
+            f"{grad:>14} {bound:>17}"
+        )

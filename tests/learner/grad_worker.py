@@ -16,7 +16,6 @@ from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
-
 from helpers import learner_toy as toy
 
 
@@ -30,7 +29,7 @@ def rope(x, theta):
     inv_freq = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
     freqs = torch.outer(torch.arange(S, dtype=torch.float32), inv_freq)  # (S, D/2)
     emb = torch.cat([freqs, freqs], -1)[:, None, :]  # (S, 1, D)
-    x1, x2 = x[..., : D // 2], x[..., D // 2:]
+    x1, x2 = x[..., : D // 2], x[..., D // 2 :]
     return x * emb.cos() + torch.cat([-x2, x1], -1) * emb.sin()
 
 
@@ -77,9 +76,20 @@ def gspo_loss(w, cfg, samples, eps_low=3e-4, eps_high=4e-4):
 
 
 def run(model_name, packing):
-    from gspo_mcore.learner import (BatchConfig, LossConfig, OptimConfig, ParallelConfig, build_model, build_optimizer,
-                                    forward_backward, forward_logprobs, init_parallel, load_hf_config, train_step,
-                                    unwrap)
+    from gspo_mcore.learner import (
+        BatchConfig,
+        LossConfig,
+        OptimConfig,
+        ParallelConfig,
+        build_model,
+        build_optimizer,
+        forward_backward,
+        forward_logprobs,
+        init_parallel,
+        load_hf_config,
+        train_step,
+        unwrap,
+    )
 
     cfg = toy.MODELS[model_name]
     shape = load_hf_config(cfg)
@@ -108,15 +118,32 @@ def run(model_name, packing):
     # the mismatch is reported, and the recomputed values are used (first sequence ratios are all 1).
     optimizer, scheduler = build_optimizer(model, OptimConfig(lr=1e-4))
     rollout = [replace(s, old_logprobs=lp + 0.05) for s, lp in zip(samples, logp)]
-    steps = train_step(model, optimizer, scheduler, rollout, layout, LossConfig(),
-                       BatchConfig(num_minibatches=2, max_tokens_per_microbatch=40, packing=packing),
-                       recompute_old_logprobs=True)
-    return dict(model=model_name, packing=packing, learner_loss=metrics["loss"], torch_loss=loss.item(), max_grad=scale,
-                num_sequences=metrics["num_sequences"],
-                max_grad_diff=worst, worst_param=worst_name, clip_fraction=metrics["clip_fraction"],
-                num_params=len(weights), num_microbatches=metrics["num_microbatches"],
-                rollout_logprob_abs_diff=steps[0]["rollout_logprob_abs_diff"], first_ratio_max=steps[0]["ratio_max"],
-                first_ratio_min=steps[0]["ratio_min"])
+    steps = train_step(
+        model,
+        optimizer,
+        scheduler,
+        rollout,
+        layout,
+        LossConfig(),
+        BatchConfig(num_minibatches=2, max_tokens_per_microbatch=40, packing=packing),
+        recompute_old_logprobs=True,
+    )
+    return dict(
+        model=model_name,
+        packing=packing,
+        learner_loss=metrics["loss"],
+        torch_loss=loss.item(),
+        max_grad=scale,
+        num_sequences=metrics["num_sequences"],
+        max_grad_diff=worst,
+        worst_param=worst_name,
+        clip_fraction=metrics["clip_fraction"],
+        num_params=len(weights),
+        num_microbatches=metrics["num_microbatches"],
+        rollout_logprob_abs_diff=steps[0]["rollout_logprob_abs_diff"],
+        first_ratio_max=steps[0]["ratio_max"],
+        first_ratio_min=steps[0]["ratio_min"],
+    )
 
 
 def main():

@@ -19,7 +19,6 @@ from dataclasses import replace
 
 import torch
 import torch.distributed as dist
-
 from helpers import learner_toy as toy
 from helpers.worker_cases import run_cases
 
@@ -59,8 +58,9 @@ def plan_figures(parts, batch, dp_size, max_tokens, packing):
     shares, empty, no_token = [], 0, 0
     for part in parts:
         samples = [batch[i] for i in part]
-        plans = plan_microbatches([s.length for s in samples], dp_size=dp_size, max_tokens=max_tokens,
-                                  padded=packing == "padded")
+        plans = plan_microbatches(
+            [s.length for s in samples], dp_size=dp_size, max_tokens=max_tokens, padded=packing == "padded"
+        )
         shares.append([sum(len(b) for b in plan) for plan in plans])
         empty += sum(len(b) == 0 for plan in plans for b in plan)
         no_token += sum(not any(counted(samples[i]) for i in b) for plan in plans for b in plan)
@@ -90,8 +90,19 @@ class WrongNormaliser:
 
 
 def run_case(case, args):
-    from gspo_mcore.learner import (BatchConfig, LossConfig, OptimConfig, ParallelConfig, build_model, build_optimizer,
-                                    forward_backward, forward_logprobs, init_parallel, load_hf_config, train_step)
+    from gspo_mcore.learner import (
+        BatchConfig,
+        LossConfig,
+        OptimConfig,
+        ParallelConfig,
+        build_model,
+        build_optimizer,
+        forward_backward,
+        forward_logprobs,
+        init_parallel,
+        load_hf_config,
+        train_step,
+    )
     from gspo_mcore.learner.batching import split_minibatches
     from gspo_mcore.learner.optimizer import zero_grads
 
@@ -101,8 +112,13 @@ def run_case(case, args):
     layout = init_parallel(pc, shape, seed=1234)
     distopt = case.get("distopt", False)
     model = build_model(shape, pc, seed=7, use_distributed_optimizer=distopt)
-    optim = OptimConfig(lr=1e-3, clip_grad=1.0, weight_decay=0.01, adam_eps=case.get("adam_eps", ADAM_EPS),
-                        use_distributed_optimizer=distopt)
+    optim = OptimConfig(
+        lr=1e-3,
+        clip_grad=1.0,
+        weight_decay=0.01,
+        adam_eps=case.get("adam_eps", ADAM_EPS),
+        use_distributed_optimizer=distopt,
+    )
     optimizer, scheduler = build_optimizer(model, optim)
     max_tokens = case.get("max_tokens", MAX_TOKENS)
     packing = case.get("packing", "padded")
@@ -112,8 +128,14 @@ def run_case(case, args):
     logp = forward_logprobs(model, samples, layout, max_tokens=max_tokens, packing=packing)
     # Forward-only log-probs vs the training forward: with old = forward-only log-probs, GRPO's token
     # ratios exp(logp_train - logp_fwd) are 1 up to rounding; their min/max bound every counted token.
-    check = forward_backward(model, [replace(s, old_logprobs=lp) for s, lp in zip(samples, logp)], layout,
-                             LossConfig(variant="grpo"), max_tokens=max_tokens, packing=packing)
+    check = forward_backward(
+        model,
+        [replace(s, old_logprobs=lp) for s, lp in zip(samples, logp)],
+        layout,
+        LossConfig(variant="grpo"),
+        max_tokens=max_tokens,
+        packing=packing,
+    )
     zero_grads(model, optimizer)
     fwd_vs_train = max(abs(math.log(check["ratio_min"])), abs(math.log(check["ratio_max"])))
 
@@ -132,28 +154,53 @@ def run_case(case, args):
             # alone with N = the mini-batch's counted samples (counted here, from the masks).
             n_first = sum(map(counted, first))
             for s in first:
-                forward_backward(model, [s], layout, loss_cfg, max_tokens=max_tokens, packing=packing,
-                                 num_sequences=n_first)
+                forward_backward(
+                    model, [s], layout, loss_cfg, max_tokens=max_tokens, packing=packing, num_sequences=n_first
+                )
             summed = toy.assemble(toy.local_grad_shards(model))
             zero_grads(model, optimizer)
-        metrics = train_step(model, optimizer, scheduler, batch, layout, loss_cfg,
-                             BatchConfig(num_minibatches=2, max_tokens_per_microbatch=max_tokens, packing=packing))
-    result = dict(case=case["name"], world=layout.world_size, dp=layout.dp_size,
-                  losses=[m["loss"] for m in metrics], grad_norms=[m["grad_norm"] for m in metrics],
-                  clip_fraction=[m["clip_fraction"] for m in metrics],
-                  num_sequences=[m["num_sequences"] for m in metrics],
-                  expected_num_sequences=[sum(counted(batch[i]) for i in part) for part in parts],
-                  num_microbatches=[m["num_microbatches"] for m in metrics], fwd_vs_train_logp=fwd_vs_train,
-                  **plan_figures(parts, batch, layout.dp_size, max_tokens, packing), seconds=0.0)
+        metrics = train_step(
+            model,
+            optimizer,
+            scheduler,
+            batch,
+            layout,
+            loss_cfg,
+            BatchConfig(num_minibatches=2, max_tokens_per_microbatch=max_tokens, packing=packing),
+        )
+    result = dict(
+        case=case["name"],
+        world=layout.world_size,
+        dp=layout.dp_size,
+        losses=[m["loss"] for m in metrics],
+        grad_norms=[m["grad_norm"] for m in metrics],
+        clip_fraction=[m["clip_fraction"] for m in metrics],
+        num_sequences=[m["num_sequences"] for m in metrics],
+        expected_num_sequences=[sum(counted(batch[i]) for i in part) for part in parts],
+        num_microbatches=[m["num_microbatches"] for m in metrics],
+        fwd_vs_train_logp=fwd_vs_train,
+        **plan_figures(parts, batch, layout.dp_size, max_tokens, packing),
+        seconds=0.0,
+    )
     final = toy.local_shards(model)
     flat_logp = torch.cat(logp)
     if case.get("save"):
         full_grads = toy.assemble(grads)
-        result.update(per_sample_grad_diff=max(float((summed[k] - g).abs().max()) for k, g in full_grads.items()),
-                      grad_scale=max(float(g.abs().max()) for g in full_grads.values()),
-                      num_grad_keys=len(full_grads))
-        torch.save({"initial": toy.assemble(initial), "final": toy.assemble(final), "grads": full_grads,
-                    "logp": flat_logp, "result": result}, os.path.join(args.ref, ref_name(case) + ".pt"))
+        result.update(
+            per_sample_grad_diff=max(float((summed[k] - g).abs().max()) for k, g in full_grads.items()),
+            grad_scale=max(float(g.abs().max()) for g in full_grads.values()),
+            num_grad_keys=len(full_grads),
+        )
+        torch.save(
+            {
+                "initial": toy.assemble(initial),
+                "final": toy.assemble(final),
+                "grads": full_grads,
+                "logp": flat_logp,
+                "result": result,
+            },
+            os.path.join(args.ref, ref_name(case) + ".pt"),
+        )
     else:
         ref = torch.load(os.path.join(args.ref, ref_name(case) + ".pt"))
         init_diff, keys = toy.max_diff_vs(initial, ref["initial"])
@@ -163,16 +210,23 @@ def run_case(case, args):
         all_keys = [None] * dist.get_world_size()
         dist.all_gather_object(all_keys, keys)
         covered = sorted(set().union(*all_keys))
-        result.update(init_param_diff=float(diffs[0]), param_diff=float(diffs[1]), logp_diff=float(diffs[2]),
-                      keys_missing=sorted(set(ref["initial"]) - set(covered)),
-                      ref_losses=ref["result"]["losses"], ref_grad_norms=ref["result"]["grad_norms"])
+        result.update(
+            init_param_diff=float(diffs[0]),
+            param_diff=float(diffs[1]),
+            logp_diff=float(diffs[2]),
+            keys_missing=sorted(set(ref["initial"]) - set(covered)),
+            ref_losses=ref["result"]["losses"],
+            ref_grad_norms=ref["result"]["grad_norms"],
+        )
         if grads is not None:
             names = sorted(ref["grads"])
             per_key = toy.per_key_diff_vs(grads, ref["grads"])
             gdiff = torch.tensor([per_key.get(k, 0.0) for k in names])
             dist.all_reduce(gdiff, op=dist.ReduceOp.MAX)
-            result.update(grad_diff=dict(zip(names, gdiff.tolist())),
-                          grad_ref_scale={k: float(ref["grads"][k].abs().max()) for k in names})
+            result.update(
+                grad_diff=dict(zip(names, gdiff.tolist())),
+                grad_ref_scale={k: float(ref["grads"][k].abs().max()) for k in names},
+            )
     result["seconds"] = round(time.time() - t0, 2)
     return result
 

@@ -21,7 +21,6 @@ from dataclasses import replace
 
 import torch
 import torch.distributed as dist
-
 from helpers import learner_toy as toy
 from helpers.worker_cases import run_cases
 
@@ -38,6 +37,7 @@ def capture_routing(model):
 
             def hook(mod, args, output, layer=layer):
                 calls.append((layer, output[1].detach().clone()))
+
             handles.append(module.register_forward_hook(hook))
             capture_routing.num_local += 1
     return calls, lambda: [h.remove() for h in handles]
@@ -61,9 +61,18 @@ def routed_sets_by_sample(calls, mbs, num_layers):
 
 
 def run_case(case, args):
-    from gspo_mcore.learner import (BatchConfig, LossConfig, OptimConfig, ParallelConfig, build_model, build_optimizer,
-                                    forward_backward, forward_logprobs_with_routing, init_parallel, load_hf_config,
-                                    microbatches_for_rank)
+    from gspo_mcore.learner import (
+        LossConfig,
+        OptimConfig,
+        ParallelConfig,
+        build_model,
+        build_optimizer,
+        forward_backward,
+        forward_logprobs_with_routing,
+        init_parallel,
+        load_hf_config,
+        microbatches_for_rank,
+    )
     from gspo_mcore.learner.optimizer import optimizer_step, zero_grads
 
     shape = load_hf_config(toy.MODELS["moe"])
@@ -73,8 +82,9 @@ def run_case(case, args):
     optimizer, scheduler = build_optimizer(model, OptimConfig(lr=5e-2, clip_grad=0.0, weight_decay=0.0))
     samples = toy.toy_samples(vocab=shape.vocab_size)
     packing = case.get("packing", "padded")
-    logp, recorded = forward_logprobs_with_routing(model, samples, layout, max_tokens=case.get("max_tokens", 1000),
-                                                   packing=packing)
+    logp, recorded = forward_logprobs_with_routing(
+        model, samples, layout, max_tokens=case.get("max_tokens", 1000), packing=packing
+    )
     result = dict(case=case["name"], world=layout.world_size)
     flat = torch.cat([r.reshape(-1) for r in recorded])
     if case.get("save"):

@@ -7,15 +7,20 @@ import random
 import pytest
 import torch
 
-from gspo_mcore.learner.batching import (Sample, block_causal_mask, build_microbatch, count_sequences,
-                                         plan_microbatches, split_minibatches)
+from gspo_mcore.learner.batching import (
+    Sample,
+    block_causal_mask,
+    build_microbatch,
+    count_sequences,
+    plan_microbatches,
+    split_minibatches,
+)
 
 
 def _sample(length, prompt=2, adv=1.0, old=None):
     mask = torch.zeros(length, dtype=torch.int64)
     mask[prompt:] = 1
-    return Sample(tokens=torch.arange(length, dtype=torch.int64) + 10, loss_mask=mask, advantage=adv,
-                  old_logprobs=old)
+    return Sample(tokens=torch.arange(length, dtype=torch.int64) + 10, loss_mask=mask, advantage=adv, old_logprobs=old)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -109,7 +114,11 @@ def test_sample_validation_and_count():
     with pytest.raises(ValueError, match="loss_mask"):
         Sample(tokens=torch.zeros(4, dtype=torch.int64), loss_mask=torch.ones(3), advantage=0.0)
     with pytest.raises(ValueError, match="old_logprobs"):
-        Sample(tokens=torch.zeros(4, dtype=torch.int64), loss_mask=torch.ones(4), advantage=0.0,
-               old_logprobs=torch.zeros(4))
+        Sample(
+            tokens=torch.zeros(4, dtype=torch.int64),
+            loss_mask=torch.ones(4),
+            advantage=0.0,
+            old_logprobs=torch.zeros(4),
+        )
     prompt_only = Sample(tokens=torch.zeros(4, dtype=torch.int64), loss_mask=torch.zeros(4), advantage=0.0)
     assert count_sequences([_sample(4), prompt_only, _sample(5)]) == 2

@@ -6,10 +6,17 @@ import json
 
 import pytest
 import torch.distributed as dist
-
-from gspo_mcore.learner import (BatchConfig, LossConfig, OptimConfig, ParallelConfig, init_parallel, load_hf_config,
-                                validate_layout)
 from helpers.learner_toy import DENSE, MOE
+
+from gspo_mcore.learner import (
+    BatchConfig,
+    LossConfig,
+    OptimConfig,
+    ParallelConfig,
+    init_parallel,
+    load_hf_config,
+    validate_layout,
+)
 
 dense = load_hf_config(DENSE)  # 4 heads, 2 KV heads, 4 layers, vocab 128
 moe = load_hf_config(MOE)  # 4 experts
@@ -23,17 +30,20 @@ def test_good_layouts_give_the_data_parallel_size():
     assert validate_layout(ParallelConfig(tensor=2, context=2), 8, dense, on_gpu=True) == 2
 
 
-@pytest.mark.parametrize("cfg, world, shape, message", [
-    (ParallelConfig(tensor=2), 3, dense, "world size 3 is not divisible by TP\\*PP\\*CP"),
-    (ParallelConfig(tensor=4), 4, dense, "TP=4 does not divide num_key_value_heads=2"),
-    (ParallelConfig(tensor=8), 8, dense, "TP=8 does not divide num_attention_heads=4"),
-    (ParallelConfig(pipeline=3), 3, dense, "PP=3 does not divide num_hidden_layers=4"),
-    (ParallelConfig(expert=3), 3, moe, "EP=3 does not divide num_experts=4"),
-    (ParallelConfig(expert=2), 2, dense, "need a MoE model"),
-    (ParallelConfig(expert=4), 2, moe, "does not divide the ranks of one pipeline stage"),
-    (ParallelConfig(context=2), 2, dense, "CP=2: context parallelism needs a GPU"),
-    (ParallelConfig(tensor=2), 2, moe, "sequence parallelism"),
-])
+@pytest.mark.parametrize(
+    "cfg, world, shape, message",
+    [
+        (ParallelConfig(tensor=2), 3, dense, "world size 3 is not divisible by TP\\*PP\\*CP"),
+        (ParallelConfig(tensor=4), 4, dense, "TP=4 does not divide num_key_value_heads=2"),
+        (ParallelConfig(tensor=8), 8, dense, "TP=8 does not divide num_attention_heads=4"),
+        (ParallelConfig(pipeline=3), 3, dense, "PP=3 does not divide num_hidden_layers=4"),
+        (ParallelConfig(expert=3), 3, moe, "EP=3 does not divide num_experts=4"),
+        (ParallelConfig(expert=2), 2, dense, "need a MoE model"),
+        (ParallelConfig(expert=4), 2, moe, "does not divide the ranks of one pipeline stage"),
+        (ParallelConfig(context=2), 2, dense, "CP=2: context parallelism needs a GPU"),
+        (ParallelConfig(tensor=2), 2, moe, "sequence parallelism"),
+    ],
+)
 def test_impossible_layouts_are_refused(cfg, world, shape, message):
     with pytest.raises(ValueError, match=message):
         validate_layout(cfg, world, shape, on_gpu=False)
@@ -53,11 +63,14 @@ def test_init_parallel_refuses_before_creating_anything(monkeypatch):
     assert not dist.is_initialized()
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(tensor=0), "tensor must be an int >= 1"),
-    (dict(pipeline=1.5), "pipeline must be an int >= 1"),
-    (dict(expert_tensor=0), "expert_tensor"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(tensor=0), "tensor must be an int >= 1"),
+        (dict(pipeline=1.5), "pipeline must be an int >= 1"),
+        (dict(expert_tensor=0), "expert_tensor"),
+    ],
+)
 def test_parallel_config_values(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ParallelConfig(**kwargs)
@@ -81,16 +94,19 @@ def test_hf_config(tmp_path):
         load_hf_config(dict(MOE, num_experts=0))
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda: OptimConfig(lr=-1.0), "lr must be a finite number >= 0"),
-    (lambda: OptimConfig(lr=1e-6, min_lr=1e-5), "min_lr"),
-    (lambda: OptimConfig(adam_beta2=1.0), "adam_beta2"),
-    (lambda: OptimConfig(lr_decay_style="cosine", lr_warmup_steps=10, lr_decay_steps=5), "lr_decay_steps"),
-    (lambda: OptimConfig(lr_decay_style="step"), "lr_decay_style"),
-    (lambda: LossConfig(variant="ppo"), "variant must be one of"),
-    (lambda: BatchConfig(num_minibatches=0), "num_minibatches"),
-    (lambda: BatchConfig(max_tokens_per_microbatch=1), "max_tokens_per_microbatch"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: OptimConfig(lr=-1.0), "lr must be a finite number >= 0"),
+        (lambda: OptimConfig(lr=1e-6, min_lr=1e-5), "min_lr"),
+        (lambda: OptimConfig(adam_beta2=1.0), "adam_beta2"),
+        (lambda: OptimConfig(lr_decay_style="cosine", lr_warmup_steps=10, lr_decay_steps=5), "lr_decay_steps"),
+        (lambda: OptimConfig(lr_decay_style="step"), "lr_decay_style"),
+        (lambda: LossConfig(variant="ppo"), "variant must be one of"),
+        (lambda: BatchConfig(num_minibatches=0), "num_minibatches"),
+        (lambda: BatchConfig(max_tokens_per_microbatch=1), "max_tokens_per_microbatch"),
+    ],
+)
 def test_bad_configs(make, message):
     with pytest.raises(ValueError, match=message):
         make()

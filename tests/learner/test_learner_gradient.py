@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers.launch import run_ranks
 
 pytestmark = pytest.mark.distributed

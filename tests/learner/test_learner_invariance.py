@@ -40,7 +40,6 @@ import math
 import os
 
 import pytest
-
 from helpers.launch import run_ranks
 
 pytestmark = pytest.mark.distributed
@@ -60,38 +59,65 @@ def case(name, model="dense", variant="gspo", **kw):
     return dict(name=name, model=model, variant=variant, **kw)
 
 
-REFERENCE = [case(f"ref-{m}-{v}", m, v, save=True)
-             for m, v in (("dense", "gspo"), ("dense", "gspo_token"), ("dense", "grpo"), ("moe", "gspo"),
-                          ("moe", "grpo"), ("dense_tied", "gspo"))]
+REFERENCE = [
+    case(f"ref-{m}-{v}", m, v, save=True)
+    for m, v in (
+        ("dense", "gspo"),
+        ("dense", "gspo_token"),
+        ("dense", "grpo"),
+        ("moe", "gspo"),
+        ("moe", "grpo"),
+        ("dense_tied", "gspo"),
+    )
+]
 BD = "block_diagonal"  # the default packing on CPU is "padded" (a row per sample)
-ONE_RANK = [case("1rank-mb60", max_tokens=60), case("1rank-mb30-grpo", variant="grpo", max_tokens=30),
-            case("1rank-moe-mb50", "moe", max_tokens=50), case("1rank-bd-mb40", packing=BD, max_tokens=40),
-            case("1rank-bd", packing=BD)]
+ONE_RANK = [
+    case("1rank-mb60", max_tokens=60),
+    case("1rank-mb30-grpo", variant="grpo", max_tokens=30),
+    case("1rank-moe-mb50", "moe", max_tokens=50),
+    case("1rank-bd-mb40", packing=BD, max_tokens=40),
+    case("1rank-bd", packing=BD),
+]
 TWO_RANKS = (
     [case(f"dp2-{v}", variant=v) for v in ("gspo", "gspo_token", "grpo")]
     + [case(f"tp2-{v}", variant=v, tp=2) for v in ("gspo", "gspo_token", "grpo")]
     + [case(f"pp2-{v}", variant=v, pp=2) for v in ("gspo", "gspo_token", "grpo")]
     + [case(f"ep2-moe-{v}", "moe", v, ep=2) for v in ("gspo", "grpo")]
-    + [case("dp2-mb15", max_tokens=15), case("tp2-mb50", tp=2, max_tokens=50), case("pp2-mb30", pp=2, max_tokens=30),
-       case("ep2-moe-mb50", "moe", ep=2, max_tokens=50), case("dp2-distopt", distopt=True),
-       case("tp2-tied", "dense_tied", tp=2), case("pp2-tied", "dense_tied", pp=2),
-       case("dp2-bd-mb30", packing=BD, max_tokens=30), case("tp2-bd", packing=BD, tp=2),
-       case("pp2-bd-mb20", packing=BD, pp=2, max_tokens=20), case("ep2-moe-bd", "moe", packing=BD, ep=2)]
+    + [
+        case("dp2-mb15", max_tokens=15),
+        case("tp2-mb50", tp=2, max_tokens=50),
+        case("pp2-mb30", pp=2, max_tokens=30),
+        case("ep2-moe-mb50", "moe", ep=2, max_tokens=50),
+        case("dp2-distopt", distopt=True),
+        case("tp2-tied", "dense_tied", tp=2),
+        case("pp2-tied", "dense_tied", pp=2),
+        case("dp2-bd-mb30", packing=BD, max_tokens=30),
+        case("tp2-bd", packing=BD, tp=2),
+        case("pp2-bd-mb20", packing=BD, pp=2, max_tokens=20),
+        case("ep2-moe-bd", "moe", packing=BD, ep=2),
+    ]
 )
 # Test-only faults, each must be caught: N + 1 on DP rank 0 only; 2N on both ranks (every gradient halved)
-WRONG_N = [case("dp2-wrong-n", wrong_n={"dp_rank": 0, "extra": 1}),
-           case("dp2-wrong-n-all", wrong_n={"dp_rank": None, "extra": NUM_SEQUENCES[0]})]
-FOUR_RANKS = (
-    [case(f"tp2pp2-{v}", variant=v, tp=2, pp=2) for v in ("gspo", "gspo_token", "grpo")]
-    + [case("tp2pp2-mb50", tp=2, pp=2, max_tokens=50), case("pp2dp2-distopt-mb50", pp=2, distopt=True, max_tokens=50),
-       case("pp2ep2-moe", "moe", pp=2, ep=2), case("tp2dp2-tied", "dense_tied", tp=2),
-       case("tp2pp2-bd-mb30", packing=BD, tp=2, pp=2, max_tokens=30)]
-)
+WRONG_N = [
+    case("dp2-wrong-n", wrong_n={"dp_rank": 0, "extra": 1}),
+    case("dp2-wrong-n-all", wrong_n={"dp_rank": None, "extra": NUM_SEQUENCES[0]}),
+]
+FOUR_RANKS = [case(f"tp2pp2-{v}", variant=v, tp=2, pp=2) for v in ("gspo", "gspo_token", "grpo")] + [
+    case("tp2pp2-mb50", tp=2, pp=2, max_tokens=50),
+    case("pp2dp2-distopt-mb50", pp=2, distopt=True, max_tokens=50),
+    case("pp2ep2-moe", "moe", pp=2, ep=2),
+    case("tp2dp2-tied", "dense_tied", tp=2),
+    case("tp2pp2-bd-mb30", packing=BD, tp=2, pp=2, max_tokens=30),
+]
 
 
 def _run(cases, nproc, ref_dir, out, timeout):
-    run_ranks("learner/invariance_worker.py", nproc, ["--cases", json.dumps(cases), "--ref", ref_dir, "--out", out],
-              timeout=timeout)
+    run_ranks(
+        "learner/invariance_worker.py",
+        nproc,
+        ["--cases", json.dumps(cases), "--ref", ref_dir, "--out", out],
+        timeout=timeout,
+    )
     with open(out) as f:
         return {r["case"]: r for r in map(json.loads, f)}
 
@@ -123,8 +149,11 @@ def _grad_bounds(result) -> dict[str, float]:
 def _grad_problems(result) -> list[str]:
     """The parameters whose gradient differs from the reference's by more than the bound."""
     bounds = _grad_bounds(result)
-    return [f"{k}: |dgrad| {d:.3g} > {bounds[k]:.3g} (max |grad| {result['grad_ref_scale'][k]:.3g})"
-            for k, d in result["grad_diff"].items() if not d <= bounds[k]]
+    return [
+        f"{k}: |dgrad| {d:.3g} > {bounds[k]:.3g} (max |grad| {result['grad_ref_scale'][k]:.3g})"
+        for k, d in result["grad_diff"].items()
+        if not d <= bounds[k]
+    ]
 
 
 def _check_grads(result):

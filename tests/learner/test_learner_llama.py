@@ -13,7 +13,6 @@ import json
 import os
 
 import pytest
-
 from helpers.launch import run_ranks
 
 pytestmark = pytest.mark.distributed
@@ -23,17 +22,23 @@ PARAM_ATOL = 1e-5  # lr = 1e-3: 1% of one Adam step
 LOGP_ATOL = 1e-5
 
 REFERENCE = [dict(name=f"ref-{m}", model=m, variant="gspo", save=True) for m in ("llama", "qwen2_tied")]
-TWO_RANKS = [dict(name="llama-dp2", model="llama", variant="gspo"),
-             dict(name="llama-tp2", model="llama", variant="gspo", tp=2),
-             dict(name="llama-pp2", model="llama", variant="gspo", pp=2, max_tokens=60),
-             dict(name="qwen2_tied-tp2", model="qwen2_tied", variant="gspo", tp=2),
-             dict(name="qwen2_tied-pp2", model="qwen2_tied", variant="gspo", pp=2)]
+TWO_RANKS = [
+    dict(name="llama-dp2", model="llama", variant="gspo"),
+    dict(name="llama-tp2", model="llama", variant="gspo", tp=2),
+    dict(name="llama-pp2", model="llama", variant="gspo", pp=2, max_tokens=60),
+    dict(name="qwen2_tied-tp2", model="qwen2_tied", variant="gspo", tp=2),
+    dict(name="qwen2_tied-pp2", model="qwen2_tied", variant="gspo", pp=2),
+]
 
 
 def _run(cases, nproc, ref_dir, name, timeout):
     out = os.path.join(ref_dir, name)
-    run_ranks("learner/invariance_worker.py", nproc, ["--cases", json.dumps(cases), "--ref", ref_dir, "--out", out],
-              timeout=timeout)
+    run_ranks(
+        "learner/invariance_worker.py",
+        nproc,
+        ["--cases", json.dumps(cases), "--ref", ref_dir, "--out", out],
+        timeout=timeout,
+    )
     with open(out) as f:
         return {r["case"]: r for r in map(json.loads, f)}
 

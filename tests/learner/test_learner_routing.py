@@ -13,15 +13,15 @@ import os
 
 import pytest
 import torch
+from helpers.launch import run_ranks
 
 from gspo_mcore.learner import Sample
 from gspo_mcore.learner.routing import RoutingConfig, microbatch_routing, routing_change
-from helpers.launch import run_ranks
 
 
 def _sample(length: int, response: int) -> Sample:
     mask = torch.zeros(length)
-    mask[length - response:] = 1
+    mask[length - response :] = 1
     return Sample(tokens=torch.arange(length), loss_mask=mask, advantage=1.0)
 
 
@@ -60,8 +60,12 @@ def test_microbatch_routing_is_sequence_major_with_distinct_padding_experts():
 
 def test_sample_routed_experts_shape_is_checked():
     with pytest.raises(ValueError, match="routed_experts"):
-        Sample(tokens=torch.arange(4), loss_mask=torch.ones(4), advantage=0.0,
-               routed_experts=torch.zeros(3, 2, 2, dtype=torch.int32))
+        Sample(
+            tokens=torch.arange(4),
+            loss_mask=torch.ones(4),
+            advantage=0.0,
+            routed_experts=torch.zeros(3, 2, 2, dtype=torch.int32),
+        )
     with pytest.raises(ValueError, match="routed_experts"):
         Sample(tokens=torch.arange(4), loss_mask=torch.ones(4), advantage=0.0, routed_experts=torch.zeros(4, 2, 2))
 
@@ -71,10 +75,17 @@ def test_routing_config_rejects_negative_interval():
         RoutingConfig(measure_every=-1)
 
 
-ONE_RANK = [dict(name="ref", save=True), dict(name="1rank-mb30", max_tokens=30),
-            dict(name="1rank-bd-mb50", packing="block_diagonal", max_tokens=50)]
-TWO_RANKS = [dict(name="dp2"), dict(name="ep2", ep=2), dict(name="pp2", pp=2),
-             dict(name="dp2-mb40", max_tokens=40, replay_max_tokens=25)]
+ONE_RANK = [
+    dict(name="ref", save=True),
+    dict(name="1rank-mb30", max_tokens=30),
+    dict(name="1rank-bd-mb50", packing="block_diagonal", max_tokens=50),
+]
+TWO_RANKS = [
+    dict(name="dp2"),
+    dict(name="ep2", ep=2),
+    dict(name="pp2", pp=2),
+    dict(name="dp2-mb40", max_tokens=40, replay_max_tokens=25),
+]
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +94,9 @@ def results(tmp_path_factory):
     out = {}
     for cases, nproc in ((ONE_RANK, 1), (TWO_RANKS, 2)):
         path = os.path.join(ref, f"r{nproc}.jsonl")
-        run_ranks("learner/routing_worker.py", nproc, ["--cases", json.dumps(cases), "--ref", ref, "--out", path],
-                  timeout=240)
+        run_ranks(
+            "learner/routing_worker.py", nproc, ["--cases", json.dumps(cases), "--ref", ref, "--out", path], timeout=240
+        )
         with open(path) as f:
             out.update({r["case"]: r for r in map(json.loads, f)})
     return out

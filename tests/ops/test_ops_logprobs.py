@@ -55,16 +55,17 @@ def make_case(T, V, dtype, layout):
             return t
     elif layout == "sliced":
         wide = torch.zeros(T, V + 13)
-        wide[:, 5:5 + V] = base
+        wide[:, 5 : 5 + V] = base
         leaf = wide.to(dtype)
 
         def view(t):
-            return t[:, 5:5 + V]
+            return t[:, 5 : 5 + V]
     else:
         leaf = base.t().contiguous().to(dtype)
 
         def view(t):
             return t.t()
+
     leaf.requires_grad_(True)
     return leaf, view, targets
 
@@ -72,9 +73,9 @@ def make_case(T, V, dtype, layout):
 def grad_of_view(leaf, layout, V):
     g = leaf.grad
     if layout == "sliced":
-        pad = torch.cat([g[:, :5], g[:, 5 + V:]], dim=1)
+        pad = torch.cat([g[:, :5], g[:, 5 + V :]], dim=1)
         assert torch.equal(pad, torch.zeros_like(pad)), "gradient leaked into columns outside the slice"
-        return g[:, 5:5 + V]
+        return g[:, 5 : 5 + V]
     if layout == "transposed":
         return g.t()
     return g
@@ -189,8 +190,7 @@ def check_against_fp64(T, V, dtype, layout, temp, entropy, error_report, tag):
     floor = value_floor(z, lse, targets)  # (T,)
     use_v = row_bound_use(lp_k, lp_e, lp64, floor)
     assert use_v <= 1.0, use_v
-    error_report(f"logp {dname(dtype)} [{tag}]", maxabs(lp_k.double() - lp64), maxabs(lp_e.double() - lp64),
-                 use=use_v)
+    error_report(f"logp {dname(dtype)} [{tag}]", maxabs(lp_k.double() - lp64), maxabs(lp_e.double() - lp64), use=use_v)
 
     if dtype != torch.float32:
         # eager torch computing in the input dtype itself: log_softmax of bf16/fp16 logits rounds its
@@ -200,14 +200,19 @@ def check_against_fp64(T, V, dtype, layout, temp, entropy, error_report, tag):
         lp_low = low.gather(1, targets[:, None]).squeeze(1).double()
         use_low = row_bound_use(lp_k, lp_low, lp64, floor)
         assert use_low <= 1.0, use_low
-        error_report(f"logp {dname(dtype)} vs eager-in-{dname(dtype)} [{tag}]", maxabs(lp_k.double() - lp64),
-                     maxabs(lp_low - lp64), use=use_low)
+        error_report(
+            f"logp {dname(dtype)} vs eager-in-{dname(dtype)} [{tag}]",
+            maxabs(lp_k.double() - lp64),
+            maxabs(lp_low - lp64),
+            use=use_low,
+        )
 
     if entropy:
         use_h = row_bound_use(H_k, H_e, H64, entropy_floor(z, lse))
         assert use_h <= 1.0, use_h
-        error_report(f"entropy {dname(dtype)} [{tag}]", maxabs(H_k.double() - H64), maxabs(H_e.double() - H64),
-                     use=use_h)
+        error_report(
+            f"entropy {dname(dtype)} [{tag}]", maxabs(H_k.double() - H64), maxabs(H_e.double() - H64), use=use_h
+        )
 
     gf = grad_floor(z, lse, H64, temp, w, u)
     if dtype == torch.float32:
@@ -234,14 +239,20 @@ def check_against_fp64(T, V, dtype, layout, temp, entropy, error_report, tag):
         loss_l.backward()
         g_l = grad_of_view(leaf_low, layout, V).double()
         error_report(f"grad {dname(dtype)}: |err| / (1 ulp + floor) [{tag}]", use(g_k), use(g_e), use=use(g_k))
-        error_report(f"grad {dname(dtype)}: |err| / (1 ulp + floor), vs eager-in-{dname(dtype)} [{tag}]",
-                     use(g_k), use(g_l), use=use(g_k))
+        error_report(
+            f"grad {dname(dtype)}: |err| / (1 ulp + floor), vs eager-in-{dname(dtype)} [{tag}]",
+            use(g_k),
+            use(g_l),
+            use=use(g_k),
+        )
         error_report(f"grad {dname(dtype)} max abs [{tag}]", maxabs(g_k - g64), maxabs(g_e - g64), use=0.0)
 
 
 # float32 and bfloat16 on every vocabulary width; float16 (also supported) on two of them
-DTYPE_VOCABS = [(d, V) for d in (torch.float32, torch.bfloat16) for V in VOCABS] + [(torch.float16, 17),
-                                                                                     (torch.float16, 1000)]
+DTYPE_VOCABS = [(d, V) for d in (torch.float32, torch.bfloat16) for V in VOCABS] + [
+    (torch.float16, 17),
+    (torch.float16, 1000),
+]
 
 
 @pytest.mark.parametrize("layout,temp", LAYOUT_TEMPS, ids=[f"{a}-tau{t}" for a, t in LAYOUT_TEMPS])
@@ -251,15 +262,17 @@ def test_token_logprobs_accuracy(backend, dtype, V, entropy, layout, temp, error
     """logp, entropy and d logits (compiled kernels under each ISA, and the reference twin) are within
     2x eager torch's error of float64 (+ a float32-rounding floor), on V that is no multiple of the
     vector width, strided / transposed logits, temperatures != 1, with and without entropy."""
-    check_against_fp64(VOCABS[V], V, dtype, layout, temp, entropy, error_report,
-                       "reference" if backend == "reference" else "compiled")
+    check_against_fp64(
+        VOCABS[V], V, dtype, layout, temp, entropy, error_report, "reference" if backend == "reference" else "compiled"
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dname)
 def test_one_row_of_151936(backend, dtype, error_report):
     """A single row of Qwen's vocabulary (151936): long reductions keep the same accuracy bound."""
-    check_against_fp64(1, 151936, dtype, "contiguous", 0.8, True, error_report,
-                       "reference" if backend == "reference" else "compiled")
+    check_against_fp64(
+        1, 151936, dtype, "contiguous", 0.8, True, error_report, "reference" if backend == "reference" else "compiled"
+    )
 
 
 @pytest.mark.parametrize("V", [1, 7, 1000])
@@ -404,8 +417,16 @@ def test_opcheck_token_logprob_backward(compiled, i, with_entropy):
     stats = reference.token_logprob_stats(logits, targets, vs, it, True)
     _, lse, H, _ = combine_stats(stats[None])
     T = logits.shape[0]
-    args = (logits, targets, lse, torch.randn(T), H if with_entropy else None,
-            torch.randn(T) if with_entropy else None, vs, it)
+    args = (
+        logits,
+        targets,
+        lse,
+        torch.randn(T),
+        H if with_entropy else None,
+        torch.randn(T) if with_entropy else None,
+        vs,
+        it,
+    )
     torch.library.opcheck(torch.ops.gspo_mcore.token_logprob_backward.default, args)
 
 
@@ -415,8 +436,9 @@ def test_opcheck_token_logprob_grad_inplace(compiled, i):
     logits, targets, vs, it, _ = _stats_samples()[i]
     stats = reference.token_logprob_stats(logits, targets, vs, it, False)
     _, lse, _, _ = combine_stats(stats[None])
-    torch.library.opcheck(torch.ops.gspo_mcore.token_logprob_grad_inplace_.default,
-                          (logits.clone(), targets, lse, vs, it))
+    torch.library.opcheck(
+        torch.ops.gspo_mcore.token_logprob_grad_inplace_.default, (logits.clone(), targets, lse, vs, it)
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
@@ -657,7 +679,9 @@ def test_row_floor_rejects_a_few_ulps_on_ordinary_rows(backend):
     bad[ordinary] += 8 * ulp(bad[ordinary].double(), torch.float32).float()  # 8 ulps of logp (~4e-6 at |logp|~10)
     assert row_bound_use(bad, lp_e, lp64, floor) > 1.0
     # the batch-wide floor this replaced accepted the same perturbation
-    old_floor = 4 * EPS32 * float((z64.gather(1, targets[:, None]).squeeze(1).abs() + torch.logsumexp(z64, -1).abs()).max())
+    old_floor = (
+        4 * EPS32 * float((z64.gather(1, targets[:, None]).squeeze(1).abs() + torch.logsumexp(z64, -1).abs()).max())
+    )
     assert maxabs(bad.double() - lp64) <= 2 * maxabs(lp_e.double() - lp64) + old_floor
 
 
@@ -693,8 +717,7 @@ def _inplace_pair(dtype, T=23, V=1003, temp=0.8, entropy=False):
     for inplace in (False, True):
         leaf = x0.clone().requires_grad_(True)
         logits = leaf * 1  # a non-leaf, as the LM head's output is
-        out = ops.token_logprobs(logits, targets, temperature=temp, return_entropy=entropy,
-                                 inplace_backward=inplace)
+        out = ops.token_logprobs(logits, targets, temperature=temp, return_entropy=entropy, inplace_backward=inplace)
         lp, H = out if entropy else (out, None)
         (lp * w).sum().backward()
         res.append((lp.detach(), H.detach() if entropy else None, leaf.grad, logits))

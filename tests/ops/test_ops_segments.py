@@ -34,7 +34,7 @@ def make_mask(lengths, kind):
     m = (torch.rand(T) < 0.7).float()
     cu = cu_of(lengths)
     if len(lengths) > 3:
-        m[cu[3]:cu[4]] = 0.0
+        m[cu[3] : cu[4]] = 0.0
     if len(lengths) > 1 and lengths[1] == 1:
         m[cu[1]] = 1.0  # a one-token sequence that counts
     if kind == "bool":
@@ -165,14 +165,14 @@ def sequence_case():
     """Per-sequence (mean log-ratio, count, advantage, expected clipped): every branch of the clip, with
     ratios well away from the bounds so that float32 vs float64 cannot flip a decision."""
     rows = [
-        (+0.01, 4, +1.5, True),    # s > 1 + eps_high, A > 0: clipped
-        (+0.01, 3, -0.7, False),   # s > 1 + eps_high, A < 0: not clipped (pessimistic term is the raw one)
-        (-0.01, 5, -1.2, True),    # s < 1 - eps_low,  A < 0: clipped
-        (-0.01, 2, +0.4, False),   # s < 1 - eps_low,  A > 0: not clipped
-        (+1e-4, 7, +2.0, False),   # inside the range
-        (-1e-4, 1, -2.0, False),   # inside the range, one token
-        (+0.3, 6, 0.0, False),     # A = 0: contributes 0, never clipped
-        (0.0, 0, +1.0, False),     # no counted token: (0, 1, 0, 0)
+        (+0.01, 4, +1.5, True),  # s > 1 + eps_high, A > 0: clipped
+        (+0.01, 3, -0.7, False),  # s > 1 + eps_high, A < 0: not clipped (pessimistic term is the raw one)
+        (-0.01, 5, -1.2, True),  # s < 1 - eps_low,  A < 0: clipped
+        (-0.01, 2, +0.4, False),  # s < 1 - eps_low,  A > 0: not clipped
+        (+1e-4, 7, +2.0, False),  # inside the range
+        (-1e-4, 1, -2.0, False),  # inside the range, one token
+        (+0.3, 6, 0.0, False),  # A = 0: contributes 0, never clipped
+        (0.0, 0, +1.0, False),  # no counted token: (0, 1, 0, 0)
         (-0.2, 9, -0.1, True),
     ]
     mean = torch.tensor([r[0] for r in rows], dtype=torch.float64)
@@ -266,8 +266,11 @@ def test_gspo_sequence_terms_errors(impl):
 
 
 def _segment_samples(requires_grad):
-    a = (torch.randn(9, requires_grad=requires_grad), torch.tensor([1.0, 0, 1, 1, 1, 0, 1, 1, 1]),
-         torch.tensor([0, 3, 3, 7, 9], dtype=torch.int32))
+    a = (
+        torch.randn(9, requires_grad=requires_grad),
+        torch.tensor([1.0, 0, 1, 1, 1, 0, 1, 1, 1]),
+        torch.tensor([0, 3, 3, 7, 9], dtype=torch.int32),
+    )
     b = (torch.randn(0, requires_grad=requires_grad), torch.zeros(0), torch.zeros(3, dtype=torch.int64))
     c = (torch.randn(5, requires_grad=requires_grad), torch.ones(5), torch.tensor([0, 1, 2, 3, 4, 5]))
     return [a, b, c]
@@ -291,10 +294,14 @@ def test_opcheck_segment_expand(compiled, i):
 def test_opcheck_gspo_sequence_terms(compiled, requires_grad):
     """gspo_sequence_terms' schema, fake kernel and registered autograd (term only) are consistent."""
     seq_sum, count, adv, _ = sequence_case()
-    torch.library.opcheck(torch.ops.gspo_mcore.gspo_sequence_terms.default,
-                          (seq_sum.requires_grad_(requires_grad), count, adv, EPS_LOW, EPS_HIGH))
-    torch.library.opcheck(torch.ops.gspo_mcore.gspo_sequence_terms.default,
-                          (torch.zeros(0, requires_grad=requires_grad), torch.zeros(0), torch.zeros(0), 0.2, 0.27))
+    torch.library.opcheck(
+        torch.ops.gspo_mcore.gspo_sequence_terms.default,
+        (seq_sum.requires_grad_(requires_grad), count, adv, EPS_LOW, EPS_HIGH),
+    )
+    torch.library.opcheck(
+        torch.ops.gspo_mcore.gspo_sequence_terms.default,
+        (torch.zeros(0, requires_grad=requires_grad), torch.zeros(0), torch.zeros(0), 0.2, 0.27),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -303,8 +310,12 @@ def test_opcheck_gspo_sequence_terms(compiled, requires_grad):
 
 CU_BAD = [
     ("not-starting-at-0", torch.tensor([1, 3, 6]), ValueError, r"cu_seqlens must start at 0, got 1"),
-    ("not-monotone", torch.tensor([0, 4, 2, 6]), ValueError,
-     r"cu_seqlens must be non-decreasing, but cu_seqlens\[1\]=4 > cu_seqlens\[2\]=2"),
+    (
+        "not-monotone",
+        torch.tensor([0, 4, 2, 6]),
+        ValueError,
+        r"cu_seqlens must be non-decreasing, but cu_seqlens\[1\]=4 > cu_seqlens\[2\]=2",
+    ),
     ("not-ending-at-T", torch.tensor([0, 2, 5]), ValueError, r"cu_seqlens must end at the number of tokens T=6, got 5"),
     ("past-T", torch.tensor([0, 2, 7]), ValueError, r"cu_seqlens must end at the number of tokens T=6, got 7"),
     ("float", torch.tensor([0.0, 3.0, 6.0]), TypeError, r"cu_seqlens must have dtype in \(int32, int64\)"),
@@ -328,11 +339,19 @@ VALUES_BAD = [
     ("values-2d", lambda: (torch.randn(2, 3), torch.tensor([0, 6]), None), ValueError, r"values must be 1-D"),
     ("values-int", lambda: (torch.arange(6), torch.tensor([0, 6]), None), TypeError, r"values must have dtype"),
     ("values-list", lambda: ([1.0] * 6, torch.tensor([0, 6]), None), TypeError, r"values must be a torch.Tensor"),
-    ("mask-length", lambda: (torch.randn(6), torch.tensor([0, 6]), torch.ones(5)), ValueError,
-     r"mask has 5 entries but the token dimension \(T\) has 6"),
+    (
+        "mask-length",
+        lambda: (torch.randn(6), torch.tensor([0, 6]), torch.ones(5)),
+        ValueError,
+        r"mask has 5 entries but the token dimension \(T\) has 6",
+    ),
     ("mask-2d", lambda: (torch.randn(6), torch.tensor([0, 6]), torch.ones(6, 1)), ValueError, r"mask must be 1-D"),
-    ("mask-device", lambda: (torch.randn(6), torch.tensor([0, 6]), torch.ones(6, device="meta")), ValueError,
-     r"mask is on meta but must be on cpu"),
+    (
+        "mask-device",
+        lambda: (torch.randn(6), torch.tensor([0, 6]), torch.ones(6, device="meta")),
+        ValueError,
+        r"mask is on meta but must be on cpu",
+    ),
 ]
 
 
@@ -376,7 +395,8 @@ def test_gspo_sequence_terms_inf_ratio_with_zero_advantage_is_nan(use_ref):
     from gspo_mcore import ops
 
     with ops.use_reference(use_ref):
-        term, ratio, clipped, coef = ops.gspo_sequence_terms(torch.tensor([1000.0, 0.1]), torch.tensor([1.0, 1.0]),
-                                                             torch.tensor([0.0, 1.0]), 3e-4, 4e-4)
+        term, ratio, clipped, coef = ops.gspo_sequence_terms(
+            torch.tensor([1000.0, 0.1]), torch.tensor([1.0, 1.0]), torch.tensor([0.0, 1.0]), 3e-4, 4e-4
+        )
     assert torch.isinf(ratio[0]) and torch.isnan(term[0])
     assert torch.isfinite(term[1])

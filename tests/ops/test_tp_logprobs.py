@@ -16,8 +16,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-
 from helpers import dist_cases as H
+
 from gspo_mcore import ops
 
 pytestmark = [
@@ -25,9 +25,12 @@ pytestmark = [
     pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed gloo"),
 ]
 
-BACKENDS = [pytest.param(True, id="reference"),
-            pytest.param(False, id="compiled",
-                         marks=pytest.mark.skipif(not ops.HAVE_EXTENSION, reason="no compiled extension"))]
+BACKENDS = [
+    pytest.param(True, id="reference"),
+    pytest.param(
+        False, id="compiled", marks=pytest.mark.skipif(not ops.HAVE_EXTENSION, reason="no compiled extension")
+    ),
+]
 _MANTISSA_BITS = {torch.bfloat16: 8, torch.float32: 24}
 
 
@@ -65,7 +68,7 @@ def test_vocab_parallel_equals_single_rank(ranks, case, use_ref):
             torch.testing.assert_close(got["entropy"], full["entropy"], rtol=0, atol=atol)
         else:
             assert got["entropy"] is None
-        want = full["grad"][:, start:start + split[r]]
+        want = full["grad"][:, start : start + split[r]]
         assert got["grad"].shape == (T, split[r]) and got["grad"].dtype == dtype
         if dtype == torch.float32:
             torch.testing.assert_close(got["grad"], want, rtol=1e-5, atol=atol * float(want.abs().max()))
@@ -83,8 +86,6 @@ def test_target_outside_global_vocab_raises_on_every_rank(ranks, use_ref):
         msgs = ranks[r]["tp_out_of_range", use_ref]
         assert msgs["V"] is not None and "targets[4]=1001 is outside the vocabulary" in msgs["V"]
         assert msgs["negative"] is not None and "targets[4]=-1 is outside the vocabulary" in msgs["negative"]
-
-
 
 
 @pytest.mark.parametrize("use_ref", BACKENDS)

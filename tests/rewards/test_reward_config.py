@@ -103,9 +103,11 @@ def test_rows_missing_a_declared_field_fail_with_reward_field_file_and_line(tmp_
 def test_user_functions_declare_their_fields(tmp_path, monkeypatch):
     pkg = tmp_path / "setup_check_pkg"
     pkg.mkdir()
-    (pkg / "__init__.py").write_text("def declared(response, metadata):\n    return metadata['gold'] == response\n"
-                                     "declared.required_fields = ('gold',)\n"
-                                     "def plain(response, metadata):\n    return 1.0\n")
+    (pkg / "__init__.py").write_text(
+        "def declared(response, metadata):\n    return metadata['gold'] == response\n"
+        "declared.required_fields = ('gold',)\n"
+        "def plain(response, metadata):\n    return 1.0\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     rows = [("data.jsonl:7", {"other": 1})]
     with pytest.raises(RewardSetupError, match=r"data.jsonl:7: reward 'declared'.*'gold'"):
@@ -121,8 +123,10 @@ def test_unknown_and_unimportable_rewards_fail_at_start_up():
     with pytest.raises(RewardSetupError, match=r"reward.reward = 'no_such_pkg_xyz:fn'.*cannot import"):
         check_reward_setup(RewardRunnerConfig(reward="no_such_pkg_xyz:fn"), [])
     with pytest.raises(RewardSetupError, match=r"f.jsonl:2: .*unknown reward 'bogus'"):
-        check_reward_setup(RewardRunnerConfig(reward="exact"), [("f.jsonl:1", {"answer": "x"}),
-                                                                 ("f.jsonl:2", {"answer": "x", "reward_fn": "bogus"})])
+        check_reward_setup(
+            RewardRunnerConfig(reward="exact"),
+            [("f.jsonl:1", {"answer": "x"}), ("f.jsonl:2", {"answer": "x", "reward_fn": "bogus"})],
+        )
 
 
 def test_code_reward_start_up_checks_the_sandbox_and_each_rows_tests():
@@ -131,9 +135,11 @@ def test_code_reward_start_up_checks_the_sandbox_and_each_rows_tests():
     with pytest.raises(RewardSetupError, match=r"reward 'code'.*sandbox is unavailable.*netns"):
         check_reward_setup(bad_sandbox, rows)
     cfg = RewardRunnerConfig(reward="code")
-    rows += [("t.jsonl:2", {"tests": '{"inputs": ["1"], "outputs": ['}),
-             ("t.jsonl:3", {"tests": ["assert f(1) == "]}),
-             ("t.jsonl:4", {"prompt_only": True})]
+    rows += [
+        ("t.jsonl:2", {"tests": '{"inputs": ["1"], "outputs": ['}),
+        ("t.jsonl:3", {"tests": ["assert f(1) == "]}),
+        ("t.jsonl:4", {"prompt_only": True}),
+    ]
     with pytest.raises(RewardSetupError) as e:
         check_reward_setup(cfg, rows, check_sandbox=False)
     msg = str(e.value)

@@ -145,9 +145,9 @@ def test_code_reward_stdio_tests():
 @pytest.mark.parametrize(
     "code",
     [
-        "import os\nos._exit(0)",                 # leave before the tests run
+        "import os\nos._exit(0)",  # leave before the tests run
         "import sys\nsys.exit(0)",
-        "print('0 0 1')\nprint('x 0 1')",        # forged verdict lines without the nonce
+        "print('0 0 1')\nprint('x 0 1')",  # forged verdict lines without the nonce
         "raise SystemExit(0)",
         "def add(a, b):\n    while True:\n        pass",  # a test that never ends
     ],
@@ -169,10 +169,16 @@ CALL = {"fn_name": "f", "inputs": [[1, 2], [3, 4]], "outputs": [3, 7]}
         ("def f(a, b):\n    return float(a + b)", CALL, 0.0),  # type-strict: 3.0 is not 3
         ("def f(a, b):\n    return a + b == 3", {"fn_name": "f", "inputs": [[1, 2]], "outputs": [1]}, 0.0),
         ("def f(xs):\n    return tuple(sorted(xs))", {"fn_name": "f", "inputs": [[[2, 1]]], "outputs": [[1, 2]]}, 1.0),
-        ("def f(xs):\n    return sorted(xs)",  # APPS stores an output x as [x]
-         {"fn_name": "f", "inputs": [[[2, 1]]], "outputs": [[[1, 2]]]}, 1.0),
-        ("def f(a, b):\n    return a + b",  # LiveCodeBench: one JSON argument per line
-         {"fn_name": "f", "inputs": ["1\n2", "[1]\n[2]"], "outputs": ["3", "[1, 2]"]}, 1.0),
+        (
+            "def f(xs):\n    return sorted(xs)",  # APPS stores an output x as [x]
+            {"fn_name": "f", "inputs": [[[2, 1]]], "outputs": [[[1, 2]]]},
+            1.0,
+        ),
+        (
+            "def f(a, b):\n    return a + b",  # LiveCodeBench: one JSON argument per line
+            {"fn_name": "f", "inputs": ["1\n2", "[1]\n[2]"], "outputs": ["3", "[1, 2]"]},
+            1.0,
+        ),
         ("class Yes:\n    def __eq__(self, o):\n        return True\ndef f(a, b):\n    return Yes()", CALL, 0.0),
         ("class I(int):\n    def __eq__(self, o):\n        return True\ndef f(a, b):\n    return I(0)", CALL, 0.0),
         ("def g(a, b):\n    return a + b", CALL, 0.0),  # no such function
@@ -212,8 +218,10 @@ def test_code_reward_call_based_float_tolerance():
     ],
 )
 def test_assert_rewriting_keeps_python_semantics(test, expected):
-    code = fenced("def is_even(n):\n    return n % 2 == 0\ndef evens(n):\n    return list(range(0, n, 2))\n"
-                  "def half(n):\n    return n // 2")
+    code = fenced(
+        "def is_even(n):\n    return n % 2 == 0\ndef evens(n):\n    return list(range(0, n, 2))\n"
+        "def half(n):\n    return n // 2"
+    )
     assert code_reward(code, {"tests": [test]}, config=FAST) == expected
 
 
@@ -231,10 +239,12 @@ def test_documented_boundary_a_truth_only_assert_can_be_forged():
     This is the trust boundary the docs state for assert-style tests; it is why stdio and call-based
     tests are the recommended formats. Should the boundary move, update the docs with this test.
     """
-    forge = ("import json, os, sys\nloc = sys._getframe(1).f_locals\n"
-             "records = [{'i': 0, 's': 0, 'v': [True]}, {'done': 0}]\n"
-             "os.write(loc['out'], ''.join(json.dumps(r) + '\\n' for r in records).encode())\n"
-             "os._exit(0)")
+    forge = (
+        "import json, os, sys\nloc = sys._getframe(1).f_locals\n"
+        "records = [{'i': 0, 's': 0, 'v': [True]}, {'done': 0}]\n"
+        "os.write(loc['out'], ''.join(json.dumps(r) + '\\n' for r in records).encode())\n"
+        "os._exit(0)"
+    )
     assert code_reward(fenced(forge), {"tests": ["assert is_prime(7)"]}, config=FAST) == 1.0
     assert code_reward(fenced(forge), {"tests": ["assert is_prime(7) == True"]}, config=FAST) == 1.0
     assert code_reward(fenced(forge), {"tests": ["assert next_prime(7) == 11"]}, config=FAST) == 0.0
@@ -356,8 +366,11 @@ def test_runner_hanging_and_throwing_rewards_give_zero_and_are_counted(test_rewa
     assert time.monotonic() - t0 < 10  # the hanging call (20 s) was abandoned at its timeout
     assert scores == [1.0, 0.0, 0.0, 0.0, 1.0]
     m = runner.metrics()
-    assert {k: m[k] for k in ("reward_calls", "reward_errors", "reward_timeouts")} == \
-        {"reward_calls": 5.0, "reward_errors": 2.0, "reward_timeouts": 1.0}
+    assert {k: m[k] for k in ("reward_calls", "reward_errors", "reward_timeouts")} == {
+        "reward_calls": 5.0,
+        "reward_errors": 2.0,
+        "reward_timeouts": 1.0,
+    }
     assert m["reward/t_throws/errors/RuntimeError"] == 1.0 and m["reward/t_nan/errors/ValueError"] == 1.0
     assert m["reward/t_hangs/timeouts"] == 1.0 and m["reward/exact/mean"] == 1.0 and m["reward/math/calls"] == 1.0
     assert runner.metrics() == {"reward_calls": 0.0, "reward_errors": 0.0, "reward_timeouts": 0.0}  # reset
@@ -365,8 +378,11 @@ def test_runner_hanging_and_throwing_rewards_give_zero_and_are_counted(test_rewa
 
 def test_runner_stops_the_run_when_too_many_calls_fail(test_rewards):
     runner = RewardRunner(RewardRunnerConfig(reward="t_throws"))  # default max_error_fraction 0.1
-    with pytest.raises(rewards.RewardFailure, match=r"4 of 4 reward calls failed.*'t_throws'.*RuntimeError: reward "
-                                                    r"bug.*prompt 'what is 2\+2\?'"):
+    with pytest.raises(
+        rewards.RewardFailure,
+        match=r"4 of 4 reward calls failed.*'t_throws'.*RuntimeError: reward "
+        r"bug.*prompt 'what is 2\+2\?'",
+    ):
         runner.score(["a"] * 4, [{}] * 4, prompts=["what is 2+2?"] * 4)
     assert runner.metrics()["reward/t_throws/errors/RuntimeError"] == 4.0  # counted before raising
     # a misconfigured run: rows without the field the reward reads
@@ -409,8 +425,9 @@ def test_runner_mixed_code_batch_with_attacks_keeps_going():
     server.bind(("127.0.0.1", 0))
     server.listen()
     port = server.getsockname()[1]
-    code_cfg = CodeRewardConfig(sandbox=SandboxConfig(cpu_time_s=1, wall_time_s=10, memory_mb=256, max_processes=8),
-                                test_timeout_s=5.0)
+    code_cfg = CodeRewardConfig(
+        sandbox=SandboxConfig(cpu_time_s=1, wall_time_s=10, memory_mb=256, max_processes=8), test_timeout_s=5.0
+    )
     rewards.register("t_code", lambda r, m: code_reward(r, m, config=code_cfg), overwrite=True)
     add = "def add(a, b):\n    return a + b\n"
     try:
@@ -418,10 +435,17 @@ def test_runner_mixed_code_batch_with_attacks_keeps_going():
         attacks = [
             ("while True:\n    pass\n" + add, 0.0),
             ("x = bytearray(16 << 30)\n" + add, 0.0),
-            ("import os\nfor _ in range(100):\n    try:\n        os.fork()\n    except OSError:\n        pass\n" + add, 1.0),
-            ("import _socket\ns = _socket.socket()\ntry:\n"
-             f"    s.connect(('127.0.0.1', {port}))\n    NET = True\nexcept OSError:\n    NET = False\n"
-             "def add(a, b):\n    return 0 if NET else a + b\n", 1.0),
+            (
+                "import os\nfor _ in range(100):\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+                + add,
+                1.0,
+            ),
+            (
+                "import _socket\ns = _socket.socket()\ntry:\n"
+                f"    s.connect(('127.0.0.1', {port}))\n    NET = True\nexcept OSError:\n    NET = False\n"
+                "def add(a, b):\n    return 0 if NET else a + b\n",
+                1.0,
+            ),
             ("import os\ntry:\n    os.kill(-1, 9)\nexcept OSError:\n    pass\n" + add, 1.0),
         ]
         responses = [fenced(add)] + [fenced(a) for a, _ in attacks]
@@ -445,12 +469,23 @@ def test_runner_config_validation():
 def test_plain_data_decoding_and_strict_equality():
     from gspo_mcore.rewards.plain import NotPlain, decode, strict_equal
 
-    enc = [1, {"$": "tuple", "v": [2, "a"]}, {"$": "dict", "v": [[{"$": "tuple", "v": [1]}, None]]},
-           {"$": "frozenset", "v": [3]}, {"$": "bytes", "v": "ff"}, {"$": "float", "v": "nan"}]
+    enc = [
+        1,
+        {"$": "tuple", "v": [2, "a"]},
+        {"$": "dict", "v": [[{"$": "tuple", "v": [1]}, None]]},
+        {"$": "frozenset", "v": [3]},
+        {"$": "bytes", "v": "ff"},
+        {"$": "float", "v": "nan"},
+    ]
     got = decode(enc)
     assert got[:5] == [1, (2, "a"), {(1,): None}, frozenset({3}), b"\xff"] and got[5] != got[5]
-    for bad in ({"a": 1}, {"$": "pickle", "v": "..."}, {"$": "set", "v": [[1]]}, {"$": "dict", "v": [[1]]},
-                {"$": "float", "v": "1e999"}):
+    for bad in (
+        {"a": 1},
+        {"$": "pickle", "v": "..."},
+        {"$": "set", "v": [[1]]},
+        {"$": "dict", "v": [[1]]},
+        {"$": "float", "v": "1e999"},
+    ):
         with pytest.raises(NotPlain):
             decode(bad)
     nested = 1

@@ -31,7 +31,9 @@ IS_ROOT = os.geteuid() == 0
 
 def needs(*layers):
     missing = set(layers) - LAYERS
-    return pytest.mark.skipif(bool(missing), reason=f"isolation {sorted(missing)} unavailable here (have {sorted(LAYERS)})")
+    return pytest.mark.skipif(
+        bool(missing), reason=f"isolation {sorted(missing)} unavailable here (have {sorted(LAYERS)})"
+    )
 
 
 def live_processes_of(uid: int) -> list[int]:
@@ -57,7 +59,10 @@ def assert_no_leftovers(uid: int) -> None:
 
 def test_runs_code_with_clean_env_in_its_own_dir(monkeypatch):
     monkeypatch.setenv("GSPO_TEST_SECRET", "hunter2")
-    src = "import os\nprint(sorted(os.environ))\nopen('out.txt', 'w').write('hi')\nprint(open('out.txt').read(), os.getuid())"
+    src = (
+        "import os\nprint(sorted(os.environ))\nopen('out.txt', 'w').write('hi')\n"
+        "print(open('out.txt').read(), os.getuid())"
+    )
     r = run_python(src, config=SMALL)
     assert r.ok, r.stderr
     env_keys, rest = r.stdout.decode().splitlines()
@@ -69,8 +74,12 @@ def test_runs_code_with_clean_env_in_its_own_dir(monkeypatch):
 
 
 def test_stdin_files_and_exit_code():
-    r = run_python("import sys, helper\nprint(helper.X + sys.stdin.read())\nsys.exit(3)",
-                   stdin=b"world", files={"helper.py": "X = 'hello '"}, config=SMALL)
+    r = run_python(
+        "import sys, helper\nprint(helper.X + sys.stdin.read())\nsys.exit(3)",
+        stdin=b"world",
+        files={"helper.py": "X = 'hello '"},
+        config=SMALL,
+    )
     assert r.returncode == 3 and r.stdout == b"hello world\n" and not r.timed_out
 
 
@@ -88,7 +97,9 @@ def test_sleeping_program_is_killed_by_the_wall_clock():
     assert time.monotonic() - t0 < 20  # 1 s, plus slack for a loaded machine; the sleep is 60 s
 
 
-@pytest.mark.parametrize("bomb", ["x = bytearray(16 << 30)", "xs = []\nwhile True:\n    xs.append(bytearray(16 << 20))"])
+@pytest.mark.parametrize(
+    "bomb", ["x = bytearray(16 << 30)", "xs = []\nwhile True:\n    xs.append(bytearray(16 << 20))"]
+)
 def test_memory_bomb_fails(bomb):
     r = run_python(bomb, config=SMALL)
     assert r.returncode == 1 and b"MemoryError" in r.stderr and not r.timed_out
@@ -136,14 +147,16 @@ except OSError as e:
 def test_writing_outside_its_directory_fails(tmp_path):
     tag = uuid.uuid4().hex
     targets = [
-        tmp_path / f"escape-{tag}",                                # a host directory of the caller
-        Path(gspo_mcore.__file__).parent / f"escape-{tag}",        # the project's own source tree
-        Path("/tmp") / f"gspo-escape-{tag}",                       # world-writable host directories
+        tmp_path / f"escape-{tag}",  # a host directory of the caller
+        Path(gspo_mcore.__file__).parent / f"escape-{tag}",  # the project's own source tree
+        Path("/tmp") / f"gspo-escape-{tag}",  # world-writable host directories
         Path("/var/tmp") / f"gspo-escape-{tag}",
         Path("/dev/shm") / f"gspo-escape-{tag}",
     ]
-    src = "import sys\nfor p in sys.argv[1:]:\n    try:\n        open(p, 'w').write('x')\n        print('wrote', p)\n" \
-          "    except OSError as e:\n        print('denied', p)\nopen('inside.txt', 'w').write('ok')\nprint('inside ok')"
+    src = (
+        "import sys\nfor p in sys.argv[1:]:\n    try:\n        open(p, 'w').write('x')\n        print('wrote', p)\n"
+        "    except OSError as e:\n        print('denied', p)\nopen('inside.txt', 'w').write('ok')\nprint('inside ok')"
+    )
     try:
         r = run_python(src, args=tuple(map(str, targets)), config=SMALL)
         assert r.ok, r.stderr
@@ -182,7 +195,10 @@ def test_host_filesystem_is_read_only_even_where_permissions_allow(private_root)
     open_dir.mkdir()
     try:
         open_dir.chmod(0o1777)
-        src = f"try:\n    open({str(open_dir / 'escape')!r}, 'w')\n    print('WROTE')\nexcept OSError as e:\n    print(e.errno)"
+        src = (
+            f"try:\n    open({str(open_dir / 'escape')!r}, 'w')\n    print('WROTE')\n"
+            "except OSError as e:\n    print(e.errno)"
+        )
         cfg = dataclasses.replace(SMALL, private_root=private_root, require=())
         r = run_python(src, config=cfg)
         assert r.ok and r.stdout.strip() == (b"2" if private_root else b"30")  # ENOENT / EROFS
@@ -220,7 +236,10 @@ print(made, flush=True)
 
 @needs("privilege")
 def test_classic_fork_bomb_is_contained_and_the_caller_keeps_going():
-    src = "import os\nprint(os.getuid(), flush=True)\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    src = (
+        "import os\nprint(os.getuid(), flush=True)\nwhile True:\n    try:\n        os.fork()\n"
+        "    except OSError:\n        pass"
+    )
     t0 = time.monotonic()
     r = run_python(src, config=SandboxConfig(cpu_time_s=2, wall_time_s=2, memory_mb=256, max_processes=8))
     elapsed = time.monotonic() - t0

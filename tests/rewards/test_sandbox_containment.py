@@ -215,8 +215,9 @@ def test_run_cgroups_get_their_limits_and_are_removed():
 
 @pytest.mark.skipif(VERSION is None, reason=f"no cgroup layer on this host: {WHERE}")
 def test_no_cgroup_is_left_after_runs():
-    parents = {os.path.dirname(d) for d in cgroups.make(cgroups.Limits(memory_bytes=1 << 30, pids=4,
-                                                                       cpu_cores=None)).dirs}
+    parents = {
+        os.path.dirname(d) for d in cgroups.make(cgroups.Limits(memory_bytes=1 << 30, pids=4, cpu_cores=None)).dirs
+    }
     for p in parents:
         for d in Path(p).glob(f"gspo-sandbox-{os.getpid()}-*"):
             cgroups.remove(str(d))

@@ -153,5 +153,4 @@ def both_sides(code: str, tests: list[str], config: CodeRewardConfig) -> float:
     return run_assert_tests(code, tests, config=config, hide_literals=False)
 
 
-WEAK = {"old": old, "exit_status": exit_status, "markers": markers, "markers_fd": markers_fd,
-        "both_sides": both_sides}
+WEAK = {"old": old, "exit_status": exit_status, "markers": markers, "markers_fd": markers_fd, "both_sides": both_sides}

@@ -60,13 +60,15 @@ def test_temperature_zero_is_greedy_with_tau_one_logprobs():
         assert t == int(TABLE[tok].argmax())
         tok = t
     assert out[0][0].response_ids == out[0][1].response_ids
-    torch.testing.assert_close(torch.tensor(out[0][0].response_logprobs), expected_logprobs(out[0][0], 1.0), rtol=0,
-                               atol=1e-6)
+    torch.testing.assert_close(
+        torch.tensor(out[0][0].response_logprobs), expected_logprobs(out[0][0], 1.0), rtol=0, atol=1e-6
+    )
 
 
 def test_top_k_one_always_draws_the_argmax():
-    out = engine().generate_sync([[5]], 3, SamplingParams(temperature=1.3, top_k=1, max_new_tokens=4, seed=0,
-                                                          ignore_eos=True))
+    out = engine().generate_sync(
+        [[5]], 3, SamplingParams(temperature=1.3, top_k=1, max_new_tokens=4, seed=0, ignore_eos=True)
+    )
     greedy = engine().generate_sync([[5]], 1, SamplingParams(temperature=0.0, max_new_tokens=4, ignore_eos=True))
     assert all(s.response_ids == greedy[0][0].response_ids for s in out[0])
 
@@ -81,14 +83,17 @@ def test_eos_stops_and_is_kept_and_padded_vocabulary_is_never_drawn():
                 assert s.response_ids[-1] == 2 and 2 not in s.response_ids[:-1]
             else:
                 assert len(s.response_ids) == 30 and 2 not in s.response_ids
-            torch.testing.assert_close(torch.tensor(s.response_logprobs), expected_logprobs(s, 2.0, 20), rtol=0,
-                                       atol=1e-6)
+            torch.testing.assert_close(
+                torch.tensor(s.response_logprobs), expected_logprobs(s, 2.0, 20), rtol=0, atol=1e-6
+            )
     assert any(s.finish_reason == "stop" for g in out for s in g)
 
 
 def test_order_and_shapes_with_chunked_batches():
     out = engine(max_batch_size=3).generate_sync([[5], [6, 7], [8]], 4, SamplingParams(max_new_tokens=3, seed=1))
-    assert [[(s.prompt_index, s.sample_index) for s in g] for g in out] == [[(i, j) for j in range(4)] for i in range(3)]
+    assert [[(s.prompt_index, s.sample_index) for s in g] for g in out] == [
+        [(i, j) for j in range(4)] for i in range(3)
+    ]
     assert [g[0].prompt_ids for g in out] == [(5,), (6, 7), (8,)]
 
 
@@ -148,7 +153,7 @@ def test_every_drawn_token_is_inside_the_top_k_and_nucleus_sets(top_k, top_p):
         keep = set(order[:top_k]) if top_k > 0 else set(order)
         if top_p < 1.0:  # the smallest prefix of the sorted distribution with mass >= top_p
             mass = torch.softmax(z, -1)[order].cumsum(0)
-            keep &= set(order[:int((mass < top_p).sum()) + 1])
+            keep &= set(order[: int((mass < top_p).sum()) + 1])
         allowed.append(keep)
     drawn = 0
     for g in out:
@@ -215,8 +220,9 @@ class _TinySession:
 
     def step(self, tokens):
         t = self.k.shape[1]
-        logits, self.k, self.v = self.model.layer(tokens[:, None], self.positions[:, t:t + 1], self.k, self.v,
-                                                  self.padded[:, None, :t + 1])
+        logits, self.k, self.v = self.model.layer(
+            tokens[:, None], self.positions[:, t : t + 1], self.k, self.v, self.padded[:, None, : t + 1]
+        )
         return logits[:, -1]
 
     def select(self, rows):
@@ -229,7 +235,8 @@ def test_kv_cache_protocol_matches_recompute_with_mixed_lengths_and_finished_row
     params = SamplingParams(temperature=1.0, max_new_tokens=14, seed=4, stop_token_ids=tuple(range(30, 40)))
     prompts = [[5, 6, 7, 8, 9], [9], [11, 12, 13], [3, 4], [20, 21, 22, 23, 24, 25, 26]]
     kv = InProcessEngine(m, eos_token_id=2, compact_below=compact_below, max_batch_size=16).generate_sync(
-        prompts, 3, params)
+        prompts, 3, params
+    )
     full = InProcessEngine(m.logits_fn, eos_token_id=2).generate_sync(prompts, 3, params)
     assert ids_of(kv) == ids_of(full)
     reasons = [s.finish_reason for g in kv for s in g]
@@ -238,7 +245,7 @@ def test_kv_cache_protocol_matches_recompute_with_mixed_lengths_and_finished_row
         for x, y in zip(a, b):
             # each sample alone, unpadded, through the full forward
             seq = torch.tensor(x.prompt_ids + x.response_ids)
-            logp = torch.log_softmax(m.logits_fn(seq[None])[0, len(x.prompt_ids) - 1:-1], -1)  # (R, V)
+            logp = torch.log_softmax(m.logits_fn(seq[None])[0, len(x.prompt_ids) - 1 : -1], -1)  # (R, V)
             ref = logp.gather(1, torch.tensor(x.response_ids)[:, None]).squeeze(1)
             torch.testing.assert_close(torch.tensor(x.response_logprobs), ref, rtol=0, atol=2e-5)
             torch.testing.assert_close(torch.tensor(y.response_logprobs), ref, rtol=0, atol=2e-5)

@@ -11,9 +11,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_bench_engine_quick_writes_the_table_and_json(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "tools/bench_engine.py", "--quick", "--threads", "1", "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
+    proc = subprocess.run(
+        [sys.executable, "tools/bench_engine.py", "--quick", "--threads", "1", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "kv / transformers" in proc.stdout
     data = json.loads(out.read_text())

@@ -12,7 +12,6 @@ import os
 import sys
 
 import torch
-
 from helpers.learner_toy import DENSE
 
 
@@ -51,15 +50,26 @@ def main():
             samples.append(Sample(tokens=tokens, loss_mask=mask, advantage=0.0))
             engine_lp.append(torch.tensor(s.response_logprobs))
     learner_lp = forward_logprobs(model, samples, layout, max_tokens=256, temperature=tau)
-    diff = max(float((lp[len(s.tokens) - 1 - len(e):] - e).abs().max()) for s, lp, e in
-               zip(samples, learner_lp, engine_lp))
+    diff = max(
+        float((lp[len(s.tokens) - 1 - len(e) :] - e).abs().max()) for s, lp, e in zip(samples, learner_lp, engine_lp)
+    )
     ids = [list(s.response_ids) for g in groups for s in g]
     reasons = [s.finish_reason for g in groups for s in g]
-    line = json.dumps({"rank": layout.rank, "max_abs_diff": diff, "ids": ids,
-                       "reproducible": ids == [list(s.response_ids) for g in again for s in g],
-                       "same_as_recompute": ids == [list(s.response_ids) for g in baseline for s in g],
-                       "num_stop": reasons.count("stop"), "num_length": reasons.count("length"),
-                       "num_tokens": sum(len(e) for e in engine_lp)}) + "\n"
+    line = (
+        json.dumps(
+            {
+                "rank": layout.rank,
+                "max_abs_diff": diff,
+                "ids": ids,
+                "reproducible": ids == [list(s.response_ids) for g in again for s in g],
+                "same_as_recompute": ids == [list(s.response_ids) for g in baseline for s in g],
+                "num_stop": reasons.count("stop"),
+                "num_length": reasons.count("length"),
+                "num_tokens": sum(len(e) for e in engine_lp),
+            }
+        )
+        + "\n"
+    )
     os.write(1, line.encode())  # one write (< PIPE_BUF): the ranks' lines never interleave
     destroy_parallel()  # barrier + teardown: no rank exits while a peer still talks to it
 

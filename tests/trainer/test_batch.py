@@ -8,20 +8,29 @@ from gspo_mcore.trainer.batch import learner_samples, overlong_penalties
 
 
 def _sample(i, j, n_tokens, reason):
-    return Sample(prompt_index=i, sample_index=j, prompt_ids=(5, 6), response_ids=tuple(range(7, 7 + n_tokens)),
-                  response_logprobs=tuple(-0.1 * (k + 1) for k in range(n_tokens)), finish_reason=reason,
-                  weight_version=0)
+    return Sample(
+        prompt_index=i,
+        sample_index=j,
+        prompt_ids=(5, 6),
+        response_ids=tuple(range(7, 7 + n_tokens)),
+        response_logprobs=tuple(-0.1 * (k + 1) for k in range(n_tokens)),
+        finish_reason=reason,
+        weight_version=0,
+    )
 
 
-GROUPS = [[_sample(0, 0, 3, "stop"), _sample(0, 1, 5, "stop"), _sample(0, 2, 6, "length")],
-          [_sample(1, 0, 4, "stop"), _sample(1, 1, 0, "abort"), _sample(1, 2, 6, "length")]]
+GROUPS = [
+    [_sample(0, 0, 3, "stop"), _sample(0, 1, 5, "stop"), _sample(0, 2, 6, "length")],
+    [_sample(1, 0, 4, "stop"), _sample(1, 1, 0, "abort"), _sample(1, 2, 6, "length")],
+]
 
 
 def test_overlong_penalty_is_linear_over_the_buffer():
     p = overlong_penalties(GROUPS, max_new_tokens=6, buffer=2, penalty=1.0)
     assert p.tolist() == [0.0, -0.5, -1.0, 0.0, 0.0, -1.0]
-    assert overlong_penalties(GROUPS, max_new_tokens=6, buffer=3, penalty=0.6).tolist() == \
-        pytest.approx([0.0, -0.4, -0.6, -0.2, 0.0, -0.6])
+    assert overlong_penalties(GROUPS, max_new_tokens=6, buffer=3, penalty=0.6).tolist() == pytest.approx(
+        [0.0, -0.4, -0.6, -0.2, 0.0, -0.6]
+    )
     assert not overlong_penalties(GROUPS, max_new_tokens=6, buffer=0, penalty=1.0).any()
 
 

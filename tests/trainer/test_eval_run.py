@@ -10,8 +10,16 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EVAL_KEYS = {"reward_mean", "pass@1", "pass@2", "greedy_pass@1", "greedy_reward_mean", "response_length_mean",
-             "truncated_fraction", "num_prompts"}
+EVAL_KEYS = {
+    "reward_mean",
+    "pass@1",
+    "pass@2",
+    "greedy_pass@1",
+    "greedy_reward_mean",
+    "response_length_mean",
+    "truncated_fraction",
+    "num_prompts",
+}
 
 
 def _free_port() -> int:
@@ -22,24 +30,54 @@ def _free_port() -> int:
 
 def _run(tmp_path, name, *overrides):
     out = tmp_path / name
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", str(_free_port()),
-           "-m", "gspo_mcore.train", "--config", "examples/tiny/config.yaml", "steps=3",
-           f"model.hf_dir={tmp_path}/model", f"data.paths=[{tmp_path}/prompts.jsonl]", f"log.output_dir={out}",
-           "rollout.prompts_per_step=4", "rollout.group_size=4", "batch.num_minibatches=2", "log.progress_bar=false",
-           "log.tensorboard=false", "eval.datasets=[]", *overrides]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "1",
+        "--master_port",
+        str(_free_port()),
+        "-m",
+        "gspo_mcore.train",
+        "--config",
+        "examples/tiny/config.yaml",
+        "steps=3",
+        f"model.hf_dir={tmp_path}/model",
+        f"data.paths=[{tmp_path}/prompts.jsonl]",
+        f"log.output_dir={out}",
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=4",
+        "batch.num_minibatches=2",
+        "log.progress_bar=false",
+        "log.tensorboard=false",
+        "eval.datasets=[]",
+        *overrides,
+    ]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1")
+    )
     assert proc.returncode == 0, proc.stderr[-6000:]
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.distributed
 def test_eval_is_logged_on_schedule_and_does_not_change_training(tmp_path):
-    subprocess.run([sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "64"],
-                   cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "64"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     plain = _run(tmp_path, "plain")
-    evald = _run(tmp_path, "eval", "eval.every=2", "eval.n=2", "eval.pass_k=[1,2]",
-                 f"eval.datasets=[{{name: heldout, data: {{paths: [{tmp_path}/heldout.jsonl]}}, max_prompts: 8}}]")
+    evald = _run(
+        tmp_path,
+        "eval",
+        "eval.every=2",
+        "eval.n=2",
+        "eval.pass_k=[1,2]",
+        f"eval.datasets=[{{name: heldout, data: {{paths: [{tmp_path}/heldout.jsonl]}}, max_prompts: 8}}]",
+    )
     train = [r for r in evald if "loss" in r]
     evals = [r for r in evald if "eval/heldout/pass@1" in r]
     assert [r["step"] for r in evals] == [0, 2, 3]  # before the first step, every 2, after the last
@@ -54,39 +92,72 @@ def test_eval_is_logged_on_schedule_and_does_not_change_training(tmp_path):
 
 
 def test_a_prompt_longer_than_the_model_allows_is_refused_before_anything_is_built(tmp_path):
-    subprocess.run([sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "8"],
-                   cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "8"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     long = tmp_path / "long.jsonl"
-    long.write_text(json.dumps({"prompt": "rev:1>", "answer": "1"}) + "\n"
-                    + json.dumps({"prompt": "rev:" + "7" * 70 + ">", "answer": "7"}) + "\n")
+    long.write_text(
+        json.dumps({"prompt": "rev:1>", "answer": "1"})
+        + "\n"
+        + json.dumps({"prompt": "rev:" + "7" * 70 + ">", "answer": "7"})
+        + "\n"
+    )
     from gspo_mcore.train import parse_config
     from gspo_mcore.trainer import run
 
     for field in ("data.paths", "eval.datasets"):
         value = f"[{long}]" if field == "data.paths" else f"[{{name: h, data: {{paths: [{long}]}}}}]"
-        cfg = parse_config(["--config", "examples/tiny/config.yaml", f"model.hf_dir={tmp_path}/model",
-                            f"data.paths=[{tmp_path}/prompts.jsonl]", "eval.datasets=[]", f"{field}={value}",
-                            f"log.output_dir={tmp_path}/out"])
-        match = (rf"data: {long}:2: the prompt has 75 tokens" if field == "data.paths"
-                 else r"eval.datasets\[h\]: prompt 1: the prompt has 75 tokens")
-        with pytest.raises(ValueError, match=match + r"; with max_new_tokens 6 that exceeds the model's "
-                                                    r"max_position_embeddings 64"):
+        cfg = parse_config(
+            [
+                "--config",
+                "examples/tiny/config.yaml",
+                f"model.hf_dir={tmp_path}/model",
+                f"data.paths=[{tmp_path}/prompts.jsonl]",
+                "eval.datasets=[]",
+                f"{field}={value}",
+                f"log.output_dir={tmp_path}/out",
+            ]
+        )
+        match = (
+            rf"data: {long}:2: the prompt has 75 tokens"
+            if field == "data.paths"
+            else r"eval.datasets\[h\]: prompt 1: the prompt has 75 tokens"
+        )
+        with pytest.raises(
+            ValueError,
+            match=match + r"; with max_new_tokens 6 that exceeds the model's "
+            r"max_position_embeddings 64",
+        ):
             run(cfg)
         assert not (tmp_path / "out").exists()  # refused before the output directory or a model exists
 
 
 def test_an_eval_set_missing_the_rewards_field_is_refused_at_start_up(tmp_path):
-    subprocess.run([sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "8"],
-                   cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "8"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "rev:123>", "answer": "321"}) + "\n" + json.dumps({"prompt": "rev:1>"}) + "\n")
     from gspo_mcore.rewards import RewardSetupError
     from gspo_mcore.train import parse_config
     from gspo_mcore.trainer import run
 
-    cfg = parse_config(["--config", "examples/tiny/config.yaml", f"model.hf_dir={tmp_path}/model",
-                        f"data.paths=[{tmp_path}/prompts.jsonl]", f"log.output_dir={tmp_path}/out",
-                        f"eval.datasets=[{{name: h, data: {{paths: [{bad}]}}}}]"])
+    cfg = parse_config(
+        [
+            "--config",
+            "examples/tiny/config.yaml",
+            f"model.hf_dir={tmp_path}/model",
+            f"data.paths=[{tmp_path}/prompts.jsonl]",
+            f"log.output_dir={tmp_path}/out",
+            f"eval.datasets=[{{name: h, data: {{paths: [{bad}]}}}}]",
+        ]
+    )
     with pytest.raises(RewardSetupError, match=rf"{bad}:2.*answer"):
         run(cfg)
     assert not (tmp_path / "out").exists()
@@ -96,16 +167,40 @@ def test_an_eval_set_missing_the_rewards_field_is_refused_at_start_up(tmp_path):
 def test_a_reward_that_always_fails_stops_the_run_before_any_update(tmp_path):
     """``json:loads(response, metadata)`` raises TypeError on every call: the first step's reward stops the run
     (reward.max_error_fraction 0.1 by default) with the cause and the prompt, before an optimizer step."""
-    subprocess.run([sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "16"],
-                   cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "16"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", str(_free_port()),
-           "-m", "gspo_mcore.train", "--config", "examples/tiny/config.yaml", "steps=3", "reward.reward=json:loads",
-           "reward.required_fields=[]", f"model.hf_dir={tmp_path}/model", f"data.paths=[{tmp_path}/prompts.jsonl]",
-           f"log.output_dir={out}", "rollout.prompts_per_step=4", "rollout.group_size=4", "batch.num_minibatches=2",
-           "log.progress_bar=false", "log.tensorboard=false"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "1",
+        "--master_port",
+        str(_free_port()),
+        "-m",
+        "gspo_mcore.train",
+        "--config",
+        "examples/tiny/config.yaml",
+        "steps=3",
+        "reward.reward=json:loads",
+        "reward.required_fields=[]",
+        f"model.hf_dir={tmp_path}/model",
+        f"data.paths=[{tmp_path}/prompts.jsonl]",
+        f"log.output_dir={out}",
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=4",
+        "batch.num_minibatches=2",
+        "log.progress_bar=false",
+        "log.tensorboard=false",
+    ]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1")
+    )
     assert proc.returncode != 0
     assert "RewardFailure" in proc.stderr and "TypeError" in proc.stderr and "rev:" in proc.stderr
     assert not (out / "metrics.jsonl").read_text().strip()  # no step was logged: nothing trained on zeros

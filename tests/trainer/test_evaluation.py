@@ -7,10 +7,10 @@ from math import comb
 import pytest
 import torch
 
+from gspo_mcore.data.dataset import DataConfig
 from gspo_mcore.rollout.types import Sample, SamplingParams
 from gspo_mcore.trainer import EvalConfig, EvalSetConfig
 from gspo_mcore.trainer.evaluation import EvalSet, Evaluator, pass_at_k, summarize
-from gspo_mcore.data.dataset import DataConfig
 
 
 def brute_force_pass_at_k(outcomes: list[bool], k: int) -> float:
@@ -68,8 +68,17 @@ class _ScriptedBackend:
             group = []
             for j in range(n):
                 ids = (1,) if params.temperature == 0 or j == 0 else (2, 2)
-                group.append(Sample(prompt_index=i, sample_index=j, prompt_ids=tuple(p), response_ids=ids,
-                                    response_logprobs=(0.0,) * len(ids), finish_reason="stop", weight_version=0))
+                group.append(
+                    Sample(
+                        prompt_index=i,
+                        sample_index=j,
+                        prompt_ids=tuple(p),
+                        response_ids=ids,
+                        response_logprobs=(0.0,) * len(ids),
+                        finish_reason="stop",
+                        weight_version=0,
+                    )
+                )
             out.append(group)
         return out
 
@@ -85,8 +94,9 @@ class _Reward:
 
 
 def test_evaluator_reports_sampled_and_greedy_metrics_per_set():
-    cfg = EvalConfig(datasets=(EvalSetConfig(name="h", data=DataConfig(paths=("h.jsonl",))),), n=4, pass_k=(1, 4),
-                     seed=7)
+    cfg = EvalConfig(
+        datasets=(EvalSetConfig(name="h", data=DataConfig(paths=("h.jsonl",))),), n=4, pass_k=(1, 4), seed=7
+    )
     backend = _ScriptedBackend()
     sets = [EvalSet(name="h", prompts=[[5, 6], [7]], metadata=[{"answer": "right"}] * 2, rewards=_Reward())]
     out = Evaluator(cfg, sets, backend, _Tok()).run()

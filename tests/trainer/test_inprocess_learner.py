@@ -12,7 +12,6 @@ the engine that recomputes every sequence at every step.
 import json
 
 import pytest
-
 from helpers.launch import run_ranks
 
 

@@ -10,27 +10,66 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import ROOT
 from helpers.launch import free_port
 
-KEYS = {"step", "reward_mean", "reward_std", "clip_fraction", "clipped_sequence_fraction", "ratio_mean",
-        "ratio_min", "ratio_max", "response_length_mean", "logprob_mismatch", "time_rollout_s", "time_train_s",
-        "time_reward_s", "rollout_tokens_per_s", "train_tokens_per_s", "entropy", "grad_norm", "loss",
-        "zero_advantage_group_fraction", "reward_errors", "reward_timeouts"}
+KEYS = {
+    "step",
+    "reward_mean",
+    "reward_std",
+    "clip_fraction",
+    "clipped_sequence_fraction",
+    "ratio_mean",
+    "ratio_min",
+    "ratio_max",
+    "response_length_mean",
+    "logprob_mismatch",
+    "time_rollout_s",
+    "time_train_s",
+    "time_reward_s",
+    "rollout_tokens_per_s",
+    "train_tokens_per_s",
+    "entropy",
+    "grad_norm",
+    "loss",
+    "zero_advantage_group_fraction",
+    "reward_errors",
+    "reward_timeouts",
+}
 
 
 @pytest.mark.distributed
 def test_tiny_job_runs_on_two_ranks_and_writes_metrics(tmp_path):
-    subprocess.run([sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "64"],
-                   cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "64"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           "-m", "gspo_mcore.train", "--config", "examples/tiny/config.yaml", "steps=3",
-           f"model.hf_dir={tmp_path}/model", f"data.paths=[{tmp_path}/prompts.jsonl]", f"log.output_dir={out}",
-           "rollout.prompts_per_step=8", "rollout.group_size=4", "log.progress_bar=false"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "gspo_mcore.train",
+        "--config",
+        "examples/tiny/config.yaml",
+        "steps=3",
+        f"model.hf_dir={tmp_path}/model",
+        f"data.paths=[{tmp_path}/prompts.jsonl]",
+        f"log.output_dir={out}",
+        "rollout.prompts_per_step=8",
+        "rollout.group_size=4",
+        "log.progress_bar=false",
+    ]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1")
+    )
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert "gspo-train: 3 steps" in proc.stdout
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -44,8 +83,13 @@ def test_tiny_job_runs_on_two_ranks_and_writes_metrics(tmp_path):
         assert r["logprob_mismatch"] < 7.5e-7
     assert (out / "config.yaml").exists()
     assert any(p.name.startswith("events.out.tfevents") for p in (out / "tensorboard").iterdir())
-    png = subprocess.run([sys.executable, "tools/plot_metrics.py", str(out / "metrics.jsonl")], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    png = subprocess.run(
+        [sys.executable, "tools/plot_metrics.py", str(out / "metrics.jsonl")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert png.returncode == 0, png.stderr
     assert (out / "metrics.png").stat().st_size > 10_000
 
@@ -60,16 +104,42 @@ def test_plot_tool_names_a_malformed_line(tmp_path):
 @pytest.mark.distributed
 def test_tiny_moe_job_with_routing_replay_measures_routing_volatility(tmp_path):
     """The MoE model on 2 ranks (EP2) with Routing Replay and the volatility measurement every step."""
-    subprocess.run([sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "64",
-                    "--moe"], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "64", "--moe"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           "-m", "gspo_mcore.train", "--config", "examples/tiny/config.yaml", "steps=2", "parallel.expert=2",
-           f"model.hf_dir={tmp_path}/model_moe", f"data.paths=[{tmp_path}/prompts.jsonl]", f"log.output_dir={out}",
-           "rollout.prompts_per_step=8", "rollout.group_size=4", "log.progress_bar=false", "log.tensorboard=false",
-           "loss.variant=grpo", "routing.replay=true", "routing.measure_every=1", "optim.lr=0.05"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "gspo_mcore.train",
+        "--config",
+        "examples/tiny/config.yaml",
+        "steps=2",
+        "parallel.expert=2",
+        f"model.hf_dir={tmp_path}/model_moe",
+        f"data.paths=[{tmp_path}/prompts.jsonl]",
+        f"log.output_dir={out}",
+        "rollout.prompts_per_step=8",
+        "rollout.group_size=4",
+        "log.progress_bar=false",
+        "log.tensorboard=false",
+        "loss.variant=grpo",
+        "routing.replay=true",
+        "routing.measure_every=1",
+        "optim.lr=0.05",
+    ]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1")
+    )
     assert proc.returncode == 0, proc.stderr[-6000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]

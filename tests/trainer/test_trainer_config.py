@@ -11,8 +11,17 @@ TINY = os.path.join(ROOT, "examples", "tiny", "config.yaml")
 
 
 def test_resolve_fills_every_derived_default():
-    cfg = resolve(parse_config(["--config", TINY, "log.output_dir=out/x", "model.hf_dir=m/dir",
-                                "eval.datasets=[{name: h, data: {paths: [h.jsonl]}}]"]))
+    cfg = resolve(
+        parse_config(
+            [
+                "--config",
+                TINY,
+                "log.output_dir=out/x",
+                "model.hf_dir=m/dir",
+                "eval.datasets=[{name: h, data: {paths: [h.jsonl]}}]",
+            ]
+        )
+    )
     assert cfg.checkpoint.dir == os.path.join("out/x", "checkpoints")
     assert cfg.template.tokenizer_dir == "m/dir"
     assert [d.reward for d in cfg.eval.datasets] == [cfg.reward]
@@ -20,8 +29,17 @@ def test_resolve_fills_every_derived_default():
 
 
 def test_resolve_keeps_what_the_user_set():
-    cfg = resolve(parse_config(["--config", TINY, "checkpoint.dir=ck", "template.tokenizer_dir=tok",
-                                "eval.datasets=[{name: h, data: {paths: [h.jsonl]}, reward: {reward: math}}]"]))
+    cfg = resolve(
+        parse_config(
+            [
+                "--config",
+                TINY,
+                "checkpoint.dir=ck",
+                "template.tokenizer_dir=tok",
+                "eval.datasets=[{name: h, data: {paths: [h.jsonl]}, reward: {reward: math}}]",
+            ]
+        )
+    )
     assert cfg.checkpoint.dir == "ck" and cfg.template.tokenizer_dir == "tok"
     assert cfg.eval.datasets[0].reward.reward == "math" != cfg.reward.reward
 

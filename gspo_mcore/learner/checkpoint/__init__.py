@@ -46,6 +46,20 @@ from gspo_mcore.learner.checkpoint.files import FORMAT_VERSION, VERIFY_MODES, co
 from gspo_mcore.learner.checkpoint.megatron_state import OPTIMIZER_FORMATS, load_model_and_optimizer
 from gspo_mcore.learner.checkpoint.rng import rng_state, set_rng_state
 
-__all__ = ["CRASH_ENV", "CRASH_POINTS", "FORMAT_VERSION", "OPTIMIZER_FORMATS", "VERIFY_MODES", "CheckpointConfig",
-           "CheckpointError", "Checkpointer", "Resumed", "config_hash", "find_latest_valid", "load_model_and_optimizer",
-           "rng_state", "set_rng_state", "validate"]
+__all__ = [
+    "CRASH_ENV",
+    "CRASH_POINTS",
+    "FORMAT_VERSION",
+    "OPTIMIZER_FORMATS",
+    "VERIFY_MODES",
+    "CheckpointConfig",
+    "CheckpointError",
+    "Checkpointer",
+    "Resumed",
+    "config_hash",
+    "find_latest_valid",
+    "load_model_and_optimizer",
+    "rng_state",
+    "set_rng_state",
+    "validate",
+]

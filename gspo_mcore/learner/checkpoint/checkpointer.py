@@ -18,14 +18,41 @@ import torch
 from gspo_mcore.learner.checkpoint import _log
 from gspo_mcore.learner.checkpoint._dist import barrier, broadcast_object, rank, world
 from gspo_mcore.learner.checkpoint.errors import CheckpointError
-from gspo_mcore.learner.checkpoint.files import (CONFIG, FORMAT_VERSION, LATEST, MANIFEST, MEGATRON, RNG, STATE,
-                                                 VERIFY_MODES, VerifyMode, atomic_write_text, complete_checkpoints,
-                                                 config_hash, config_yaml, delete_dir, find_latest_valid, fsync_dir,
-                                                 gather_digests, is_checkpoint_dir, list_files, remove_leftovers,
-                                                 retain, set_aside, validate, write_file)
-from gspo_mcore.learner.checkpoint.megatron_state import (OPTIMIZER_FORMATS, OptimizerFormat, layout_dict,
-                                                          load_model_and_optimizer, sharded_state_dict,
-                                                          sub_optimizers, uses_distributed_optimizer)
+from gspo_mcore.learner.checkpoint.files import (
+    CONFIG,
+    FORMAT_VERSION,
+    LATEST,
+    MANIFEST,
+    MEGATRON,
+    RNG,
+    STATE,
+    VERIFY_MODES,
+    VerifyMode,
+    atomic_write_text,
+    complete_checkpoints,
+    config_hash,
+    config_yaml,
+    delete_dir,
+    find_latest_valid,
+    fsync_dir,
+    gather_digests,
+    is_checkpoint_dir,
+    list_files,
+    remove_leftovers,
+    retain,
+    set_aside,
+    validate,
+    write_file,
+)
+from gspo_mcore.learner.checkpoint.megatron_state import (
+    OPTIMIZER_FORMATS,
+    OptimizerFormat,
+    layout_dict,
+    load_model_and_optimizer,
+    sharded_state_dict,
+    sub_optimizers,
+    uses_distributed_optimizer,
+)
 from gspo_mcore.learner.checkpoint.rng import rng_state, set_rng_state
 from gspo_mcore.platform.megatron_checkpoint import in_process_write_results
 
@@ -66,8 +93,9 @@ class CheckpointConfig:
         if isinstance(self.resume, str) and not self.resume:
             raise ValueError("CheckpointConfig.resume must be true, false, 'auto' or a checkpoint path, got ''")
         if self.optimizer_format not in OPTIMIZER_FORMATS:
-            raise ValueError(f"CheckpointConfig.optimizer_format must be one of {OPTIMIZER_FORMATS}, "
-                             f"got {self.optimizer_format!r}")
+            raise ValueError(
+                f"CheckpointConfig.optimizer_format must be one of {OPTIMIZER_FORMATS}, got {self.optimizer_format!r}"
+            )
         if self.verify not in VERIFY_MODES:
             raise ValueError(f"CheckpointConfig.verify must be one of {VERIFY_MODES}, got {self.verify!r}")
 
@@ -94,8 +122,15 @@ class Checkpointer:
     configuration as plain data (saved with every checkpoint and compared on resume).
     """
 
-    def __init__(self, cfg: CheckpointConfig, root: str, layout, *, run_config: dict | None = None,
-                 total_steps: int | None = None):
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        root: str,
+        layout,
+        *,
+        run_config: dict | None = None,
+        total_steps: int | None = None,
+    ):
         self.cfg = cfg
         self.root = os.path.abspath(root)
         self.layout = layout
@@ -137,8 +172,12 @@ class Checkpointer:
         opt_format = self.cfg.optimizer_format if distributed else None
         sharded = sharded_state_dict(model, optimizer, opt_format, is_loading=False)
         with in_process_write_results():
-            dist_checkpointing.save(sharded, os.path.join(tmp, MEGATRON), sharded_strategy=self._strategy(),
-                                    validate_access_integrity=not self._validated_once)
+            dist_checkpointing.save(
+                sharded,
+                os.path.join(tmp, MEGATRON),
+                sharded_strategy=self._strategy(),
+                validate_access_integrity=not self._validated_once,
+            )
         self._validated_once = True
         write_file(os.path.join(tmp, RNG, f"rank_{me}.pt"), lambda f: torch.save(rng_state(), f))
         t_write = time.perf_counter()
@@ -148,8 +187,11 @@ class Checkpointer:
                 "step": step,
                 "scheduler": scheduler.state_dict() if scheduler is not None else None,
                 "layout": layout_dict(self.layout),
-                "optimizer": {"distributed": distributed, "format": opt_format,
-                              "parts": len(sub_optimizers(optimizer))},
+                "optimizer": {
+                    "distributed": distributed,
+                    "format": opt_format,
+                    "parts": len(sub_optimizers(optimizer)),
+                },
                 "versions": _versions(),
                 "extra": extra or {},
             }
@@ -160,9 +202,14 @@ class Checkpointer:
         files = broadcast_object(list_files(tmp) if me == 0 else None)
         digests = gather_digests(tmp, files, fsync=True)
         if me == 0:
-            manifest = {"format": FORMAT_VERSION, "step": step, "config_sha256": config_hash(self.run_config),
-                        "world_size": world(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                        "files": digests}
+            manifest = {
+                "format": FORMAT_VERSION,
+                "step": step,
+                "config_sha256": config_hash(self.run_config),
+                "world_size": world(),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "files": digests,
+            }
             write_file(os.path.join(tmp, MANIFEST), lambda f: f.write(json.dumps(manifest, indent=1).encode()))
             fsync_dir(tmp)
             for sub in (MEGATRON, RNG):
@@ -180,8 +227,10 @@ class Checkpointer:
             retain(self.root, keep_last=self.cfg.keep_last, keep=final)
         barrier()
         self.last_save_s = time.perf_counter() - t0
-        _log.info(f"saved {final} in {self.last_save_s:.2f} s (shards {t_write - t0:.2f} s, "
-                  f"checksums + manifest {self.last_save_s - (t_write - t0):.2f} s)")
+        _log.info(
+            f"saved {final} in {self.last_save_s:.2f} s (shards {t_write - t0:.2f} s, "
+            f"checksums + manifest {self.last_save_s - (t_write - t0):.2f} s)"
+        )
         return final
 
     def _strategy(self):
@@ -213,8 +262,10 @@ class Checkpointer:
             existing = complete_checkpoints(self.root) if self.cfg.save_every > 0 else []
             if existing:  # this run's checkpoints would mix with them
                 newest = max(existing)[1]
-                raise CheckpointError(f"{self.root} already holds checkpoints (newest: {newest}); set "
-                                      "checkpoint.resume=true to continue that run, or use another directory")
+                raise CheckpointError(
+                    f"{self.root} already holds checkpoints (newest: {newest}); set "
+                    "checkpoint.resume=true to continue that run, or use another directory"
+                )
             return None
         if isinstance(mode, str) and mode != "auto":
             path = os.path.abspath(mode)
@@ -249,18 +300,27 @@ class Checkpointer:
         with open(os.path.join(path, STATE)) as f:
             state = json.load(f)
         if state.get("format") != FORMAT_VERSION:
-            raise CheckpointError(f"{path}: checkpoint format {state.get('format')!r}, "
-                                  f"this code reads {FORMAT_VERSION}")
+            raise CheckpointError(
+                f"{path}: checkpoint format {state.get('format')!r}, this code reads {FORMAT_VERSION}"
+            )
         saved = state["layout"]
         here = layout_dict(self.layout)
-        load_model_and_optimizer(os.path.join(path, MEGATRON), model, optimizer, saved_optimizer=state["optimizer"],
-                                 saved_layout=saved, layout=here)
+        load_model_and_optimizer(
+            os.path.join(path, MEGATRON),
+            model,
+            optimizer,
+            saved_optimizer=state["optimizer"],
+            saved_layout=saved,
+            layout=here,
+        )
         if scheduler is not None and state.get("scheduler") is not None:
             try:
                 scheduler.load_state_dict(state["scheduler"])
             except AssertionError as exc:
-                raise CheckpointError(f"{path}: the LR schedule differs from the checkpoint's ({exc}); keep "
-                                      "optim.lr/min_lr/lr_warmup_steps/lr_decay_steps as they were to resume") from None
+                raise CheckpointError(
+                    f"{path}: the LR schedule differs from the checkpoint's ({exc}); keep "
+                    "optim.lr/min_lr/lr_warmup_steps/lr_decay_steps as they were to resume"
+                ) from None
         if saved == here:
             set_rng_state(torch.load(os.path.join(path, RNG, f"rank_{rank()}.pt"), weights_only=False))
         else:
@@ -277,8 +337,11 @@ class Checkpointer:
 
         with open(os.path.join(path, CONFIG)) as f:
             before = yaml.safe_load(f) or {}
-        changes = [f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(_diff(before, self.run_config).items())
-                   if k not in ("steps", "checkpoint.resume")]
+        changes = [
+            f"{k}: {a!r} -> {b!r}"
+            for k, (a, b) in sorted(_diff(before, self.run_config).items())
+            if k not in ("steps", "checkpoint.resume")
+        ]
         if changes:
             _log.info("resuming with a changed configuration: " + "; ".join(changes))
 

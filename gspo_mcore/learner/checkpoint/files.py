@@ -38,6 +38,7 @@ _HASH_CHUNK = 8 << 20
 
 # ---- validation and discovery --------------------------------------------------------------------------
 
+
 def validate(path: str, *, verify: str = "sha256") -> list[str]:
     """Problems of checkpoint ``path`` (empty: valid). Collective: every rank checks a share of the files."""
     problems: list[str] = []
@@ -53,7 +54,7 @@ def validate(path: str, *, verify: str = "sha256") -> list[str]:
         problems.append(f"manifest.json unreadable: {type(exc).__name__}: {exc}")
     if not problems:
         names = sorted(files)
-        for name in names[rank()::world()]:
+        for name in names[rank() :: world()]:
             problems.extend(_check_file(path, name, files[name], verify))
         for required in (STATE, f"{MEGATRON}/metadata.json"):
             if required not in files and rank() == 0:
@@ -107,6 +108,7 @@ def is_checkpoint_dir(path: str) -> bool:
 
 # ---- leftovers and retention ---------------------------------------------------------------------------
 
+
 def remove_leftovers(root: str) -> None:
     """Remove what interrupted saves and deletions left in ``root`` (rank 0 only)."""
     for name in os.listdir(root):
@@ -136,11 +138,12 @@ def delete_dir(path: str) -> None:
 def retain(root: str, *, keep_last: int, keep: str) -> None:
     """Delete all but the newest ``keep_last`` complete checkpoints of ``root``; never ``keep`` (just written)."""
     others = [path for _, path in sorted(complete_checkpoints(root), reverse=True) if path != keep]
-    for path in others[keep_last - 1:]:
+    for path in others[keep_last - 1 :]:
         delete_dir(path)
 
 
 # ---- files, hashing ------------------------------------------------------------------------------------
+
 
 def list_files(root: str) -> list[str]:
     """Every file under ``root``, as sorted paths relative to it."""
@@ -163,9 +166,13 @@ def _sha256(path: str, *, fsync: bool = False) -> str:
 
 def gather_digests(root: str, files: list[str], *, fsync: bool) -> dict[str, dict]:
     """``{name: {size, sha256}}`` for every file; each rank fsyncs and hashes a share. Collective."""
-    mine = {name: {"size": os.path.getsize(os.path.join(root, name)),
-                   "sha256": _sha256(os.path.join(root, name), fsync=fsync)}
-            for name in files[rank()::world()]}
+    mine = {
+        name: {
+            "size": os.path.getsize(os.path.join(root, name)),
+            "sha256": _sha256(os.path.join(root, name), fsync=fsync),
+        }
+        for name in files[rank() :: world()]
+    }
     out = {}
     for part in all_gather_object(mine):
         out.update(part)
@@ -197,6 +204,7 @@ def fsync_dir(path: str) -> None:
 
 
 # ---- the run's configuration ---------------------------------------------------------------------------
+
 
 def config_hash(run_config: dict) -> str:
     """sha256 of the run's configuration (as canonical JSON), recorded in the manifest."""

@@ -63,8 +63,9 @@ def sub_optimizers(optimizer) -> list:
     return list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
 
 
-def load_model_and_optimizer(megatron_dir: str, model, optimizer, *, saved_optimizer: dict, saved_layout: dict,
-                             layout: dict) -> None:
+def load_model_and_optimizer(
+    megatron_dir: str, model, optimizer, *, saved_optimizer: dict, saved_layout: dict, layout: dict
+) -> None:
     """Load the dist_checkpointing part into ``model`` (and ``optimizer`` unless ``None``).
 
     The optimizer kind must match the checkpoint's; a ``dp_reshardable`` distributed-optimizer state
@@ -76,9 +77,11 @@ def load_model_and_optimizer(megatron_dir: str, model, optimizer, *, saved_optim
     opt_format = saved_optimizer.get("format")
     if optimizer is not None:
         if distributed != saved_optimizer["distributed"]:
-            raise CheckpointError(f"{megatron_dir}: saved with use_distributed_optimizer="
-                                  f"{saved_optimizer['distributed']}, this run has {distributed}; resume with the "
-                                  "same optim.use_distributed_optimizer")
+            raise CheckpointError(
+                f"{megatron_dir}: saved with use_distributed_optimizer="
+                f"{saved_optimizer['distributed']}, this run has {distributed}; resume with the "
+                "same optim.use_distributed_optimizer"
+            )
         parts = len(sub_optimizers(optimizer))
         if saved_optimizer.get("parts", parts) != parts:
             raise CheckpointError(
@@ -86,21 +89,24 @@ def load_model_and_optimizer(megatron_dir: str, model, optimizer, *, saved_optim
                 f"puts dense and expert parameters in separate ones for some expert layouts) at "
                 f"{fmt_layout(saved_layout, ('tp', 'ep', 'etp'))}, this run has {parts} at "
                 f"{fmt_layout(layout, ('tp', 'ep', 'etp'))}: that change of layout is not supported for the "
-                "optimizer state (the model alone loads: load_model_and_optimizer(..., optimizer=None))")
+                "optimizer state (the model alone loads: load_model_and_optimizer(..., optimizer=None))"
+            )
         fixed = ("tp", "pp", "ep", "etp")
         if opt_format == "dp_reshardable" and any(saved_layout[k] != layout[k] for k in fixed):
             raise CheckpointError(
                 f"{megatron_dir}: the distributed-optimizer state was saved dp_reshardable at "
                 f"{fmt_layout(saved_layout, fixed)}; it loads only at the same TP/PP/EP (any DP), this run is "
-                f"{fmt_layout(layout, fixed)}. Save with checkpoint.optimizer_format=fully_reshardable to change them")
+                f"{fmt_layout(layout, fixed)}. Save with checkpoint.optimizer_format=fully_reshardable to change them"
+            )
     with torch.no_grad():
         if optimizer is not None and distributed:
             for sub in sub_optimizers(optimizer):  # torch Adam has no state before its first step
                 sub._init_optimizer_states_with_dummy_values()
         sharded = sharded_state_dict(model, optimizer, opt_format if distributed else None, is_loading=True)
         # every requested key must be in the checkpoint; with the optimizer, also every saved key must be used
-        loaded = dist_checkpointing.load(sharded, megatron_dir,
-                                         strict="raise_all" if optimizer is not None else "raise_unexpected")
+        loaded = dist_checkpointing.load(
+            sharded, megatron_dir, strict="raise_all" if optimizer is not None else "raise_unexpected"
+        )
         for key, chunk in zip(model_keys(model), model):
             chunk.load_state_dict(loaded[key], strict=True)
         if optimizer is not None:
@@ -121,18 +127,28 @@ def _check_adam_steps(optimizer, where: str) -> None:
                 if not torch.is_tensor(step):
                     continue
                 if id(step) in seen or ("step" in group and float(step) != float(group["step"])):
-                    raise CheckpointError(f"{where}: after loading, torch Adam's per-parameter step counters are "
-                                          "shared or stale (megatron-core's distributed optimizer with torch's Adam, "
-                                          "i.e. without Apex/Transformer Engine): resuming would train wrongly")
+                    raise CheckpointError(
+                        f"{where}: after loading, torch Adam's per-parameter step counters are "
+                        "shared or stale (megatron-core's distributed optimizer with torch's Adam, "
+                        "i.e. without Apex/Transformer Engine): resuming would train wrongly"
+                    )
                 seen.add(id(step))
 
 
 # ---- the parallel layout a checkpoint was saved at ----------------------------------------------------
 
+
 def layout_dict(layout) -> dict:
     """``layout`` (a :class:`~gspo_mcore.learner.parallel.Layout`) as recorded in ``trainer_state.json``."""
-    return {"world_size": layout.world_size, "tp": layout.tp_size, "pp": layout.pp_size, "dp": layout.dp_size,
-            "ep": layout.ep_size, "etp": layout.etp_size, "cp": layout.cp_size}
+    return {
+        "world_size": layout.world_size,
+        "tp": layout.tp_size,
+        "pp": layout.pp_size,
+        "dp": layout.dp_size,
+        "ep": layout.ep_size,
+        "etp": layout.etp_size,
+        "cp": layout.cp_size,
+    }
 
 
 def fmt_layout(layout: dict, keys) -> str:

@@ -12,8 +12,12 @@ def rng_state() -> dict:
     import numpy as np
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-             "megatron_tracker": get_cuda_rng_tracker().get_states()}
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "megatron_tracker": get_cuda_rng_tracker().get_states(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
