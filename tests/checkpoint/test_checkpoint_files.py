@@ -17,6 +17,8 @@ from gspo_mcore.config import ConfigError
 from gspo_mcore.learner.checkpoint import CheckpointConfig, Checkpointer, CheckpointError, find_latest_valid, validate
 from gspo_mcore.train import parse_config
 
+pytestmark = pytest.mark.distributed  # spawns training processes: not in the fast tier
+
 
 @pytest.fixture
 def ckpts(reference, tmp_path):

@@ -198,6 +198,7 @@ def test_report_cli_refuses_an_empty_directory(tmp_path):
 # ---- end to end ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.distributed
 def test_run_py_end_to_end_two_moe_runs(tmp_path):
     out = tmp_path / "pm"
     cmd = [
@@ -240,6 +241,7 @@ def test_run_py_end_to_end_two_moe_runs(tmp_path):
     assert stamps == {name: os.stat(out / name / "metrics.jsonl").st_mtime_ns for name in expected}
 
 
+@pytest.mark.distributed
 def test_run_py_reports_failed_runs_and_exits_nonzero(tmp_path):
     out = tmp_path / "pm"  # one rank cannot hold tensor parallelism 2: the run fails at start-up
     proc = subprocess.run(

