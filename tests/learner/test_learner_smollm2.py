@@ -40,7 +40,7 @@ def test_missing_package_says_what_to_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "gguf" else real_find_spec(name))
     with pytest.raises(
         prepare.SetupError,
-        match=r"missing package\(s\) gguf; run: pip install --no-deps -r "
+        match=r"missing package\(s\) gguf(, accelerate)?; run: pip install --no-deps -r "
         "examples/smollm2_arithmetic/requirements.txt",
     ):
         prepare.check_packages()

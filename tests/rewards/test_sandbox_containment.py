@@ -42,10 +42,13 @@ def _reachable_by_others(path: Path) -> bool:
 
 @pytest.fixture
 def host_secret():
-    """A world-readable file on the host, outside the sandbox's work directory (like a dataset)."""
-    if not _reachable_by_others(PROJECT):
-        pytest.skip(f"{PROJECT} is not reachable by other users, so the control run could not read it either")
-    path = PROJECT / f".sandbox-secret-{uuid.uuid4().hex}.jsonl"
+    """A world-readable file on the host, outside the sandbox's work directory (like a dataset): beside the
+    project, or in /var/tmp when the project lies under /tmp (the sandbox's private /tmp hides that anyway, so
+    the control run could not tell the private root's effect apart)."""
+    places = [p for p in (PROJECT, Path("/var/tmp")) if _reachable_by_others(p) and not p.is_relative_to("/tmp")]
+    if not places:
+        pytest.skip(f"neither {PROJECT} nor /var/tmp is reachable by other users outside /tmp")
+    path = places[0] / f".sandbox-secret-{uuid.uuid4().hex}.jsonl"
     path.write_text('{"answer": "SECRET-ANSWER"}\n')
     path.chmod(0o644)
     yield path
