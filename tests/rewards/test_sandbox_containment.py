@@ -43,11 +43,16 @@ def _reachable_by_others(path: Path) -> bool:
 @pytest.fixture
 def host_secret():
     """A world-readable file on the host, outside the sandbox's work directory (like a dataset): beside the
-    project, or in /var/tmp when the project lies under /tmp (the sandbox's private /tmp hides that anyway, so
-    the control run could not tell the private root's effect apart)."""
-    places = [p for p in (PROJECT, Path("/var/tmp")) if _reachable_by_others(p) and not p.is_relative_to("/tmp")]
+    project, or in /var/cache when the project lies under /tmp (the sandbox's private /tmp and /var/tmp hide
+    those anyway, so the control run could not tell the private root's effect apart)."""
+    private = (Path("/tmp"), Path("/var/tmp"))
+    places = [
+        p
+        for p in (PROJECT, Path("/var/cache"))
+        if _reachable_by_others(p) and not any(p.is_relative_to(q) for q in private) and os.access(p, os.W_OK)
+    ]
     if not places:
-        pytest.skip(f"neither {PROJECT} nor /var/tmp is reachable by other users outside /tmp")
+        pytest.skip(f"neither {PROJECT} nor /var/cache is a writable, world-reachable folder outside /tmp")
     path = places[0] / f".sandbox-secret-{uuid.uuid4().hex}.jsonl"
     path.write_text('{"answer": "SECRET-ANSWER"}\n')
     path.chmod(0o644)
