@@ -121,11 +121,13 @@ def is_complete(run: Run, steps: int, config: str = CONFIG) -> bool:
     """The run recorded exactly steps 0..steps-1 under the configuration it would be launched with now."""
     from gspo_mcore.config import load_yaml, to_dict
     from gspo_mcore.train import parse_config
+    from gspo_mcore.trainer import resolve
 
     saved = os.path.join(run.out_dir, "config.yaml")
     if recorded_steps(run.out_dir) != set(range(steps)) or not os.path.exists(saved):
         return False
-    wanted = _flatten(json.loads(json.dumps(to_dict(parse_config(train_argv(run, config))))))
+    # the trainer saves the resolved configuration (every derived default filled in)
+    wanted = _flatten(json.loads(json.dumps(to_dict(resolve(parse_config(train_argv(run, config)))))))
     have = _flatten(json.loads(json.dumps(load_yaml(saved))))
     return all(key in wanted and wanted[key] == value for key, value in have.items())  # new fields: ignored
 

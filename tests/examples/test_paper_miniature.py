@@ -68,8 +68,10 @@ def test_every_run_parses_into_the_config_it_is_meant_to_be(tmp_path):
 def test_completeness_needs_every_step_under_the_same_config(tmp_path):
     r = _matrix(tmp_path, steps=3, models=["dense"], algos=["gspo"], seeds=1, routing=False)[0]
     os.makedirs(r.out_dir)
-    cfg = parse_config(run.train_argv(r))
     from gspo_mcore.config import save_yaml
+    from gspo_mcore.trainer import resolve
+
+    cfg = resolve(parse_config(run.train_argv(r)))  # what the trainer saves
 
     save_yaml(cfg, os.path.join(r.out_dir, "config.yaml"))
     metrics = os.path.join(r.out_dir, "metrics.jsonl")
