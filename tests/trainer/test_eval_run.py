@@ -3,11 +3,11 @@ documented schedule, and it leaves the training trajectory exactly as it is with
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+from helpers.launch import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EVAL_KEYS = {
@@ -22,14 +22,17 @@ EVAL_KEYS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _prepare(tmp_path, num_prompts: int) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", str(num_prompts)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
 
 
-def _run(tmp_path, name, *overrides):
-    out = tmp_path / name
+def _train(tmp_path, name, *overrides) -> subprocess.CompletedProcess:
+    """3 steps of the tiny job on 1 rank (4 prompts x 4 samples) into ``tmp_path/name``."""
     cmd = [
         sys.executable,
         "-m",
@@ -37,7 +40,7 @@ def _run(tmp_path, name, *overrides):
         "--nproc_per_node",
         "1",
         "--master_port",
-        str(_free_port()),
+        str(free_port()),
         "-m",
         "gspo_mcore.train",
         "--config",
@@ -45,7 +48,7 @@ def _run(tmp_path, name, *overrides):
         "steps=3",
         f"model.hf_dir={tmp_path}/model",
         f"data.paths=[{tmp_path}/prompts.jsonl]",
-        f"log.output_dir={out}",
+        f"log.output_dir={tmp_path / name}",
         "rollout.prompts_per_step=4",
         "rollout.group_size=4",
         "batch.num_minibatches=2",
@@ -54,21 +57,20 @@ def _run(tmp_path, name, *overrides):
         "eval.datasets=[]",
         *overrides,
     ]
-    proc = subprocess.run(
+    return subprocess.run(
         cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1")
     )
+
+
+def _run(tmp_path, name, *overrides):
+    proc = _train(tmp_path, name, *overrides)
     assert proc.returncode == 0, proc.stderr[-6000:]
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.distributed
 def test_eval_is_logged_on_schedule_and_does_not_change_training(tmp_path):
-    subprocess.run(
-        [sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "64"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
+    _prepare(tmp_path, 64)
     plain = _run(tmp_path, "plain")
     evald = _run(
         tmp_path,
@@ -92,12 +94,7 @@ def test_eval_is_logged_on_schedule_and_does_not_change_training(tmp_path):
 
 
 def test_a_prompt_longer_than_the_model_allows_is_refused_before_anything_is_built(tmp_path):
-    subprocess.run(
-        [sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "8"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
+    _prepare(tmp_path, 8)
     long = tmp_path / "long.jsonl"
     long.write_text(
         json.dumps({"prompt": "rev:1>", "answer": "1"})
@@ -136,12 +133,7 @@ def test_a_prompt_longer_than_the_model_allows_is_refused_before_anything_is_bui
 
 
 def test_an_eval_set_missing_the_rewards_field_is_refused_at_start_up(tmp_path):
-    subprocess.run(
-        [sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "8"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
+    _prepare(tmp_path, 8)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "rev:123>", "answer": "321"}) + "\n" + json.dumps({"prompt": "rev:1>"}) + "\n")
     from gspo_mcore.rewards import RewardSetupError
@@ -167,40 +159,9 @@ def test_an_eval_set_missing_the_rewards_field_is_refused_at_start_up(tmp_path):
 def test_a_reward_that_always_fails_stops_the_run_before_any_update(tmp_path):
     """``json:loads(response, metadata)`` raises TypeError on every call: the first step's reward stops the run
     (reward.max_error_fraction 0.1 by default) with the cause and the prompt, before an optimizer step."""
-    subprocess.run(
-        [sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "16"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
+    _prepare(tmp_path, 16)
+    proc = _train(tmp_path, "run", "reward.reward=json:loads", "reward.required_fields=[]")
     out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "1",
-        "--master_port",
-        str(_free_port()),
-        "-m",
-        "gspo_mcore.train",
-        "--config",
-        "examples/tiny/config.yaml",
-        "steps=3",
-        "reward.reward=json:loads",
-        "reward.required_fields=[]",
-        f"model.hf_dir={tmp_path}/model",
-        f"data.paths=[{tmp_path}/prompts.jsonl]",
-        f"log.output_dir={out}",
-        "rollout.prompts_per_step=4",
-        "rollout.group_size=4",
-        "batch.num_minibatches=2",
-        "log.progress_bar=false",
-        "log.tensorboard=false",
-    ]
-    proc = subprocess.run(
-        cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1")
-    )
     assert proc.returncode != 0
     assert "RewardFailure" in proc.stderr and "TypeError" in proc.stderr and "rev:" in proc.stderr
     assert not (out / "metrics.jsonl").read_text().strip()  # no step was logged: nothing trained on zeros
