@@ -84,6 +84,14 @@ example-real: install
 	  -m gspo_mcore.train --config examples/smollm2_arithmetic/config.yaml
 	$(PY) tools/plot_metrics.py runs/smollm2/run/metrics.jsonl --title "SmolLM2-135M-Instruct, GSPO (1 CPU rank)"
 
+# The same run with GRPO (token ratios, the paper's GRPO clip range 0.2 / 0.27), after make example-real.
+.PHONY: example-real-grpo
+example-real-grpo: install
+	OMP_NUM_THREADS=2 $(PY) -m torch.distributed.run --standalone --nproc_per_node 1 \
+	  -m gspo_mcore.train --config examples/smollm2_arithmetic/config.yaml \
+	  loss.variant=grpo loss.eps_low=0.2 loss.eps_high=0.27 log.output_dir=runs/smollm2/run_grpo
+	$(PY) tools/plot_metrics.py runs/smollm2/run_grpo/metrics.jsonl --title "SmolLM2-135M-Instruct, GRPO (1 CPU rank)"
+
 # The in-process engine (KV cache) vs its recompute baseline and transformers' generate (docs/engine.md).
 .PHONY: bench-engine
 bench-engine: install

@@ -1,4 +1,5 @@
-"""The arithmetic example's reward: 1.0 when the last integer in the response equals the answer.
+"""The arithmetic example's rewards: ``last_integer`` (1.0 when the last integer in the response equals the answer)
+and ``number_only`` (1.0 when the response is a bare integer: the format, for evaluation).
 
 The prompts ask for "the number only" (no ``\\boxed{}``), so the project's ``math`` reward, which reads the
 last ``\\boxed{...}``, does not apply. Name this one in a job config by dotted path:
@@ -22,3 +23,14 @@ def last_integer(response: str, metadata: Mapping[str, Any]) -> float:
     if not found:
         return 0.0
     return float(int(found[-1].replace(",", "")) == int(str(metadata["answer"]).strip()))
+
+
+_NUMBER_ONLY = re.compile(r"\s*-?\d+(?:,\d{3})*\.?\s*")
+
+
+def number_only(response: str, metadata: Mapping[str, Any]) -> float:
+    """1.0 if the response is one integer and nothing else (a trailing period allowed), right or wrong.
+
+    A format measure, used as a second evaluation of the same held-out items: how much of a change in
+    ``last_integer`` comes from answering concisely rather than from the arithmetic."""
+    return float(_NUMBER_ONLY.fullmatch(response) is not None)

@@ -5,10 +5,12 @@ Each evaluation samples ``n`` responses per held-out prompt with its own samplin
 them with the set's reward, and reports per set, under ``eval/<name>/``:
 
 - ``reward_mean``, ``pass@k`` for each configured ``k`` (a sample passes when its reward is at least
-  ``pass_threshold``), ``response_length_mean``, ``truncated_fraction`` (responses cut at
-  ``max_new_tokens``), ``num_prompts``;
+  ``pass_threshold``), ``pass@1_stderr`` (the standard error of pass@1 over the prompts),
+  ``response_length_mean``, ``truncated_fraction`` (responses cut at ``max_new_tokens``), ``num_prompts``;
+- for a reward of several ``terms``, each term's mean, ``reward/<term>/mean`` (a term of weight 0 is
+  measured without changing the reward: e.g. a format check beside correctness);
 - with ``greedy`` and a sampled evaluation (``n > 1`` or temperature > 0): ``greedy_pass@1`` and
-  ``greedy_reward_mean`` from one greedy response per prompt.
+  ``greedy_reward_mean`` (and ``greedy_reward/<term>/mean``) from one greedy response per prompt.
 
 pass@k is the unbiased estimator of Chen et al. (2021), ``1 - C(n - c, k) / C(n, k)`` per prompt with
 ``c`` passing samples out of ``n``, averaged over the prompts.
@@ -64,6 +66,11 @@ def summarize(
     }
     for k in pass_k:
         out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in passed) / len(passed)
+    # The sampling noise of pass@1 over these prompts: the standard error of the mean of the per-prompt pass
+    # rates (0 with one prompt). It is the spread another draw of the same prompts' samples or of as many
+    # prompts from the same set would show, to first order.
+    rates = torch.tensor(passed, dtype=torch.float64) / n
+    out["pass@1_stderr"] = float(rates.std(correction=1) / len(passed) ** 0.5) if len(passed) > 1 else 0.0
     return out
 
 
@@ -87,6 +94,7 @@ class Evaluator:
             if self.cfg.greedy and sampled:
                 g = self._evaluate(s, dataclasses.replace(params, temperature=0.0, top_k=-1, top_p=1.0), 1)
                 m["greedy_pass@1"], m["greedy_reward_mean"] = g["pass@1"], g["reward_mean"]
+                m.update({f"greedy_{k}": v for k, v in g.items() if k.startswith("reward/")})
             out.update({f"eval/{s.name}/{k}": v for k, v in m.items()})
         return out
 
@@ -94,8 +102,13 @@ class Evaluator:
         groups = self.backend.generate(s.prompts, n, params, seed=self.cfg.seed)
         texts = decode_responses(groups, self.tokenizer)
         metas = [meta for meta in s.metadata for _ in range(n)]
+        s.rewards.metrics(reset=True)  # count this evaluation's calls only
         rewards = torch.tensor(s.rewards.score(texts, metas), dtype=torch.float32)  # (num_prompts * n,)
+        terms = {k: v for k, v in s.rewards.metrics().items() if k.startswith("reward/") and k.endswith("/mean")}
         lengths = torch.tensor([len(x.response_ids) for g in groups for x in g])
         truncated = torch.tensor([x.finish_reason == "length" for g in groups for x in g])
         pass_k = self.cfg.pass_k if n == self.cfg.n else (1,)
-        return summarize(rewards, lengths, truncated, n=n, pass_k=pass_k, threshold=self.cfg.pass_threshold)
+        out = summarize(rewards, lengths, truncated, n=n, pass_k=pass_k, threshold=self.cfg.pass_threshold)
+        if len(terms) > 1:  # a reward of several terms: each term's mean (a weight-0 term measures only)
+            out.update(terms)
+        return out

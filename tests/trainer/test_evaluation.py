@@ -50,6 +50,8 @@ def test_summarize_averages_per_prompt():
     assert m["response_length_mean"] == pytest.approx(3.75)
     assert m["truncated_fraction"] == pytest.approx(1 / 8)
     assert m["num_prompts"] == 2
+    # per-prompt pass rates 0.25 and 1.0: sample std 0.75 / sqrt(2), over sqrt(2) prompts
+    assert m["pass@1_stderr"] == pytest.approx(0.375)
     half = summarize(rewards, lengths, truncated, n=4, pass_k=(1,), threshold=0.5)
     assert half["pass@1"] == pytest.approx((0.5 + 1.0) / 2)
 
@@ -89,8 +91,13 @@ class _Tok:
 
 
 class _Reward:
+    """Test-only stand-in for a RewardRunner: exact match, no per-term metrics."""
+
     def score(self, texts, metas):
         return [1.0 if t == m["answer"] else 0.0 for t, m in zip(texts, metas)]
+
+    def metrics(self, reset=True):
+        return {}
 
 
 def test_evaluator_reports_sampled_and_greedy_metrics_per_set():
@@ -104,6 +111,31 @@ def test_evaluator_reports_sampled_and_greedy_metrics_per_set():
     assert out["eval/h/greedy_pass@1"] == 1.0 and out["eval/h/greedy_reward_mean"] == 1.0
     assert out["eval/h/num_prompts"] == 2
     assert backend.calls == [(2, 4, 1.0, 7), (2, 1, 0.0, 7)]  # the same eval seed for both, never a training one
+    assert not any("/reward/" in k for k in out)  # one-term rewards report no per-term means
+
+
+def test_evaluator_reports_each_term_of_a_composed_reward():
+    """A weight-0 term is measured beside the one that decides pass@k (e.g. format beside correctness), on the
+    same samples, for the sampled and the greedy responses; counts never leak between evaluations."""
+    from gspo_mcore.rewards import RewardRunnerConfig, RewardTermConfig
+    from gspo_mcore.rewards.setup import check_reward_setup
+
+    reward = RewardRunnerConfig(
+        terms=(
+            RewardTermConfig(name="correct", reward="exact", options={"use_boxed": False}),
+            RewardTermConfig(name="format", reward="regex", weight=0.0, options={"patterns": ["^w"]}),
+        )
+    )
+    metas = [{"answer": "right"}] * 2
+    runner = check_reward_setup(reward, [("h.jsonl:1", m) for m in metas], check_sandbox=False)
+    cfg = EvalConfig(datasets=(EvalSetConfig(name="h", data=DataConfig(paths=("h.jsonl",))),), n=4, pass_k=(1,))
+    sets = [EvalSet(name="h", prompts=[[5, 6], [7]], metadata=metas, rewards=runner)]
+    for _ in range(2):  # the second evaluation reports the same: the runner's counts restart each time
+        out = Evaluator(cfg, sets, _ScriptedBackend(), _Tok()).run()
+        assert out["eval/h/pass@1"] == pytest.approx(0.25)  # the weight-0 term does not count
+        assert out["eval/h/reward/correct/mean"] == pytest.approx(0.25)
+        assert out["eval/h/reward/format/mean"] == pytest.approx(0.75)  # 3 of 4 sampled responses say "wrong"
+        assert out["eval/h/greedy_reward/correct/mean"] == 1.0
 
 
 def test_schedule_depends_only_on_the_step():
