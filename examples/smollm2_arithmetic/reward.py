@@ -1,5 +1,5 @@
 """The arithmetic example's rewards: ``last_integer`` (1.0 when the last integer in the response equals the answer)
-and ``number_only`` (1.0 when the response is a bare integer: the format, for evaluation).
+and, to measure the form of the answers in evaluation, ``number_only`` (a bare integer) and ``equation_only``.
 
 The prompts ask for "the number only" (no ``\\boxed{}``), so the project's ``math`` reward, which reads the
 last ``\\boxed{...}``, does not apply. Name this one in a job config by dotted path:
@@ -34,3 +34,12 @@ def number_only(response: str, metadata: Mapping[str, Any]) -> float:
     A format measure, used as a second evaluation of the same held-out items: how much of a change in
     ``last_integer`` comes from answering concisely rather than from the arithmetic."""
     return float(_NUMBER_ONLY.fullmatch(response) is not None)
+
+
+_EQUATION = re.compile(r"\s*-?\d+\s*[-+]\s*-?\d+\s*=\s*-?\d+\.?\s*")
+
+
+def equation_only(response: str, metadata: Mapping[str, Any]) -> float:
+    """1.0 if the response is one equation ``a + b = c`` (or ``-``) and nothing else, right or wrong: the
+    other short form a policy may settle on instead of the bare number."""
+    return float(_EQUATION.fullmatch(response) is not None)

@@ -139,6 +139,8 @@ class EvalConfig:
     """A sample passes when its reward is at least this."""
     seed: int = 0
     """Base sampling seed; the same at every evaluation, and never drawn from the training streams."""
+    save_samples: bool = True
+    """Write every evaluation's responses to ``<log.output_dir>/eval_samples/step_<step>.jsonl``."""
 
     def __post_init__(self):
         if self.every < 0:

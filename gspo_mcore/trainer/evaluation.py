@@ -19,6 +19,8 @@ pass@k is the unbiased estimator of Chen et al. (2021), ``1 - C(n - c, k) / C(n,
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from collections.abc import Sequence
 from math import comb
 
@@ -75,30 +77,40 @@ def summarize(
 
 
 class Evaluator:
-    """Runs the configured evaluations through the training run's rollout backend."""
+    """Runs the configured evaluations through the training run's rollout backend.
 
-    def __init__(self, cfg, sets: list[EvalSet], backend, tokenizer):
+    ``samples_dir``: where each evaluation's responses go, one JSONL file per evaluation
+    (``step_<step>.jsonl``: set, kind ``sampled`` / ``greedy``, prompt and sample index, the response text,
+    its reward, length and finish reason); ``None`` (ranks other than 0, or ``eval.save_samples: false``):
+    not written."""
+
+    def __init__(self, cfg, sets: list[EvalSet], backend, tokenizer, samples_dir: str | None = None):
         self.cfg, self.sets, self.backend, self.tokenizer = cfg, sets, backend, tokenizer
+        self.samples_dir = samples_dir
 
     def due(self, step: int) -> bool:
         """Evaluate before ``step``? (The loop also evaluates after its last step.)"""
         return bool(self.sets) and (step == 0 or (self.cfg.every > 0 and step % self.cfg.every == 0))
 
-    def run(self) -> dict[str, float]:
-        """Every set's metrics, keyed ``eval/<name>/<metric>``; the same on every rank."""
-        out = {}
+    def run(self, step: int | None = None) -> dict[str, float]:
+        """Every set's metrics, keyed ``eval/<name>/<metric>``; the same on every rank. ``step`` names the
+        samples file (none written without it)."""
+        out, rows = {}, []
         params = self.cfg.sampling
         sampled = self.cfg.n > 1 or params.temperature > 0
         for s in self.sets:
-            m = self._evaluate(s, params, self.cfg.n)
+            m = self._evaluate(s, params, self.cfg.n, rows, "sampled")
             if self.cfg.greedy and sampled:
-                g = self._evaluate(s, dataclasses.replace(params, temperature=0.0, top_k=-1, top_p=1.0), 1)
+                greedy = dataclasses.replace(params, temperature=0.0, top_k=-1, top_p=1.0)
+                g = self._evaluate(s, greedy, 1, rows, "greedy")
                 m["greedy_pass@1"], m["greedy_reward_mean"] = g["pass@1"], g["reward_mean"]
                 m.update({f"greedy_{k}": v for k, v in g.items() if k.startswith("reward/")})
             out.update({f"eval/{s.name}/{k}": v for k, v in m.items()})
+        if self.samples_dir is not None and step is not None:
+            _write_jsonl(os.path.join(self.samples_dir, f"step_{step}.jsonl"), rows)
         return out
 
-    def _evaluate(self, s: EvalSet, params, n: int) -> dict[str, float]:
+    def _evaluate(self, s: EvalSet, params, n: int, rows: list, kind: str) -> dict[str, float]:
         groups = self.backend.generate(s.prompts, n, params, seed=self.cfg.seed)
         texts = decode_responses(groups, self.tokenizer)
         metas = [meta for meta in s.metadata for _ in range(n)]
@@ -107,8 +119,32 @@ class Evaluator:
         terms = {k: v for k, v in s.rewards.metrics().items() if k.startswith("reward/") and k.endswith("/mean")}
         lengths = torch.tensor([len(x.response_ids) for g in groups for x in g])
         truncated = torch.tensor([x.finish_reason == "length" for g in groups for x in g])
+        samples = [x for g in groups for x in g]
+        for i, (x, text, r) in enumerate(zip(samples, texts, rewards.tolist())):
+            rows.append(
+                {
+                    "set": s.name,
+                    "kind": kind,
+                    "prompt_index": i // n,
+                    "sample_index": i % n,
+                    "response": text,
+                    "reward": r,
+                    "length": len(x.response_ids),
+                    "finish_reason": x.finish_reason,
+                }
+            )
         pass_k = self.cfg.pass_k if n == self.cfg.n else (1,)
         out = summarize(rewards, lengths, truncated, n=n, pass_k=pass_k, threshold=self.cfg.pass_threshold)
         if len(terms) > 1:  # a reward of several terms: each term's mean (a weight-0 term measures only)
             out.update(terms)
         return out
+
+
+def _write_jsonl(path: str, rows: list[dict]) -> None:
+    """Write ``rows`` to ``path`` whole or not at all (a temporary file, then a rename)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".partial"
+    with open(tmp, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    os.replace(tmp, path)

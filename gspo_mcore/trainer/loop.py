@@ -71,7 +71,8 @@ def run(cfg: TrainConfig) -> list[dict]:
         load_hf_weights(model, cfg.model.hf_dir, shape, progress=is_writer, layout=layout)
     optimizer, scheduler = build_optimizer(model, cfg.optim)
     engine = _rollout_backend(cfg, model, layout, shape, tokenizer)
-    evaluator = Evaluator(cfg.eval, eval_sets, engine, tokenizer)
+    samples_dir = os.path.join(cfg.log.output_dir, "eval_samples") if is_writer and cfg.eval.save_samples else None
+    evaluator = Evaluator(cfg.eval, eval_sets, engine, tokenizer, samples_dir=samples_dir)
     checkpoints = Checkpointer(
         cfg.checkpoint, cfg.checkpoint.dir, layout, run_config=to_dict(cfg), total_steps=cfg.steps
     )
@@ -92,7 +93,7 @@ def run(cfg: TrainConfig) -> list[dict]:
         step = start
         for step in range(start, cfg.steps):
             if evaluator.due(step):
-                _log_eval(metrics, step, evaluator.run())
+                _log_eval(metrics, step, evaluator.run(step))
                 evaluated.add(step)
             record = _train_one_step(
                 cfg, step, loader, engine, rewards, tokenizer, model, optimizer, scheduler, layout, shape
@@ -107,7 +108,7 @@ def run(cfg: TrainConfig) -> list[dict]:
                 )
             step += 1
         if evaluator.sets and step not in evaluated:  # after the last step
-            _log_eval(metrics, step, evaluator.run())
+            _log_eval(metrics, step, evaluator.run(step))
     finally:
         metrics.close()
         engine.close()

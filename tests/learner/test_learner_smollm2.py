@@ -86,7 +86,7 @@ def test_bigbench_items_become_prompt_rows(tmp_path):
     """BIG-bench's ``{"input", "target"}`` -> a one-turn chat and the answer, readable by PromptDataset and
     scored by the example's reward; an item of another form is refused naming the task and index."""
     from examples.smollm2_arithmetic import prepare_data
-    from examples.smollm2_arithmetic.reward import last_integer
+    from examples.smollm2_arithmetic.reward import equation_only, last_integer, number_only
     from gspo_mcore.data.dataset import DataConfig, PromptDataset
 
     task = {
@@ -105,5 +105,13 @@ def test_bigbench_items_become_prompt_rows(tmp_path):
     assert last_integer("80 plus 29 is 109.", ds[0].metadata) == 1.0
     assert last_integer("It is -4", ds[1].metadata) == 1.0
     assert last_integer("4", ds[1].metadata) == 0.0 and last_integer("-4.5", ds[1].metadata) == 0.0
+    # the form measures of the evaluation: right or wrong, only the shape counts
+    assert [number_only(r, {}) for r in ("109", " -4.\n", "109 apples", "80 + 29 = 109")] == [1.0, 1.0, 0.0, 0.0]
+    assert [equation_only(r, {}) for r in ("80 + 29 = 108", "3 - 7 = -4.", "80 + 29 = 109, so", "109")] == [
+        1.0,
+        1.0,
+        0.0,
+        0.0,
+    ]
     with pytest.raises(prepare_data.DataError, match="bigbench 2_digit_addition example 1: unexpected item"):
         prepare_data.bigbench_rows("2_digit_addition", {"examples": task["examples"][:1] + [{"input": "Hi?"}]})

@@ -1,6 +1,7 @@
 """Held-out evaluation: the pass@k estimator, the per-set metrics, the schedule."""
 
 import itertools
+import json
 import random
 from math import comb
 
@@ -114,7 +115,7 @@ def test_evaluator_reports_sampled_and_greedy_metrics_per_set():
     assert not any("/reward/" in k for k in out)  # one-term rewards report no per-term means
 
 
-def test_evaluator_reports_each_term_of_a_composed_reward():
+def test_evaluator_reports_each_term_of_a_composed_reward(tmp_path):
     """A weight-0 term is measured beside the one that decides pass@k (e.g. format beside correctness), on the
     same samples, for the sampled and the greedy responses; counts never leak between evaluations."""
     from gspo_mcore.rewards import RewardRunnerConfig, RewardTermConfig
@@ -130,12 +131,20 @@ def test_evaluator_reports_each_term_of_a_composed_reward():
     runner = check_reward_setup(reward, [("h.jsonl:1", m) for m in metas], check_sandbox=False)
     cfg = EvalConfig(datasets=(EvalSetConfig(name="h", data=DataConfig(paths=("h.jsonl",))),), n=4, pass_k=(1,))
     sets = [EvalSet(name="h", prompts=[[5, 6], [7]], metadata=metas, rewards=runner)]
-    for _ in range(2):  # the second evaluation reports the same: the runner's counts restart each time
-        out = Evaluator(cfg, sets, _ScriptedBackend(), _Tok()).run()
+    for step in range(2):  # the second evaluation reports the same: the runner's counts restart each time
+        out = Evaluator(cfg, sets, _ScriptedBackend(), _Tok(), samples_dir=str(tmp_path)).run(step)
         assert out["eval/h/pass@1"] == pytest.approx(0.25)  # the weight-0 term does not count
         assert out["eval/h/reward/correct/mean"] == pytest.approx(0.25)
         assert out["eval/h/reward/format/mean"] == pytest.approx(0.75)  # 3 of 4 sampled responses say "wrong"
         assert out["eval/h/greedy_reward/correct/mean"] == 1.0
+    # every response of an evaluation, with its reward, in step_<step>.jsonl
+    rows = [json.loads(line) for line in open(tmp_path / "step_1.jsonl")]
+    assert [(r["kind"], r["prompt_index"], r["sample_index"]) for r in rows] == [
+        ("sampled", i, j) for i in range(2) for j in range(4)
+    ] + [("greedy", 0, 0), ("greedy", 1, 0)]
+    assert [r["response"] for r in rows[:4]] == ["right", "wrong", "wrong", "wrong"]
+    assert [r["reward"] for r in rows[:4]] == [1.0, 0.0, 0.0, 0.0] and rows[-1]["response"] == "right"
+    assert rows[0]["set"] == "h" and rows[0]["finish_reason"] == "stop" and rows[1]["length"] == 2
 
 
 def test_schedule_depends_only_on_the_step():
