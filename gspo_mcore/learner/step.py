@@ -546,16 +546,21 @@ def train_step(
     Off-policy (docs/loss.md): with ``recompute_old_logprobs`` the samples' own log-probs (the engine's, mu)
     are kept as ``behaviour_logprobs`` next to the recompute (pi_prox): the metrics ``is_weight_*``,
     ``is_masked_fraction`` and ``kl_behaviour_prox`` are then reported, and ``loss_cfg.off_policy`` weights
-    the loss (a mode other than ``none`` requires ``recompute_old_logprobs``). ``reference`` (a
+    the loss (a mode other than ``none`` requires ``recompute_old_logprobs``, or samples that bring their
+    own ``old_logprobs`` / ``behaviour_logprobs`` pair). ``reference`` (a
     :class:`~gspo_mcore.learner.reference.ReferencePolicy`): its log-probs are attached as ``ref_logprobs``
     when ``loss_cfg.uses_reference`` (KL penalty / ``kl`` metric).
     """
-    if loss_cfg.off_policy.mode != "none":
-        if not recompute_old_logprobs:
+    if loss_cfg.off_policy.mode != "none" and not recompute_old_logprobs:
+        # samples may bring their own (pi_prox, mu) pair; otherwise the recompute below makes it
+        missing = next((i for i, s in enumerate(samples) if s.behaviour_logprobs is None), None)
+        if missing is not None:
             raise ValueError(
                 f"loss.off_policy.mode={loss_cfg.off_policy.mode!r} needs the learner's recompute of the proximal "
-                "policy (rollout.old_logprobs: recompute)"
+                f"policy (rollout.old_logprobs: recompute), or behaviour_logprobs on every sample (sample {missing} "
+                "has none)"
             )
+    if loss_cfg.off_policy.mode != "none" and recompute_old_logprobs:
         missing = next((i for i, s in enumerate(samples) if s.old_logprobs is None), None)
         if missing is not None:
             raise ValueError(
