@@ -115,7 +115,7 @@ TWO_RANKS = (
     ]
     + [option_case("dp2", tag) for tag in LOSS_OPTIONS]
     + [option_case("tp2", tag, tp=2) for tag in LOSS_OPTIONS]
-    + [option_case("pp2-mb30", "kl", pp=2, max_tokens=30)]
+    + [option_case("pp2-mb30", "kl", pp=2, max_tokens=30), option_case("dp2-distopt", "kl", distopt=True)]
 )
 # Test-only faults, each must be caught: N + 1 on DP rank 0 only; 2N on both ranks (every gradient halved)
 WRONG_N = [
