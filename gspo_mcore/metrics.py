@@ -147,6 +147,9 @@ def step_metrics(
             record[key] = sum(u[key] for u in updates) / len(updates)  # mean over the mini-batches
         record["ratio_min"] = min(u["ratio_min"] for u in updates)
         record["ratio_max"] = max(u["ratio_max"] for u in updates)
+        if "is_weight_min" in updates[0]:
+            record["is_weight_min"] = min(u["is_weight_min"] for u in updates)
+            record["is_weight_max"] = max(u["is_weight_max"] for u in updates)
         if "rollout_logprob_abs_diff" in updates[0]:
             record["logprob_mismatch"] = updates[0]["rollout_logprob_abs_diff"]
     record.update({f"time_{k}_s": v for k, v in timings.items()})

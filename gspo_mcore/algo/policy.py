@@ -35,6 +35,7 @@ def policy_loss(
     eps_low: float | None = None,
     eps_high: float | None = None,
     num_sequences: int | torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
     cp_group=None,
 ):
     """The clipped policy-gradient loss of one (micro-)batch of packed sequences.
@@ -51,6 +52,9 @@ def policy_loss(
         eps_low, eps_high: clip range ``[1 - eps_low, 1 + eps_high]``; defaults 3e-4/4e-4 for the GSPO
             variants and 0.2/0.27 for GRPO.
         num_sequences: the global normaliser ``N`` (int or 0-d tensor); default: the ``B`` passed here.
+        weights: constant importance weights (the off-policy correction, see :mod:`.off_policy`): ``[B]``
+            per sequence for the GSPO variants, ``[T]`` per token for GRPO; each multiplies its sequence's
+            (token's) clipped term. ``None``: all 1.
         cp_group: context-parallel group: each rank holds part of every sequence; per-sequence partial
             sums are all-reduced (one scalar per sequence).
 
@@ -84,6 +88,11 @@ def policy_loss(
             f"advantages must have shape {expected} for variant {variant!r}, got {tuple(advantages.shape)}"
         )
     inv_n = _inverse_normaliser(num_sequences, B, device)
+    if weights is not None:
+        n_w = T if variant == "grpo" else B
+        check_tensor("weights", weights, dim=1, dtypes=_FLOAT, device=device)
+        check_length("weights", weights, n_w, "[T] (per token, grpo)" if variant == "grpo" else "[B] (per sequence)")
+        weights = weights.detach().float()
 
     mask = loss_mask.to(torch.float32)
     log_ratio = logp.float() - old_logp.detach().float()  # (T,)
@@ -100,6 +109,8 @@ def policy_loss(
         term, ratio, clipped, _ = ops.gspo_sequence_terms(
             seq_sum + poison, counts, advantages.float(), eps_low, eps_high
         )
+        if weights is not None:
+            term = term * weights
         loss = term.sum() * inv_n
         clipped_tokens = (clipped * counts).sum()
         clipped_seqs = clipped.sum()
@@ -121,6 +132,9 @@ def policy_loss(
             adv_tok = _expand(advantages.float(), cu_seqlens, T)
         adv_tok = torch.where(counted, adv_tok, 0.0)
         tok_term, tok_clipped = _clipped_token_terms(ratio_tok, adv_tok, eps_low, eps_high)
+        if weights is not None:
+            w_tok = weights if variant == "grpo" else _expand(weights, cu_seqlens, T)
+            tok_term = tok_term * torch.where(counted, w_tok, 0.0)
         seq_term = ops.segment_sum(tok_term, cu_seqlens, mask)  # partial per-sequence sums
         seq_clipped = ops.segment_sum(tok_clipped, cu_seqlens, mask)
         if variant == "grpo":

@@ -10,11 +10,45 @@ from __future__ import annotations
 import torch
 
 
+def _is_weight(log_w, mode, cap):
+    """The off-policy weight from its log (float64, constant): TIS ``min(w, C)``, MIS ``[1/C <= w <= C]``."""
+    w = torch.exp(log_w.detach())
+    if mode == "tis":
+        return torch.clamp(w, max=cap)
+    if mode == "mis":
+        return ((w >= 1.0 / cap) & (w <= cap)).double()
+    return torch.ones_like(w)
+
+
 def policy_loss_reference(
-    logp, old_logp, advantages, cu_seqlens, loss_mask, *, variant, eps_low, eps_high, num_sequences=None
+    logp,
+    old_logp,
+    advantages,
+    cu_seqlens,
+    loss_mask,
+    *,
+    variant,
+    eps_low,
+    eps_high,
+    num_sequences=None,
+    behaviour_logp=None,
+    off_policy="none",
+    cap=2.0,
+    ref_logp=None,
+    kl_coef=0.0,
+    kl_estimator="k3",
+    entropy=None,
+    entropy_coef=0.0,
 ):
+    """The loss of docs/gspo.md and docs/loss.md, written per sequence in float64.
+
+    ``behaviour_logp`` (mu) with ``off_policy`` ``tis``/``mis``: the importance weight of the decoupled
+    objective (``old_logp`` is pi_prox); ``ref_logp`` with ``kl_coef``: the KL penalty; ``entropy`` with
+    ``entropy_coef``: the entropy bonus (``entropy`` differentiable if its gradient is wanted).
+    """
     n = num_sequences if num_sequences is not None else cu_seqlens.numel() - 1
     total = logp.new_zeros((), dtype=torch.float64)
+    penalty = logp.new_zeros((), dtype=torch.float64)
     lo, hi = 1.0 - eps_low, 1.0 + eps_high
     for i in range(cu_seqlens.numel() - 1):
         a, b = int(cu_seqlens[i]), int(cu_seqlens[i + 1])
@@ -23,10 +57,18 @@ def policy_loss_reference(
         olp = old_logp[a:b][m].double()
         if lp.numel() == 0:
             continue  # a sequence with no counted token contributes nothing
+        mu = behaviour_logp[a:b][m].double() if behaviour_logp is not None else olp
+        if ref_logp is not None and kl_coef:
+            d = ref_logp[a:b][m].double() - lp  # log(pi_ref / pi_theta)
+            k = -d if kl_estimator == "k1" else torch.exp(d) - d - 1.0
+            penalty = penalty + kl_coef * k.mean()
+        if entropy is not None and entropy_coef:
+            penalty = penalty - entropy_coef * entropy[a:b][m].double().mean()
         if variant == "gspo":
             A = advantages[i].double()
             s = torch.exp((lp - olp).mean())
-            total = total + torch.minimum(s * A, s.clamp(lo, hi) * A)
+            w = _is_weight((olp - mu).mean(), off_policy, cap)
+            total = total + w * torch.minimum(s * A, s.clamp(lo, hi) * A)
         elif variant == "gspo_token":
             A = (
                 advantages[a:b][m].double()
@@ -35,11 +77,13 @@ def policy_loss_reference(
             )
             s = torch.exp((lp - olp).mean()).detach()
             s_t = s * torch.exp(lp - lp.detach())
-            total = total + torch.minimum(s_t * A, s_t.clamp(lo, hi) * A).mean()
+            w = _is_weight((olp - mu).mean(), off_policy, cap)
+            total = total + w * torch.minimum(s_t * A, s_t.clamp(lo, hi) * A).mean()
         elif variant == "grpo":
             A = advantages[i].double()
-            w = torch.exp(lp - olp)
-            total = total + torch.minimum(w * A, w.clamp(lo, hi) * A).mean()
+            r = torch.exp(lp - olp)
+            w = _is_weight(olp - mu, off_policy, cap)
+            total = total + (w * torch.minimum(r * A, r.clamp(lo, hi) * A)).mean()
         else:
             raise ValueError(variant)
-    return -(total / n).float()
+    return ((penalty - total) / n).float()

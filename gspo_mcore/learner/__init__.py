@@ -26,10 +26,12 @@ from gspo_mcore.learner.parallel import (
     init_parallel,
     validate_layout,
 )
+from gspo_mcore.learner.reference import ReferencePolicy
 from gspo_mcore.learner.routing import RoutingConfig
 from gspo_mcore.learner.step import (
     BatchConfig,
     LossConfig,
+    OffPolicyConfig,
     forward_backward,
     forward_logprobs,
     forward_logprobs_with_routing,
@@ -45,8 +47,10 @@ __all__ = [
     "MicroBatch",
     "ModelOptions",
     "ModelShape",
+    "OffPolicyConfig",
     "OptimConfig",
     "ParallelConfig",
+    "ReferencePolicy",
     "Sample",
     "build_microbatch",
     "build_model",

@@ -42,6 +42,15 @@ class Sample:
     routed_experts: torch.Tensor | None = None
     """MoE only: ``[L, num_layers, topk]`` integer expert ids each token was routed to under the behaviour
     policy (``-1`` in dense layers), replayed by Routing Replay (see :mod:`gspo_mcore.learner.routing`)."""
+    token_advantages: torch.Tensor | None = None
+    """``[L-1]`` float32 per-token advantages ``A_i,t`` aligned with ``tokens[1:]`` (only the counted positions
+    matter), used by ``loss.variant: gspo_token``; ``None``: ``advantage`` on every token."""
+    behaviour_logprobs: torch.Tensor | None = None
+    """``[L-1]`` float32: the engine's log-probs (the behaviour policy mu) when ``old_logprobs`` holds the
+    learner's recompute (pi_prox); set by :func:`~gspo_mcore.learner.train_step` for the off-policy
+    correction and its metrics."""
+    ref_logprobs: torch.Tensor | None = None
+    """``[L-1]`` float32: log-probs under the frozen reference policy (for the KL term)."""
 
     def __post_init__(self):
         if not isinstance(self.tokens, torch.Tensor) or self.tokens.dim() != 1 or self.tokens.dtype != torch.int64:
@@ -56,6 +65,13 @@ class Sample:
             raise ValueError(
                 f"Sample.old_logprobs must be [L-1] = [{self.tokens.shape[0] - 1}] (aligned with tokens[1:])"
             )
+        for name in ("token_advantages", "behaviour_logprobs", "ref_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, torch.Tensor) or v.shape != (self.tokens.shape[0] - 1,)):
+                shape = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+                raise ValueError(
+                    f"Sample.{name} must be [L-1] = [{self.tokens.shape[0] - 1}] (aligned with tokens[1:]), got {shape}"
+                )
         r = self.routed_experts
         if r is not None and (
             not isinstance(r, torch.Tensor)
@@ -168,6 +184,12 @@ class MicroBatch:
     cu_seqlens: torch.Tensor  # (B+1,) int64 offsets of the samples in [0, T)
     sample_indices: list[int] = field(default_factory=list)
     """Indices of the samples (in the list given to :func:`build_microbatch`), in order."""
+    token_advantages: torch.Tensor | None = None
+    """(T,) float32 per-token advantages, when some sample carries them (the others' ``advantage`` repeated)."""
+    behaviour_logprobs: torch.Tensor | None = None
+    """(T,) float32 behaviour (engine) log-probs, when every sample carries them."""
+    ref_logprobs: torch.Tensor | None = None
+    """(T,) float32 reference-policy log-probs, when every sample carries them."""
     routing: torch.Tensor | None = None
     """Routing Replay target ``[S, R, num_layers, topk]`` int64 in the routers' (sequence-major) token
     order, when every sample carries ``routed_experts``."""
@@ -201,6 +223,22 @@ def build_microbatch(
         for (_, _, o, _), n, m in zip(seqs, lengths, masks)
     ]
     advantages = torch.tensor([a for *_, a in seqs], dtype=torch.float32)
+    extra = {
+        name: _token_field(chosen, name, masks)
+        for name in ("behaviour_logprobs", "ref_logprobs")
+        if chosen and all(getattr(s, name) is not None for s in chosen)
+    }
+    if any(s.token_advantages is not None for s in chosen):
+        extra["token_advantages"] = [
+            torch.cat(
+                [
+                    s.token_advantages.float() if s.token_advantages is not None else torch.full((n - 1,), a),
+                    torch.zeros(1),
+                ]
+            )
+            * (m > 0)
+            for s, n, m, a in zip(chosen, lengths, masks, advantages.tolist())
+        ]
     attention_mask = packed = None
     routed = [s.routed_experts for s in chosen]
     if packing == "padded":
@@ -211,6 +249,7 @@ def build_microbatch(
         targets, masks, olds = (
             [torch.cat([x, x.new_zeros(p)]) for x, p in zip(xs, pad)] for xs in (targets, masks, olds)
         )
+        extra = {k: [torch.cat([x, x.new_zeros(p)]) for x, p in zip(xs, pad)] for k, xs in extra.items()}
         cu = torch.arange(len(seqs) + 1, dtype=torch.int64) * width
     else:
         total = sum(lengths)
@@ -249,9 +288,15 @@ def build_microbatch(
         old_logprobs=torch.cat(olds).to(device),
         advantages=advantages.to(device),
         cu_seqlens=cu.to(device),
+        **{k: torch.cat(xs).to(device) for k, xs in extra.items()},
         sample_indices=list(indices),
         routing=routing,
     )
+
+
+def _token_field(chosen, name, masks):
+    """Per sample, its ``[L-1]`` field as ``[L]`` positions (0 at the end and where not counted)."""
+    return [torch.cat([getattr(s, name).float(), torch.zeros(1)]) * (m > 0) for s, m in zip(chosen, masks)]
 
 
 def _round_up(n: int, multiple: int) -> int:

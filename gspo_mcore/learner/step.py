@@ -15,7 +15,7 @@ ranks; our loss already carries the global ``1/N``, so the loss function multipl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import ClassVar, Literal
 
@@ -41,6 +41,26 @@ CPU_PACKINGS = ("padded", "block_diagonal")
 
 
 @dataclass(frozen=True, kw_only=True)
+class OffPolicyConfig:
+    """The decoupled off-policy correction (docs/loss.md): the clipped ratio is taken against the learner's
+    recompute pi_prox, and a constant weight ``pi_prox / mu`` (length-normalised per sequence for the GSPO
+    variants, per token for GRPO) corrects for the engine's behaviour policy mu."""
+
+    mode: Literal["none", "tis", "mis"] = "none"
+    """``none``: no weight (the plain objective); ``tis``: ``min(w, cap)``; ``mis``: samples (GRPO: tokens)
+    with ``w`` outside ``[1/cap, cap]`` get no gradient. Needs ``rollout.old_logprobs: recompute``."""
+    cap: float = 2.0
+    """``C`` (> 1)."""
+
+    def __post_init__(self):
+        check_literals(self)
+        if isinstance(self.cap, bool) or not (isinstance(self.cap, (int, float)) and math.isfinite(self.cap)):
+            raise ValueError(f"loss.off_policy.cap must be a finite number > 1, got {self.cap!r}")
+        if self.cap <= 1:
+            raise ValueError(f"loss.off_policy.cap must be > 1 (the weights are kept in [1/cap, cap]), got {self.cap}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class LossConfig:
     """The policy loss. (Its temperature is the rollout's sampling temperature: ``train_step(temperature=)``.)"""
 
@@ -56,9 +76,32 @@ class LossConfig:
     eps_high: float | None = None
     compute_entropy: bool = True
     """Report the mean entropy of the counted tokens."""
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+    """The train/inference (and staleness) correction; off by default."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty to the frozen initial policy (0: none, as in the paper)."""
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    """Per-token KL estimator: ``k1 = logp - ref``, ``k3 = exp(ref - logp) - (ref - logp) - 1``."""
+    kl_metric: bool = False
+    """Report ``kl`` (to the initial policy) even when ``kl_coef`` is 0 (costs the reference forward)."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (the loss subtracts ``entropy_coef`` x the sequence-mean entropy)."""
 
     def __post_init__(self):
         check_literals(self)
+        for key in ("kl_coef", "entropy_coef"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"loss.{key} must be a finite number >= 0, got {v!r}")
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether the reference policy's log-probs are needed (KL penalty or metric)."""
+        return self.kl_coef > 0 or self.kl_metric
+
+    @property
+    def needs_entropy(self) -> bool:
+        return self.compute_entropy or self.entropy_coef > 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,8 +138,14 @@ _SUMS = (
     "num_tokens",
     "num_sequences",
     "entropy_sum",
+    "kl_sum",
+    "is_weight_sum",
+    "is_weight_count",
+    "is_masked",
+    "mu_kl_sum",
+    "mu_kl_count",
 )
-_MAXES = ("neg_ratio_min", "ratio_max")
+_MAXES = ("neg_ratio_min", "ratio_max", "neg_is_weight_min", "is_weight_max")
 
 
 def uses_transformer_engine(model) -> bool:
@@ -164,22 +213,50 @@ def _token_logprobs(mb: MicroBatch, logits: torch.Tensor, layout: Layout, temper
 
 
 def _policy_loss_func(layout, loss_cfg, temperature, num_sequences, scale, mb, logits):
-    out = _token_logprobs(mb, logits, layout, temperature, loss_cfg.compute_entropy)
-    logp, entropy = out if loss_cfg.compute_entropy else (out, None)
+    out = _token_logprobs(mb, logits, layout, temperature, loss_cfg.needs_entropy)
+    logp, entropy = out if loss_cfg.needs_entropy else (out, None)
+    zero = logp.new_zeros((), dtype=torch.float32)
+    weights, off = None, {}
+    if mb.behaviour_logprobs is not None:
+        level = "token" if loss_cfg.variant == "grpo" else "sequence"
+        w, off = algo.off_policy_weights(
+            mb.old_logprobs,
+            mb.behaviour_logprobs,
+            mb.cu_seqlens,
+            mb.loss_mask,
+            mode=loss_cfg.off_policy.mode,
+            cap=loss_cfg.off_policy.cap,
+            level=level,
+        )
+        weights = w if loss_cfg.off_policy.mode != "none" else None
+    advantages = mb.token_advantages if mb.token_advantages is not None else mb.advantages
     loss, m = algo.policy_loss(
         logp,
         mb.old_logprobs,
-        mb.advantages,
+        advantages,
         mb.cu_seqlens,
         mb.loss_mask,
         variant=loss_cfg.variant,
         eps_low=loss_cfg.eps_low,
         eps_high=loss_cfg.eps_high,
         num_sequences=num_sequences,
+        weights=weights,
     )
+    extra, r = algo.regularizer_loss(
+        logp,
+        mb.cu_seqlens,
+        mb.loss_mask,
+        num_sequences=num_sequences,
+        ref_logp=mb.ref_logprobs,
+        kl_coef=loss_cfg.kl_coef,
+        kl_estimator=loss_cfg.kl_estimator,
+        entropy=entropy if loss_cfg.entropy_coef > 0 else None,
+        entropy_coef=loss_cfg.entropy_coef,
+    )
+    loss = loss + extra
     weight = m["num_tokens"] if loss_cfg.variant == "grpo" else m["num_sequences"]
     none = weight == 0
-    entropy_sum = (entropy.detach() * mb.loss_mask).sum() if entropy is not None else loss.new_zeros(())
+    entropy_sum = (entropy.detach() * mb.loss_mask).sum() if entropy is not None else zero
     sums = torch.stack(
         [
             loss.detach(),
@@ -191,9 +268,19 @@ def _policy_loss_func(layout, loss_cfg, temperature, num_sequences, scale, mb, l
             m["num_tokens"],
             m["num_sequences"],
             entropy_sum,
+            r.get("kl_sum", zero),
+            *(off.get(k, zero) for k in ("is_weight_sum", "is_weight_count", "is_masked", "mu_kl_sum", "mu_kl_count")),
         ]
     )
-    maxes = torch.stack([torch.where(none, -math.inf, -m["ratio_min"]), torch.where(none, -math.inf, m["ratio_max"])])
+    no_w = off.get("is_weight_count", zero) == 0
+    maxes = torch.stack(
+        [
+            torch.where(none, -math.inf, -m["ratio_min"]),
+            torch.where(none, -math.inf, m["ratio_max"]),
+            torch.where(no_w, -math.inf, -off.get("is_weight_min", zero)),
+            torch.where(no_w, -math.inf, off.get("is_weight_max", zero)),
+        ]
+    )
     return loss * scale, {"sums": sums, "maxes": maxes}
 
 
@@ -266,12 +353,31 @@ def forward_backward(
         )
     if any(s.old_logprobs is None for s in samples):
         raise ValueError("the policy loss needs old_logprobs on every sample (see train_step / forward_logprobs)")
+    if loss_cfg.variant != "gspo_token":
+        bad = next((i for i, s in enumerate(samples) if s.token_advantages is not None), None)
+        if bad is not None:
+            raise ValueError(
+                f"sample {bad} carries per-token advantages, which only loss.variant=gspo_token uses "
+                f"(loss.variant is {loss_cfg.variant!r})"
+            )
+    if loss_cfg.off_policy.mode != "none" and any(s.behaviour_logprobs is None for s in samples):
+        raise ValueError(
+            f"loss.off_policy.mode={loss_cfg.off_policy.mode!r} needs behaviour_logprobs (the engine's) on every "
+            "sample, with old_logprobs the learner's recompute (train_step with recompute_old_logprobs=True)"
+        )
+    if loss_cfg.kl_coef > 0 and any(s.ref_logprobs is None for s in samples):
+        raise ValueError("loss.kl_coef > 0 needs ref_logprobs on every sample (train_step with a ReferencePolicy)")
     n = count_sequences(samples) if num_sequences is None else num_sequences
     mbs = microbatches_for_rank(samples, layout, max_tokens, model=model, packing=packing)
     scale = float(len(mbs) * layout.dp_size)
     loss_func = partial(_policy_loss_func, layout, loss_cfg, _check_temperature(temperature), max(n, 1), scale)
     store = _run_schedule(model, mbs, loss_func, forward_only=False, tape=_tape(model, layout, replay=replay_routing))
-    metrics = _reduce_metrics(store, layout)
+    metrics = _reduce_metrics(
+        store,
+        layout,
+        with_kl=all(s.ref_logprobs is not None for s in samples),
+        with_off_policy=all(s.behaviour_logprobs is not None for s in samples),
+    )
     metrics["num_microbatches"] = float(len(mbs))
     return metrics
 
@@ -313,7 +419,7 @@ def train_minibatch(
     return metrics
 
 
-def _reduce_metrics(store, layout: Layout) -> dict[str, float]:
+def _reduce_metrics(store, layout: Layout, *, with_kl: bool = False, with_off_policy: bool = False) -> dict[str, float]:
     sums = torch.zeros(len(_SUMS), dtype=torch.float32, device=layout.device)
     maxes = torch.full((len(_MAXES),), -math.inf, dtype=torch.float32, device=layout.device)
     for item in store if layout.is_last_stage else []:
@@ -326,7 +432,7 @@ def _reduce_metrics(store, layout: Layout) -> dict[str, float]:
     s = dict(zip(_SUMS, sums.tolist()))
     mx = dict(zip(_MAXES, maxes.tolist()))
     ratio_known = s["ratio_weight"] > 0
-    return {
+    out = {
         "loss": s["loss"],
         "clip_fraction": s["clipped_tokens"] / max(s["num_tokens"], 1.0),
         "clipped_sequence_fraction": s["clipped_sequences"] / max(s["num_sequences"], 1.0),
@@ -338,6 +444,18 @@ def _reduce_metrics(store, layout: Layout) -> dict[str, float]:
         "num_sequences": s["num_sequences"],
         "entropy": s["entropy_sum"] / max(s["num_tokens"], 1.0),
     }
+    if with_off_policy:  # the batch carried behaviour log-probs (see train_step)
+        known = s["is_weight_count"] > 0
+        out.update(
+            is_weight_mean=s["is_weight_sum"] / s["is_weight_count"] if known else 1.0,
+            is_weight_min=-mx["neg_is_weight_min"] if known else 1.0,
+            is_weight_max=mx["is_weight_max"] if known else 1.0,
+            is_masked_fraction=s["is_masked"] / max(s["is_weight_count"], 1.0),
+            kl_behaviour_prox=s["mu_kl_sum"] / max(s["mu_kl_count"], 1.0),
+        )
+    if with_kl:
+        out["kl"] = s["kl_sum"] / max(s["num_sequences"], 1.0)
+    return out
 
 
 def _logprob_func(layout, temperature, mb, logits):
@@ -408,6 +526,7 @@ def train_step(
     temperature: float = 1.0,
     recompute_old_logprobs: bool = False,
     measure_routing: bool = False,
+    reference=None,
 ) -> list[dict[str, float]]:
     """One rollout batch: old log-probs where needed, then one optimizer step per mini-batch.
 
@@ -423,7 +542,33 @@ def train_step(
     ``old_logprobs`` (e.g. from the rollout engine) are replayed as given. With ``measure_routing`` the
     batch is forwarded again after the first optimizer step and every dict gets
     ``routing_changed_fraction`` and ``routing_expert_change_fraction`` (see :func:`routing.routing_change`).
+
+    Off-policy (docs/loss.md): with ``recompute_old_logprobs`` the samples' own log-probs (the engine's, mu)
+    are kept as ``behaviour_logprobs`` next to the recompute (pi_prox): the metrics ``is_weight_*``,
+    ``is_masked_fraction`` and ``kl_behaviour_prox`` are then reported, and ``loss_cfg.off_policy`` weights
+    the loss (a mode other than ``none`` requires ``recompute_old_logprobs``, or samples that bring their
+    own ``old_logprobs`` / ``behaviour_logprobs`` pair). ``reference`` (a
+    :class:`~gspo_mcore.learner.reference.ReferencePolicy`): its log-probs are attached as ``ref_logprobs``
+    when ``loss_cfg.uses_reference`` (KL penalty / ``kl`` metric).
     """
+    if loss_cfg.off_policy.mode != "none" and not recompute_old_logprobs:
+        # samples may bring their own (pi_prox, mu) pair; otherwise the recompute below makes it
+        missing = next((i for i, s in enumerate(samples) if s.behaviour_logprobs is None), None)
+        if missing is not None:
+            raise ValueError(
+                f"loss.off_policy.mode={loss_cfg.off_policy.mode!r} needs the learner's recompute of the proximal "
+                f"policy (rollout.old_logprobs: recompute), or behaviour_logprobs on every sample (sample {missing} "
+                "has none)"
+            )
+    if loss_cfg.off_policy.mode != "none" and recompute_old_logprobs:
+        missing = next((i for i, s in enumerate(samples) if s.old_logprobs is None), None)
+        if missing is not None:
+            raise ValueError(
+                f"loss.off_policy.mode={loss_cfg.off_policy.mode!r} needs the behaviour (engine) log-probs, "
+                f"but sample {missing} has none"
+            )
+    if loss_cfg.uses_reference and reference is None:
+        raise ValueError("loss.kl_coef > 0 or loss.kl_metric needs a ReferencePolicy (train_step(reference=...))")
     extra = {}
     moe = routing.is_moe(model)
     replay = routing_cfg.replay and moe
@@ -444,7 +589,9 @@ def train_step(
             count = sum(s.num_response_tokens for s, _ in rollout)
             extra["rollout_logprob_abs_diff"] = diff / max(count, 1)
         samples = [
-            replace(s, old_logprobs=lp) if recompute_old_logprobs or s.old_logprobs is None else s
+            replace(s, old_logprobs=lp, behaviour_logprobs=s.old_logprobs)
+            if recompute_old_logprobs
+            else (replace(s, old_logprobs=lp) if s.old_logprobs is None else s)
             for s, lp in zip(samples, old)
         ]
         if replay:
@@ -453,6 +600,9 @@ def train_step(
                 s if s.routed_experts is not None and not recompute_old_logprobs else replace(s, routed_experts=r)
                 for s, r in zip(samples, before)
             ]
+    if loss_cfg.uses_reference:
+        ref = reference.logprobs(model, samples, layout, **kw)
+        samples = [replace(s, ref_logprobs=lp) for s, lp in zip(samples, ref)]
     results = []
     for j, part in enumerate(split_minibatches(len(samples), batch_cfg.num_minibatches)):
         results.append(

@@ -31,8 +31,41 @@ def overlong_penalties(
     return -penalty * excess / buffer
 
 
+def staleness_metrics(groups: Sequence[Sequence[Sample]], current_version: int) -> dict[str, float]:
+    """The weight-version lag of the batch: ``staleness_max``, ``staleness_mean`` and a histogram
+    ``staleness_lag_<k>`` (the fraction of samples made by weights ``k`` versions older than
+    ``current_version``, the version the learner trains)."""
+    lags = [current_version - s.weight_version for g in groups for s in g]
+    if not lags:
+        return {}
+    out = {"staleness_max": float(max(lags)), "staleness_mean": sum(lags) / len(lags)}
+    for k in sorted(set(lags)):
+        out[f"staleness_lag_{k}"] = lags.count(k) / len(lags)
+    return out
+
+
+def token_advantages(
+    advantage: float, shaping: Sequence[float] | None, num_prompt: int, num_response: int, where: str
+) -> torch.Tensor | None:
+    """``A_i,t = A_i + d_i,t`` aligned with ``tokens[1:]`` (``[p + r - 1]``): the group-normalised sequence
+    advantage plus the per-response-token shaping term ``d`` (not normalised); ``None`` without ``d``."""
+    if shaping is None:
+        return None
+    d = torch.as_tensor(shaping, dtype=torch.float32).reshape(-1)
+    if d.shape[0] != num_response:
+        raise ValueError(f"{where}: {d.shape[0]} per-token advantages for {num_response} response tokens")
+    if not bool(torch.isfinite(d).all()):
+        raise ValueError(f"{where}: per-token advantages must be finite")
+    return torch.cat([torch.full((num_prompt - 1,), float(advantage)), float(advantage) + d])
+
+
 def learner_samples(
-    groups: Sequence[Sequence[Sample]], advantages: torch.Tensor, keep: torch.Tensor, *, mask_truncated: bool = False
+    groups: Sequence[Sequence[Sample]],
+    advantages: torch.Tensor,
+    keep: torch.Tensor,
+    *,
+    mask_truncated: bool = False,
+    token_shaping: Sequence[Sequence[float] | None] | None = None,
 ) -> tuple[list[LearnerSample], int]:
     """The learner's samples of the kept groups, and how many responses were left out of the loss.
 
@@ -40,9 +73,16 @@ def learner_samples(
     token (an engine that returned nothing, e.g. an aborted request: they have nothing to train on) and,
     with ``mask_truncated``, responses cut at the length limit. Their group's advantages were taken with
     them, as the rewards were observed.
+
+    ``token_shaping``: per sample (``num_groups * G``, group after group), ``None`` or one term per response
+    token ``d_i,t``; the sample then carries ``token_advantages`` ``A_i + d_i,t`` (GSPO-token, docs/loss.md).
+    A list of the wrong length fails naming the sample.
     """
     out, left_out = [], 0
     flat_adv = advantages.view(len(groups), -1)
+    G = flat_adv.shape[1]
+    if token_shaping is not None and len(token_shaping) != flat_adv.numel():
+        raise ValueError(f"token_shaping has {len(token_shaping)} entries for {flat_adv.numel()} samples")
     for g, group in enumerate(groups):
         if not bool(keep[g]):
             continue
@@ -56,5 +96,15 @@ def learner_samples(
             # the engine's log-probs, aligned with tokens[1:]; with old_logprobs=recompute the learner
             # replaces them before the first update and reports the mismatch
             old = torch.cat([torch.zeros(p - 1), torch.tensor(s.response_logprobs, dtype=torch.float32)])
-            out.append(LearnerSample(tokens=tokens, loss_mask=mask, advantage=float(flat_adv[g, j]), old_logprobs=old))
+            adv = float(flat_adv[g, j])
+            tok_adv = token_advantages(
+                adv,
+                token_shaping[g * G + j] if token_shaping is not None else None,
+                p,
+                r,
+                where=f"sample (prompt {s.prompt_index}, sample {s.sample_index})",
+            )
+            out.append(
+                LearnerSample(tokens=tokens, loss_mask=mask, advantage=adv, old_logprobs=old, token_advantages=tok_adv)
+            )
     return out, left_out

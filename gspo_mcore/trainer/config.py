@@ -196,6 +196,12 @@ class TrainConfig:
                 "routing.replay=true needs rollout.old_logprobs=recompute: the experts are recorded in "
                 "the learner's old-log-prob forward, so the old log-probs must come from it too"
             )
+        if self.loss.off_policy.mode != "none" and self.rollout.old_logprobs != "recompute":
+            raise ValueError(
+                f"loss.off_policy.mode={self.loss.off_policy.mode} needs rollout.old_logprobs=recompute: the "
+                "clipped ratio is taken against the learner's recompute (pi_prox) and the weight compares it with "
+                "the engine's log-probs (mu); with rollout.old_logprobs=rollout there is no pi_prox"
+            )
         total = self.rollout.prompts_per_step * self.rollout.group_size
         if self.batch.num_minibatches > total:
             raise ValueError(

@@ -29,12 +29,19 @@ from gspo_mcore.data.dataset import PromptDataset
 from gspo_mcore.data.loader import PromptLoader
 from gspo_mcore.data.sampler import PromptSampler
 from gspo_mcore.data.template import PromptTemplate, load_tokenizer
-from gspo_mcore.learner import build_model, build_optimizer, init_parallel, load_hf_config, train_step
+from gspo_mcore.learner import (
+    ReferencePolicy,
+    build_model,
+    build_optimizer,
+    init_parallel,
+    load_hf_config,
+    train_step,
+)
 from gspo_mcore.learner.checkpoint import Checkpointer
 from gspo_mcore.metrics import MetricsLogger, step_metrics
 from gspo_mcore.rewards import check_reward_setup
 from gspo_mcore.trainer.backends import InProcessRollout, RolloutBackend, SGLangRollout
-from gspo_mcore.trainer.batch import decode_responses, learner_samples, overlong_penalties
+from gspo_mcore.trainer.batch import decode_responses, learner_samples, overlong_penalties, staleness_metrics
 from gspo_mcore.trainer.config import TrainConfig, resolve
 from gspo_mcore.trainer.evaluation import EvalSet, Evaluator
 
@@ -70,6 +77,10 @@ def run(cfg: TrainConfig) -> list[dict]:
 
         load_hf_weights(model, cfg.model.hf_dir, shape, progress=is_writer, layout=layout)
     optimizer, scheduler = build_optimizer(model, cfg.optim)
+    # the KL reference is the initial policy: snapshot it before a checkpoint is restored
+    reference = ReferencePolicy(model) if cfg.loss.uses_reference else None
+    if reference is not None and is_writer:
+        logger.info("KL reference policy: %.1f MiB of CPU memory per rank", reference.nbytes / 2**20)
     engine = _rollout_backend(cfg, model, layout, shape, tokenizer)
     samples_dir = os.path.join(cfg.log.output_dir, "eval_samples") if is_writer and cfg.eval.save_samples else None
     evaluator = Evaluator(cfg.eval, eval_sets, engine, tokenizer, samples_dir=samples_dir)
@@ -96,7 +107,7 @@ def run(cfg: TrainConfig) -> list[dict]:
                 _log_eval(metrics, step, evaluator.run(step))
                 evaluated.add(step)
             record = _train_one_step(
-                cfg, step, loader, engine, rewards, tokenizer, model, optimizer, scheduler, layout, shape
+                cfg, step, loader, engine, rewards, tokenizer, model, optimizer, scheduler, layout, shape, reference
             )
             if record is None:  # the prompts ran out (a finite number of epochs)
                 break
@@ -116,7 +127,7 @@ def run(cfg: TrainConfig) -> list[dict]:
 
 
 def _train_one_step(
-    cfg: TrainConfig, step, loader, engine, rewards, tokenizer, model, optimizer, scheduler, layout, shape
+    cfg: TrainConfig, step, loader, engine, rewards, tokenizer, model, optimizer, scheduler, layout, shape, reference
 ) -> dict | None:
     """One GSPO step; its metrics record, or ``None`` when no prompts are left."""
     phases = _Phases()
@@ -173,11 +184,12 @@ def _train_one_step(
                 temperature=cfg.temperature,
                 recompute_old_logprobs=cfg.rollout.old_logprobs == "recompute",
                 measure_routing=measure,
+                reference=reference,
             )
         )
     with phases("weight_sync"):
         engine.sync_weights(model, shape, step + 1)  # the engine serves the updated policy as version step+1
-    return step_metrics(
+    record = step_metrics(
         groups,
         scores,
         shaped,
@@ -189,6 +201,8 @@ def _train_one_step(
         left_out=left_out,
         update_skipped=skipped,
     )
+    record.update(staleness_metrics(groups, step))  # the learner trains weight version `step`
+    return record
 
 
 class _Phases:

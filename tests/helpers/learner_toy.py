@@ -85,6 +85,31 @@ def with_offset_old_logprobs(samples, logprobs, variant: str):
     return [replace(s, old_logprobs=lp + offsets[i % len(offsets)]) for i, (s, lp) in enumerate(zip(samples, logprobs))]
 
 
+# Per-sequence log(pi_prox / mu) of the off-policy cases: weights exp(shift) = 1.22, 2.72, 0.37, 1, 0.74, so that
+# with cap 2 TIS truncates one sequence in five and MIS masks two, all far from the cap on rounding noise
+BEHAVIOUR_SHIFTS = (0.2, 1.0, -1.0, 0.0, -0.3)
+
+
+def with_behaviour_logprobs(samples):
+    """Behaviour (engine) log-probs ``mu = old_logprobs - shift`` per sequence (see ``BEHAVIOUR_SHIFTS``)."""
+    from dataclasses import replace
+
+    shifts = BEHAVIOUR_SHIFTS
+    return [replace(s, behaviour_logprobs=s.old_logprobs - shifts[i % len(shifts)]) for i, s in enumerate(samples)]
+
+
+def with_token_advantages(samples):
+    """Per-token advantages that vary within each sequence: ``A_i + 0.8 * ramp`` (ramp from -1 to 1)."""
+    from dataclasses import replace
+
+    out = []
+    for i, s in enumerate(samples):
+        n = s.length - 1
+        ramp = torch.linspace(-1.0, 1.0, n) * (0.8 if i % 2 else -0.8)
+        out.append(replace(s, token_advantages=s.advantage + ramp))
+    return out
+
+
 def local_shards(model):
     """``[(key, global_shape, index, tensor)]`` for every floating-point tensor of this rank's model."""
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory

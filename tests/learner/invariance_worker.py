@@ -42,7 +42,18 @@ ADAM_EPS = 1e-6
 
 
 def ref_name(case):
-    return f"{case['model']}-{case['variant']}"
+    tag = case.get("tag")
+    return f"{case['model']}-{case['variant']}" + (f"-{tag}" if tag else "")
+
+
+def loss_config(case):
+    """The case's LossConfig: its variant plus ``case["loss"]`` (``off_policy`` given as a dict)."""
+    from gspo_mcore.learner import LossConfig, OffPolicyConfig
+
+    kw = dict(case.get("loss", {}))
+    if "off_policy" in kw:
+        kw["off_policy"] = OffPolicyConfig(**kw["off_policy"])
+    return LossConfig(variant=case["variant"], **kw)
 
 
 def counted(sample) -> bool:
@@ -95,6 +106,7 @@ def run_case(case, args):
         LossConfig,
         OptimConfig,
         ParallelConfig,
+        ReferencePolicy,
         build_model,
         build_optimizer,
         forward_backward,
@@ -140,8 +152,21 @@ def run_case(case, args):
     fwd_vs_train = max(abs(math.log(check["ratio_min"])), abs(math.log(check["ratio_max"])))
 
     variant = case["variant"]
-    loss_cfg = LossConfig(variant=variant)
+    loss_cfg = loss_config(case)
     batch = toy.with_offset_old_logprobs(samples, logp, variant)
+    if case.get("token_adv"):
+        batch = toy.with_token_advantages(batch)
+    if loss_cfg.off_policy.mode != "none":
+        batch = toy.with_behaviour_logprobs(batch)
+    reference, swap_restored = None, None
+    if loss_cfg.uses_reference:
+        # the initial weights (no update yet); the first mini-batch's reference log-probs equal logp, so the
+        # KL gradient there is k1's (kl_coef * grad logp per sequence mean), and after the first step both
+        before = toy.local_shards(model)
+        reference = ReferencePolicy(model)
+        ref_lp = reference.logprobs(model, batch, layout, max_tokens=max_tokens, packing=packing)
+        swap_restored = all(torch.equal(a[3], b[3]) for a, b in zip(before, toy.local_shards(model)))
+        batch = [replace(s, ref_logprobs=lp) for s, lp in zip(batch, ref_lp)]
     parts = split_minibatches(len(batch), 2)
     first = [batch[i] for i in parts[0]]
     with WrongNormaliser(case.get("wrong_n"), layout):
@@ -167,6 +192,7 @@ def run_case(case, args):
             layout,
             loss_cfg,
             BatchConfig(num_minibatches=2, max_tokens_per_microbatch=max_tokens, packing=packing),
+            reference=reference,
         )
     result = dict(
         case=case["name"],
@@ -179,6 +205,11 @@ def run_case(case, args):
         expected_num_sequences=[sum(counted(batch[i]) for i in part) for part in parts],
         num_microbatches=[m["num_microbatches"] for m in metrics],
         fwd_vs_train_logp=fwd_vs_train,
+        swap_restored=swap_restored,
+        extra_metrics=[
+            {k: m[k] for k in ("kl", "is_weight_mean", "is_weight_max", "is_masked_fraction", "entropy") if k in m}
+            for m in metrics
+        ],
         **plan_figures(parts, batch, layout.dp_size, max_tokens, packing),
         seconds=0.0,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -122,3 +123,52 @@ def test_sample_validation_and_count():
         )
     prompt_only = Sample(tokens=torch.zeros(4, dtype=torch.int64), loss_mask=torch.zeros(4), advantage=0.0)
     assert count_sequences([_sample(4), prompt_only, _sample(5)]) == 2
+
+
+@pytest.mark.parametrize("packing", ["padded", "block_diagonal"])
+def test_microbatch_carries_the_per_token_fields_aligned_with_old_logprobs(packing):
+    """token_advantages, behaviour_logprobs and ref_logprobs travel like old_logprobs (0 where not counted);
+    a sample without token advantages gets its sequence advantage on every position."""
+    a = _sample(5, adv=2.0, old=torch.full((4,), -1.0))
+    b = _sample(3, adv=-1.0, old=torch.full((2,), -2.0))
+    a = replace(
+        a, token_advantages=torch.arange(4.0), behaviour_logprobs=a.old_logprobs - 0.5, ref_logprobs=-a.old_logprobs
+    )
+    b = replace(b, behaviour_logprobs=b.old_logprobs - 0.25, ref_logprobs=-b.old_logprobs)
+    mb = build_microbatch([a, b], [0, 1], packing=packing)
+    counted = mb.loss_mask > 0
+    shift = mb.old_logprobs - mb.behaviour_logprobs  # 0.5 on a's counted positions, 0.25 on b's, 0 elsewhere
+    assert sorted(set(shift[counted].tolist())) == [0.25, 0.5] and not shift[~counted].any()
+    assert torch.equal(mb.ref_logprobs, -mb.old_logprobs)
+    assert mb.token_advantages[counted].tolist() == [1.0, 2.0, 3.0, -1.0]  # a: positions 1..3; b: its advantage
+    assert not mb.token_advantages[~counted].any()
+    # a field some samples lack is not carried; missing token advantages alone are filled in
+    assert build_microbatch([a, _sample(3)], [0, 1], packing=packing).behaviour_logprobs is None
+    assert build_microbatch([b], [0], packing=packing).token_advantages is None
+
+
+def test_per_token_fields_of_the_wrong_length_are_refused_naming_the_field():
+    for field in ("token_advantages", "behaviour_logprobs", "ref_logprobs"):
+        with pytest.raises(ValueError, match=rf"Sample.{field} must be \[L-1\] = \[4\]"):
+            replace(_sample(5), **{field: torch.zeros(5)})
+
+
+def test_the_learner_refuses_inconsistent_loss_inputs_before_any_forward():
+    """Checked before the model is touched (model=None here)."""
+    from gspo_mcore.learner import LossConfig, OffPolicyConfig, forward_backward, train_step
+
+    s = _sample(5, old=torch.zeros(4))
+    tok = replace(s, token_advantages=torch.zeros(4))
+    with pytest.raises(ValueError, match="only loss.variant=gspo_token uses"):
+        forward_backward(None, [tok], None, LossConfig(variant="gspo"), max_tokens=100)
+    tis = LossConfig(off_policy=OffPolicyConfig(mode="tis"))
+    with pytest.raises(ValueError, match=r"loss.off_policy.mode='tis' needs behaviour_logprobs"):
+        forward_backward(None, [s], None, tis, max_tokens=100)
+    with pytest.raises(ValueError, match=r"rollout.old_logprobs: recompute\), or behaviour_logprobs .*sample 0"):
+        train_step(None, None, None, [s], None, tis, None)
+    with pytest.raises(ValueError, match="sample 0 has none"):
+        train_step(None, None, None, [_sample(5)], None, tis, None, recompute_old_logprobs=True)
+    with pytest.raises(ValueError, match="needs a ReferencePolicy"):
+        train_step(None, None, None, [s], None, LossConfig(kl_metric=True), None)
+    with pytest.raises(ValueError, match="needs ref_logprobs"):
+        forward_backward(None, [s], None, LossConfig(kl_coef=0.1), max_tokens=100)

@@ -59,6 +59,23 @@ def case(name, model="dense", variant="gspo", **kw):
     return dict(name=name, model=model, variant=variant, **kw)
 
 
+# The loss options (docs/loss.md), each with its own 1-rank reference (``tag``): the off-policy weights
+# (TIS truncating one sequence in five, MIS masking two: learner_toy.BEHAVIOUR_SHIFTS), per-token advantages
+# for GSPO-token, and the KL penalty (k1: a gradient even at the reference) with the entropy bonus, the
+# reference log-probs from the ReferencePolicy's weight swap.
+LOSS_OPTIONS = {
+    "tis": ("gspo", dict(loss={"off_policy": {"mode": "tis", "cap": 2.0}})),
+    "mis": ("grpo", dict(loss={"off_policy": {"mode": "mis", "cap": 2.0}})),
+    "tokadv": ("gspo_token", dict(token_adv=True)),
+    "kl": ("gspo", dict(loss={"kl_coef": 0.1, "kl_estimator": "k1", "entropy_coef": 0.01})),
+}
+
+
+def option_case(prefix, tag, **kw):
+    variant, options = LOSS_OPTIONS[tag]
+    return case(f"{prefix}-{variant}-{tag}", variant=variant, tag=tag, **options, **kw)
+
+
 REFERENCE = [
     case(f"ref-{m}-{v}", m, v, save=True)
     for m, v in (
@@ -69,7 +86,7 @@ REFERENCE = [
         ("moe", "grpo"),
         ("dense_tied", "gspo"),
     )
-]
+] + [option_case("ref-dense", tag, save=True) for tag in LOSS_OPTIONS]
 BD = "block_diagonal"  # the default packing on CPU is "padded" (a row per sample)
 ONE_RANK = [
     case("1rank-mb60", max_tokens=60),
@@ -96,6 +113,9 @@ TWO_RANKS = (
         case("pp2-bd-mb20", packing=BD, pp=2, max_tokens=20),
         case("ep2-moe-bd", "moe", packing=BD, ep=2),
     ]
+    + [option_case("dp2", tag) for tag in LOSS_OPTIONS]
+    + [option_case("tp2", tag, tp=2) for tag in LOSS_OPTIONS]
+    + [option_case("pp2-mb30", "kl", pp=2, max_tokens=30), option_case("dp2-distopt", "kl", distopt=True)]
 )
 # Test-only faults, each must be caught: N + 1 on DP rank 0 only; 2N on both ranks (every gradient halved)
 WRONG_N = [
@@ -202,6 +222,31 @@ def test_reference_runs(reference):
         assert r["per_sample_grad_diff"] <= (GRAD_RTOL + GRAD_ATOL) * r["grad_scale"], r["case"]
         assert r["fwd_vs_train_logp"] < LOGP_ATOL
         assert max(r["clip_fraction"]) > 0
+
+
+def test_the_loss_options_do_what_they_say(reference):
+    """The option references: the KL reference swap leaves the weights as they were; the off-policy batch
+    reaches beyond the cap (TIS truncates, MIS masks); per-token advantages make GSPO-token's gradient differ
+    from GSPO-token with one advantage per sequence (i.e. from GSPO)."""
+    ref_dir, results = reference
+    kl = results["ref-dense-gspo-kl"]
+    assert kl["swap_restored"] is True
+    assert kl["extra_metrics"][1]["kl"] != 0.0  # after the first update the policy has left the reference
+    for tag in ("tis", "mis"):
+        r = next(r for r in results.values() if r["case"].endswith(f"-{tag}"))
+        assert max(m["is_weight_max"] for m in r["extra_metrics"]) > 2.0
+    assert max(m["is_masked_fraction"] for m in results["ref-dense-grpo-mis"]["extra_metrics"]) > 0
+    import torch
+
+    tok = torch.load(os.path.join(ref_dir, "dense-gspo_token-tokadv.pt"))["grads"]
+    plain = torch.load(os.path.join(ref_dir, "dense-gspo_token.pt"))["grads"]
+    worst = max(float((tok[k] - plain[k]).abs().max() / plain[k].abs().max().clamp(min=1e-12)) for k in plain)
+    assert worst > 0.05, f"per-token advantages changed the GSPO-token gradient by only {worst:.3g} (relative)"
+    for tag in LOSS_OPTIONS:
+        plain_name = "dense-" + LOSS_OPTIONS[tag][0]
+        opt = torch.load(os.path.join(ref_dir, f"{plain_name}-{tag}.pt"))["grads"]
+        base = torch.load(os.path.join(ref_dir, f"{plain_name}.pt"))["grads"]
+        assert any(not torch.allclose(opt[k], base[k], rtol=1e-4, atol=0) for k in base), f"{tag} changed nothing"
 
 
 def test_the_batch_covers_uneven_shares_empty_and_prompt_only_microbatches(two_ranks):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gspo_mcore.rollout.types import Sample
-from gspo_mcore.trainer.batch import learner_samples, overlong_penalties
+from gspo_mcore.trainer.batch import learner_samples, overlong_penalties, staleness_metrics
 
 
 def _sample(i, j, n_tokens, reason):
@@ -47,3 +47,33 @@ def test_learner_samples_align_logprobs_and_leave_out_what_cannot_or_must_not_tr
     assert left_out == 3 and [s.advantage for s in masked] == [0.0, 1.0, 3.0]
     only_second, _ = learner_samples(GROUPS, adv, torch.tensor([False, True]))
     assert [s.advantage for s in only_second] == [3.0, 5.0]
+
+
+def test_per_token_shaping_adds_to_the_sequence_advantage_and_a_wrong_length_names_the_sample():
+    adv = torch.arange(6, dtype=torch.float32)
+    keep = torch.tensor([True, True])
+    shaping = [[0.5, -0.5, 0.0], None, None, None, None, None]
+    samples, _ = learner_samples(GROUPS, adv, keep, token_shaping=shaping)
+    s = samples[0]  # prompt (5, 6), 3 response tokens; aligned with tokens[1:]
+    assert s.token_advantages.tolist() == [0.0, 0.5, -0.5, 0.0]
+    assert samples[1].token_advantages is None
+    bad = [None, [1.0, 2.0], None, None, None, None]  # sample (0, 1) has 5 response tokens
+    with pytest.raises(ValueError, match=r"sample \(prompt 0, sample 1\): 2 per-token advantages for 5"):
+        learner_samples(GROUPS, adv, keep, token_shaping=bad)
+
+
+def test_staleness_histogram_counts_weight_version_lags():
+    from dataclasses import replace
+
+    groups = [
+        [replace(s, weight_version=v) for s, v in zip(GROUPS[0], (3, 2, 3))],
+        [replace(GROUPS[1][0], weight_version=0)],
+    ]
+    m = staleness_metrics(groups, current_version=3)
+    assert m == {
+        "staleness_max": 3.0,
+        "staleness_mean": 1.0,
+        "staleness_lag_0": 0.5,
+        "staleness_lag_1": 0.25,
+        "staleness_lag_3": 0.25,
+    }

@@ -66,6 +66,11 @@ def test_tiny_job_runs_on_two_ranks_and_writes_metrics(tmp_path):
         "rollout.prompts_per_step=8",
         "rollout.group_size=4",
         "log.progress_bar=false",
+        # the loss options (docs/loss.md) through the real loop: TIS over the engine's log-probs, the KL
+        # reference's weight swap (k3, reported), the entropy bonus
+        "loss.off_policy.mode=tis",
+        "loss.kl_coef=0.01",
+        "loss.entropy_coef=0.001",
     ]
     proc = subprocess.run(
         cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1")
@@ -81,6 +86,12 @@ def test_tiny_job_runs_on_two_ranks_and_writes_metrics(tmp_path):
         assert 0.0 <= r["clip_fraction"] <= 1.0
         # in-process engine and learner: the same fp32 model; measured 2.1e-7 here, 3.7e-7 over the 300-step demo
         assert r["logprob_mismatch"] < 7.5e-7
+        # the same fp32 model: weights ~1, KL(mu || pi_prox) ~0; the reference is the initial policy
+        assert abs(r["is_weight_mean"] - 1) < 1e-5 and r["is_masked_fraction"] == 0.0
+        assert 0.0 <= r["kl_behaviour_prox"] < 1e-9
+        assert r["staleness_lag_0"] == 1.0 and r["staleness_max"] == 0.0  # the synchronous loop
+    # k3 >= 0; 0 at the first mini-batch of step 0, then the updates move the policy off the reference
+    assert all(r["kl"] >= 0 for r in rows) and rows[-1]["kl"] > rows[0]["kl"] > 0
     assert (out / "config.yaml").exists()
     assert any(p.name.startswith("events.out.tfevents") for p in (out / "tensorboard").iterdir())
     png = subprocess.run(

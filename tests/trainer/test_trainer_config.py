@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from gspo_mcore.config import from_dict, load_yaml, save_yaml, to_dict
 from gspo_mcore.train import parse_config
 from gspo_mcore.trainer import TrainConfig, resolve
@@ -55,4 +57,32 @@ def test_save_load_resolve_is_the_identity(tmp_path):
 def test_greedy_sampling_trains_the_untempered_policy():
     cfg = parse_config(["--config", TINY, "rollout.sampling.temperature=0"])
     assert cfg.temperature == 1.0
-    assert to_dict(cfg)["loss"].keys() == {"variant", "eps_low", "eps_high", "compute_entropy"}
+    assert to_dict(cfg)["loss"].keys() == {
+        "variant",
+        "eps_low",
+        "eps_high",
+        "compute_entropy",
+        "off_policy",
+        "kl_coef",
+        "kl_estimator",
+        "kl_metric",
+        "entropy_coef",
+    }
+
+
+def test_loss_options_parse_and_bad_ones_fail_at_start_up_naming_the_key():
+    cfg = parse_config(
+        ["--config", TINY, "loss.off_policy.mode=mis", "loss.off_policy.cap=3", "loss.kl_metric=true"]
+        + ["loss.entropy_coef=0.01"]
+    )
+    assert (cfg.loss.off_policy.mode, cfg.loss.off_policy.cap) == ("mis", 3)
+    assert cfg.loss.uses_reference and cfg.loss.entropy_coef == 0.01
+    assert parse_config(["--config", TINY]).loss.off_policy.mode == "none"
+    with pytest.raises(ValueError, match=r"loss\.off_policy\.mode=tis needs rollout\.old_logprobs=recompute"):
+        parse_config(["--config", TINY, "loss.off_policy.mode=tis", "rollout.old_logprobs=rollout"])
+    with pytest.raises(ValueError, match=r"loss\.off_policy\.cap must be > 1"):
+        parse_config(["--config", TINY, "loss.off_policy.mode=tis", "loss.off_policy.cap=1"])
+    with pytest.raises(ValueError, match="mode"):
+        parse_config(["--config", TINY, "loss.off_policy.mode=product"])
+    with pytest.raises(ValueError, match=r"loss\.kl_coef"):
+        parse_config(["--config", TINY, "loss.kl_coef=-1"])

@@ -1,0 +1,49 @@
+"""The frozen reference policy of the KL term: the initial weights, kept on the CPU and swapped in for a
+forward-only pass.
+
+A second model would double the learner's parameter *and* activation set-up; instead this keeps a copy of
+this rank's parameter shards (what the forward reads: the model's own parameters, in their dtype) in CPU
+memory, and for the reference forward copies the current parameters aside, copies the reference in, runs
+:func:`~gspo_mcore.learner.forward_logprobs` through the same schedule, layout and micro-batching, and
+copies the current parameters back (exactly: copies, no arithmetic). Memory: one extra copy of this rank's
+parameters in CPU memory for the whole run (:attr:`ReferencePolicy.nbytes`), plus one transient copy during
+the swap. Gradients, optimizer state (fp32 master weights) and buffers are not touched.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ReferencePolicy:
+    """Snapshot of ``model``'s parameters now (call it before any update, and before a checkpoint is
+    restored: the reference is the run's initial policy, rebuilt the same way on resume)."""
+
+    def __init__(self, model):
+        self._state = [p.detach().to("cpu", copy=True) for p in _params(model)]
+
+    @property
+    def nbytes(self) -> int:
+        """CPU bytes the snapshot holds."""
+        return sum(t.numel() * t.element_size() for t in self._state)
+
+    @torch.no_grad()
+    def logprobs(self, model, samples, layout, **kw) -> list[torch.Tensor]:
+        """:func:`~gspo_mcore.learner.forward_logprobs` of ``samples`` under the reference weights."""
+        from gspo_mcore.learner.step import forward_logprobs
+
+        params = _params(model)
+        if len(params) != len(self._state):
+            raise ValueError(f"the reference holds {len(self._state)} parameters, the model {len(params)}")
+        current = [p.detach().to("cpu", copy=True) for p in params]
+        try:
+            for p, ref in zip(params, self._state):
+                p.copy_(ref)
+            return forward_logprobs(model, samples, layout, **kw)
+        finally:
+            for p, cur in zip(params, current):
+                p.copy_(cur)
+
+
+def _params(model) -> list[torch.Tensor]:
+    return [p for chunk in model for p in chunk.parameters()]
