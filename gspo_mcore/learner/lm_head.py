@@ -67,6 +67,22 @@ def head_for(model, chunk: int) -> FusedHead | None:
     return FusedHead(weight=weight, chunk=chunk)
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward hands on a contiguous gradient. GPTModel returns ``output.transpose(0, 1)
+    .contiguous()``, whose backward gives a transposed (non-contiguous) gradient; Megatron's
+    ``copy_to_tensor_model_parallel_region`` all-reduces ``grad.contiguous()``, i.e. a copy, for such a
+    gradient and hands on the unreduced original (the logits path never meets this: its gradient reaches the
+    matmul, which is contiguous)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
 def _column_parallel_input(layer, hidden: torch.Tensor) -> torch.Tensor:
     from megatron.core.tensor_parallel.mappings import (
         copy_to_tensor_model_parallel_region,
@@ -74,8 +90,10 @@ def _column_parallel_input(layer, hidden: torch.Tensor) -> torch.Tensor:
     )
 
     if layer.sequence_parallel:
-        return gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=True, group=layer.tp_group)
-    return copy_to_tensor_model_parallel_region(hidden, group=layer.tp_group)
+        out = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=True, group=layer.tp_group)
+    else:
+        out = copy_to_tensor_model_parallel_region(hidden, group=layer.tp_group)
+    return _ContiguousGrad.apply(out)
 
 
 @contextlib.contextmanager
