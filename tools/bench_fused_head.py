@@ -159,7 +159,8 @@ def print_case(case, device):
     )
     print(
         f"   one read of [T, V] logits: {case['read_seconds'] * 1e3:.2f} ms "
-        f"({case['logits_bytes'] / 2**30:.2f} GiB; an fp32 [T, V] buffer is {case['T'] * case['V'] * 4 / 2**30:.2f} GiB)"
+        f"({case['logits_bytes'] / 2**30:.2f} GiB; an fp32 [T, V] buffer is "
+        f"{case['T'] * case['V'] * 4 / 2**30:.2f} GiB)"
     )
     base = {r["mode"]: r["seconds"] for r in case["rows"] if r["approach"] == "eager"}
     today = {r["mode"]: r for r in case["rows"] if r["approach"] == "today"}
