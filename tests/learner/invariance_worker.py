@@ -127,9 +127,7 @@ def run_case(case, args):
 
     # a fused-LM-head case compares with the logits path's reference (chunks of 48 < the toy vocabulary's 128)
     head = dict(fused_lm_head=True, fused_lm_head_chunk=case.get("chunk", 48)) if case.get("fused") else {}
-    logp = forward_logprobs(
-        model, samples, layout, max_tokens=max_tokens, packing=packing, loss_cfg=LossConfig(**head)
-    )
+    logp = forward_logprobs(model, samples, layout, max_tokens=max_tokens, packing=packing, loss_cfg=LossConfig(**head))
     # Forward-only log-probs vs the training forward: with old = forward-only log-probs, GRPO's token
     # ratios exp(logp_train - logp_fwd) are 1 up to rounding; their min/max bound every counted token.
     check = forward_backward(
