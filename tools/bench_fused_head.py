@@ -4,6 +4,7 @@ From final hidden states ``[T, H]`` and the output weight ``[V, H]`` to the samp
   eager   logits = h @ W.T, then torch.log_softmax(logits.float(), -1).gather(...)
   today   logits = h @ W.T, then gspo_mcore.ops.token_logprobs (the learner's path without the fused head)
   fused   gspo_mcore.ops.linear_token_logprobs (vocabulary chunks; the [T, V] logits never exist)
+  fused_torch  the same with the pure-torch twins of the per-chunk kernels (is the compiled kernel worth it?)
 and, as the floor, ``matmul`` (h @ W.T alone). Modes: ``fwd`` (under no_grad, the old-log-prob recompute) and
 ``fwd+bwd`` (autograd.grad of logp, from a random upstream gradient, with respect to h and W).
 
@@ -35,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_logprobs import _fix_mmap_threshold, cpu_model, gspo_isa, measure_peak_extra  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-APPROACHES = ("matmul", "eager", "today", "fused")
+APPROACHES = ("matmul", "eager", "today", "fused", "fused_torch")
 MODES = ("fwd", "fwd+bwd")
 
 
@@ -87,6 +88,10 @@ def make_calls(h, W, targets, grad_out, chunk: int):
     def fused(hh, WW):
         return ops.linear_token_logprobs(hh, WW, targets, chunk=chunk)
 
+    def fused_torch(hh, WW):
+        with ops.use_reference(True):
+            return ops.linear_token_logprobs(hh, WW, targets, chunk=chunk)
+
     def fwd(f):
         def call():
             with torch.no_grad():
@@ -94,17 +99,18 @@ def make_calls(h, W, targets, grad_out, chunk: int):
 
         return call
 
-    def fwd_bwd(f):
+    def fwd_bwd(f, reference=False):
         def call():
             hh, WW = h.detach().requires_grad_(True), W.detach().requires_grad_(True)
-            return torch.autograd.grad(f(hh, WW), (hh, WW), grad_out)
+            with ops.use_reference(reference):  # the backward runs here too
+                return torch.autograd.grad(f(hh, WW), (hh, WW), grad_out)
 
         return call
 
     calls = {("matmul", "fwd"): fwd(lambda hh, WW: hh @ WW.T)}
-    for name, f in (("eager", eager), ("today", today), ("fused", fused)):
+    for name, f in (("eager", eager), ("today", today), ("fused", fused), ("fused_torch", fused_torch)):
         calls[name, "fwd"] = fwd(f)
-        calls[name, "fwd+bwd"] = fwd_bwd(f)
+        calls[name, "fwd+bwd"] = fwd_bwd(f, reference=name == "fused_torch")
     return calls
 
 
@@ -164,14 +170,14 @@ def print_case(case, device):
     )
     base = {r["mode"]: r["seconds"] for r in case["rows"] if r["approach"] == "eager"}
     today = {r["mode"]: r for r in case["rows"] if r["approach"] == "today"}
-    print(f"   {'approach':<8} {'mode':<8} {'ms':>10} {'x read':>8} {'vs eager':>9} {'peak GiB':>9} {'vs today':>9}")
+    print(f"   {'approach':<11} {'mode':<8} {'ms':>10} {'x read':>8} {'vs eager':>9} {'peak GiB':>9} {'vs today':>9}")
     for r in case["rows"]:
         vs_eager = base.get(r["mode"], float("nan")) / r["seconds"]
         mem = "-" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**30:.2f}"
         t_mem = today.get(r["mode"], {}).get("peak_bytes")
         mem_ratio = "-" if not (t_mem and r["peak_bytes"]) else f"{r['peak_bytes'] / t_mem:.2f}x"
         print(
-            f"   {r['approach']:<8} {r['mode']:<8} {r['seconds'] * 1e3:10.1f} {r['x_read']:8.1f} "
+            f"   {r['approach']:<11} {r['mode']:<8} {r['seconds'] * 1e3:10.1f} {r['x_read']:8.1f} "
             f"{vs_eager:8.2f}x {mem:>9} {mem_ratio:>9}"
         )
     if case["max_abs_logp_fused_vs_today"] is not None:
@@ -189,7 +195,7 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--approaches", nargs="+", default=list(APPROACHES), choices=APPROACHES)
+    p.add_argument("--approaches", nargs="+", default=["matmul", "eager", "today", "fused"], choices=APPROACHES)
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
     p.add_argument("--json", default=None, metavar="OUT")
     args = p.parse_args(argv)
