@@ -120,7 +120,23 @@ def device_name(device) -> str:
     return f"CPU {cpu_model()}, gspo_mcore ISA {gspo_isa()}, {torch.get_num_threads()} threads"
 
 
-def run_case(T, H, V, dtype_name, device, *, chunk, reps, warmup, memory, approaches):
+def timed_peak(fn, device) -> tuple[float, int | None]:
+    """One cold call, timed and its peak memory measured at once (``--single-pass``)."""
+    t = []
+
+    def call():
+        _sync(device)
+        t0 = time.perf_counter()
+        out = fn()
+        _sync(device)
+        t.append(time.perf_counter() - t0)
+        return out
+
+    mem = peak_bytes(call, device)
+    return t[0], mem
+
+
+def run_case(T, H, V, dtype_name, device, *, chunk, reps, warmup, memory, approaches, single_pass=False):
     dtype = DTYPES[dtype_name]
     g = torch.Generator().manual_seed(0)
     h = torch.randn(T, H, generator=g).to(device, dtype)
@@ -137,9 +153,13 @@ def run_case(T, H, V, dtype_name, device, *, chunk, reps, warmup, memory, approa
     for (name, mode), call in calls.items():
         if name not in approaches:
             continue
-        t = timed(call, device, reps, warmup)
-        mem = peak_bytes(call, device) if memory else None
+        if single_pass:
+            t, mem = timed_peak(call, device)
+        else:
+            t = timed(call, device, reps, warmup)
+            mem = peak_bytes(call, device) if memory else None
         rows.append(dict(approach=name, mode=mode, seconds=t, x_read=t / t_read, peak_bytes=mem))
+        print(f"   [progress] {name} {mode}: {t:.2f} s, peak {mem}", file=sys.stderr, flush=True)
         gc.collect()
     check = None
     if "fused" in approaches and "today" in approaches:
@@ -197,6 +217,11 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--approaches", nargs="+", default=["matmul", "eager", "today", "fused"], choices=APPROACHES)
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
+    p.add_argument(
+        "--single-pass",
+        action="store_true",
+        help="one cold call per approach and mode, timed and memory-measured at once (slow or loaded machines)",
+    )
     p.add_argument("--json", default=None, metavar="OUT")
     args = p.parse_args(argv)
     if args.threads:
@@ -204,6 +229,21 @@ def main(argv=None):
     device = torch.device(args.device)
     if device.type == "cpu":
         _fix_mmap_threshold()
+    if args.single_pass:  # warm torch's one-time set-up (autograd, kernels) at a tiny size first
+        for dtype_name in args.dtype:
+            run_case(
+                8,
+                16,
+                64,
+                dtype_name,
+                device,
+                chunk=16,
+                reps=1,
+                warmup=0,
+                memory=False,
+                approaches=args.approaches,
+                single_pass=True,
+            )
     cases = []
     for dtype_name in args.dtype:
         for T in args.tokens:
@@ -219,6 +259,7 @@ def main(argv=None):
                     warmup=args.warmup,
                     memory=not args.no_memory,
                     approaches=args.approaches,
+                    single_pass=args.single_pass,
                 )
                 print_case(case, device)
                 cases.append(case)
