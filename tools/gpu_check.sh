@@ -147,8 +147,8 @@ stage "pytest -m gpu (the other GPU tests)" 120 other_gpu_tests
 
 # ---- 3. benchmarks -----------------------------------------------------------------------------------
 if [[ $DRY -eq 1 ]]; then
-  stage "benchmark fused LM head (CPU, tiny)" 120 "$PY" tools/bench_fused_head.py --device cpu --tokens 128 \
-    --hidden 64 --vocab 3001 --dtype fp32 bf16 --chunk 1024 --reps 1 --json "$OUTDIR/bench_fused_head.json"
+  stage "benchmark fused LM head (CPU, tiny)" 120 "$PY" tools/bench_fused_head.py --device cpu --tokens 64 \
+    --hidden 32 --vocab 1000 --dtype fp32 bf16 --chunk 256 --single-pass --json "$OUTDIR/bench_fused_head.json"
 else
   stage "benchmark token_logprobs" 120 "$PY" tools/gpu_bench_logprobs.py
   stage "benchmark fused LM head" 150 "$PY" tools/bench_fused_head.py --device cuda --tokens "${BENCH_T:-16384}" \
