@@ -97,5 +97,15 @@ example-real-grpo: install
 bench-engine: install
 	mkdir -p runs && $(PY) tools/bench_engine.py --json runs/bench_engine.json
 
+# What tools/gpu_check.sh installs offline on the GPU machine (Python 3.12, preinstalled torch, no network):
+# the megatron-core wheel, into the git-ignored .carry/wheels (name .carry in the device call's carry list).
+.PHONY: gpu-carry
+gpu-carry: | $(PY)
+	mkdir -p .carry/wheels
+	$(PY) -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+	  -d .carry/wheels megatron-core==0.16.1
+	ls -l .carry/wheels
+
 clean:
 	rm -rf build *.egg-info gspo_mcore/*.so $(VENV)/.ext-stamp

@@ -1,187 +1,190 @@
 #!/usr/bin/env bash
-# One-shot check of the CUDA kernels on a GPU machine (written for one H200; no network needed):
-#   1. builds gspo_mcore._C in place with the CUDA kernels,
-#   2. prints nvidia-smi and the versions,
-#   3. runs tests/ops/test_cuda_ops.py, then every other test marked `gpu`,
-#   4. benchmarks token_logprobs forward and forward+backward at T=16384, V=151936 bf16 against one
-#      streaming read of the logits (measured in the same run) and against eager torch.
-# Usage (from anywhere):  timeout 600 tools/gpu_check.sh      (about 3-5 minutes)
-# Environment: PYTHON (default python3), TORCH_CUDA_ARCH_LIST (default: this GPU's arch only),
-#              BENCH_T / BENCH_V (default 16384 / 151936).
-# Exit status: non-zero if the build, a test or the benchmark's correctness check failed (all steps run).
+# One-shot check on a GPU machine with no network, a preinstalled CUDA torch and Python 3.12 (written for
+# one H200), in under 8 minutes. Stages, each timed:
+#   0. megatron-core: used if it imports (0.16.x), else installed offline from the carried wheels into
+#      /tmp/gspo_site (pip --no-index --no-deps --target; nothing touches the preinstalled packages),
+#   1. builds gspo_mcore._C in place with the CUDA kernels (this GPU's arch only),
+#   2. runs tests/ops/test_cuda_ops.py (fused LM head included), then every other test marked `gpu`,
+#   3. benchmarks token_logprobs at T=16384, V=151936 bf16 against one streaming read of the logits and
+#      against eager torch, then the fused LM head (tools/bench_fused_head.py: T=16384, H=1024, V=151936,
+#      bf16) against eager (matmul + log_softmax) and today's path (matmul + token_logprobs), time and peak memory,
+#   4. a 20-step tiny GSPO job (examples/tiny) on the GPU, 1 rank, the in-process engine, the local layer
+#      spec when Transformer Engine is absent, loss.fused_lm_head=true (GPU_CHECK_FUSED=0: the logits path).
+#
+# What it needs carried (prepare once on a machine with network, in the repo root: `make gpu-carry`):
+#   .carry/wheels/megatron_core-0.16.1-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl
+# megatron-core needs only torch, numpy and packaging, and the tiny job pyyaml, safetensors, tokenizers,
+# transformers, tqdm, psutil, pytest for the tests: all preinstalled on the device image (KINDS.md). The
+# compiled extension (*.so, git-ignored) is built there, not carried.
+# The device tool's call, from the repo root (the ignored folder must be named in carry):
+#   run(command="bash tools/gpu_check.sh", carry=[".carry"], timeout_s=560)
+#
+# Usage: tools/gpu_check.sh [--dry-run]
+#   --dry-run  on a machine without a GPU: checks the carry, skips the build (uses the extension already
+#              built), runs the CUDA tests (they skip), the benchmarks at tiny sizes on the CPU and a 2-step
+#              tiny job on the CPU: every stage's command is exercised except the CUDA code itself.
+# Environment: PYTHON (default python3), TORCH_CUDA_ARCH_LIST (default: this GPU's arch), BENCH_T / BENCH_V
+#              (default 16384 / 151936), GPU_CHECK_FUSED (default 1), GPU_CHECK_OUT (default /tmp/gspo_gpu_check),
+#              GPU_CHECK_LIMIT_SCALE (stage time limits x this; default 1, 5 with --dry-run).
+# Exit status: non-zero if a stage failed (stages after a failed build are not run; the others all run).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
+DRY=0
+[[ "${1:-}" == "--dry-run" ]] && DRY=1
+# a dry run on a (shared, slow) CPU gets longer stage limits
+LIMIT_SCALE="${GPU_CHECK_LIMIT_SCALE:-$(( DRY ? 5 : 1 ))}"
+OUTDIR="${GPU_CHECK_OUT:-/tmp/gspo_gpu_check}"
+mkdir -p "$OUTDIR"
+WHEELS=.carry/wheels
+MCORE_VERSION=0.16.1
 status=0
+t_all=$(date +%s)
 
-echo "=== [gpu_check] host: $(hostname)  date: $(date -u +%FT%TZ)"
-echo "=== [gpu_check] nvidia-smi"
-nvidia-smi || echo "[gpu_check] nvidia-smi failed"
-"$PY" - <<'EOF'
+say() { echo "[gpu_check] $*"; }
+# stage NAME TIMEOUT_S CMD...: runs CMD (a program or an exported function) with a time limit, prints its
+# duration and rc; a failure sets status.
+stage() {
+  local name=$1 limit=$(( $2 * LIMIT_SCALE )) t0 rc=0
+  shift 2
+  echo "=== [gpu_check] $name (limit ${limit}s)"
+  t0=$(date +%s)
+  timeout "$limit" bash -c '"$@"' stage "$@" || rc=$?
+  say "$name: rc=$rc in $(( $(date +%s) - t0 )) s$([[ $rc -eq 124 ]] && echo ' (TIMED OUT)')"
+  [[ $rc -eq 0 ]] || status=1
+  return 0
+}
+
+say "host: $(hostname)  date: $(date -u +%FT%TZ)  dry_run=$DRY"
+if [[ $DRY -eq 0 ]]; then
+  nvidia-smi || say "nvidia-smi failed"
+fi
+"$PY" - <<'PYEOF'
 import sys, torch
 print(f"[gpu_check] python {sys.version.split()[0]}  torch {torch.__version__}  cuda {torch.version.cuda}  "
       f"device {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'NONE'}")
-EOF
-command -v nvcc >/dev/null && nvcc --version | tail -n 2 || echo "[gpu_check] nvcc not on PATH"
+PYEOF
+if [[ $DRY -eq 0 ]] && ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  say "no CUDA device visible to torch: run with --dry-run on a machine without a GPU"
+  exit 2
+fi
+
+# ---- 0. megatron-core ----------------------------------------------------------------------------------
+echo "=== [gpu_check] megatron-core"
+mcore_version() { "$PY" -c 'import megatron.core as m; print(m.__version__)' 2>/dev/null || true; }
+have=$(mcore_version)
+if [[ "$have" == 0.16.* ]]; then
+  say "megatron-core $have already importable"
+else
+  shopt -s nullglob
+  wheels=("$WHEELS"/megatron_core-"$MCORE_VERSION"-*.whl)
+  shopt -u nullglob
+  if [[ ${#wheels[@]} -ne 1 ]]; then
+    say "megatron-core is not importable (found '${have:-none}') and $WHEELS holds ${#wheels[@]} megatron_core-$MCORE_VERSION wheel(s), not 1:"
+    say "run 'make gpu-carry' in the repo root beforehand and name .carry in the device call's carry list"
+    exit 1
+  fi
+  pyver=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+  if [[ "${wheels[0]}" != *"-$pyver-"* ]]; then
+    say "the carried wheel ${wheels[0]} is not for this Python ($pyver)"
+    exit 1
+  fi
+  if [[ $DRY -eq 1 ]]; then
+    say "dry run: would install ${wheels[0]} into /tmp/gspo_site"
+  else
+    t0=$(date +%s)
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gspo_site \
+      "${wheels[@]}"
+    export PYTHONPATH="/tmp/gspo_site${PYTHONPATH:+:$PYTHONPATH}"
+    have=$(mcore_version)
+    [[ "$have" == "$MCORE_VERSION" ]] || { say "megatron-core still does not import after installing the wheel"; exit 1; }
+    say "megatron-core $have installed from the carry in $(( $(date +%s) - t0 )) s"
+  fi
+fi
+"$PY" -c 'import transformer_engine' 2>/dev/null && say "Transformer Engine imports" \
+  || say "Transformer Engine absent: the learner uses Megatron-Core's local layer spec"
 
 # ---- 1. build ----------------------------------------------------------------------------------------
-if [[ -z "${TORCH_CUDA_ARCH_LIST:-}" ]]; then
-  TORCH_CUDA_ARCH_LIST="$("$PY" -c 'import torch; m, n = torch.cuda.get_device_capability(0); print(f"{m}.{n}")' \
-                          2>/dev/null || echo "9.0")"
-fi
-export TORCH_CUDA_ARCH_LIST
-export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
-echo "=== [gpu_check] build (TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST, MAX_JOBS=$MAX_JOBS)"
-build_start=$(date +%s)
-# build_ext --inplace needs no package resolution (no network); the .so lands in gspo_mcore/.
-if timeout 420 "$PY" setup.py build_ext --inplace >/tmp/gspo_gpu_check_build.log 2>&1; then
-  echo "[gpu_check] BUILD OK in $(( $(date +%s) - build_start )) s"
+if [[ $DRY -eq 1 ]]; then
+  say "dry run: build skipped (using the extension already in gspo_mcore/)"
 else
-  echo "[gpu_check] BUILD FAILED (last 40 lines of /tmp/gspo_gpu_check_build.log):"
-  tail -n 40 /tmp/gspo_gpu_check_build.log
-  exit 1
+  if [[ -z "${TORCH_CUDA_ARCH_LIST:-}" ]]; then
+    TORCH_CUDA_ARCH_LIST="$("$PY" -c 'import torch; m, n = torch.cuda.get_device_capability(0); print(f"{m}.{n}")' \
+                            2>/dev/null || echo "9.0")"
+  fi
+  export TORCH_CUDA_ARCH_LIST
+  export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+  command -v nvcc >/dev/null && nvcc --version | tail -n 1 || say "nvcc not on PATH"
+  rc=0
+  build() { "$PY" setup.py build_ext --inplace >"$OUTDIR/build.log" 2>&1; }
+  export PY OUTDIR
+  export -f build
+  stage "build (TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST, MAX_JOBS=$MAX_JOBS)" 300 build
+  if [[ $status -ne 0 ]]; then
+    say "BUILD FAILED (last 40 lines of $OUTDIR/build.log):"
+    tail -n 40 "$OUTDIR/build.log"
+    exit 1
+  fi
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-"$PY" -c 'import torch, gspo_mcore._C as C; print("[gpu_check] built_with_cuda =", C.built_with_cuda,
-          " module:", C.__file__); assert C.built_with_cuda'
-
-# ---- 2. tests ----------------------------------------------------------------------------------------
-echo "=== [gpu_check] pytest tests/ops/test_cuda_ops.py"
-rc=0
-timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/ops/test_cuda_ops.py || rc=$?
-echo "[gpu_check] TESTS test_cuda_ops.py rc=$rc"
-[[ $rc -eq 0 ]] || status=1
-
-echo "=== [gpu_check] pytest -m gpu (the other GPU tests)"
-rc=0
-timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu --ignore=tests/ops/test_cuda_ops.py tests || rc=$?
-[[ $rc -eq 5 ]] && { echo "[gpu_check] (no other gpu-marked tests)"; rc=0; }
-echo "[gpu_check] TESTS -m gpu rc=$rc"
-[[ $rc -eq 0 ]] || status=1
-
-# ---- 3. benchmark ------------------------------------------------------------------------------------
-echo "=== [gpu_check] benchmark"
-rc=0
-timeout 300 "$PY" - <<'EOF' || rc=$?
-import os, statistics
-import torch
-import gspo_mcore._C  # noqa: F401
-from gspo_mcore.ops import token_logprobs, use_reference
-
-T = int(os.environ.get("BENCH_T", 16384))
-V = int(os.environ.get("BENCH_V", 151936))
-dev = "cuda"
-torch.manual_seed(0)
-logits = (torch.randn(T, V, device=dev) * 3).to(torch.bfloat16)
-targets = torch.randint(0, V, (T,), device=dev)
-grad_out = torch.randn(T, device=dev)
-gbytes = logits.numel() * logits.element_size() / 1e9
-print(f"[bench] T={T} V={V} bf16 logits = {gbytes:.2f} GB")
-
-
-def timed(fn, warmup=3, reps=10):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
-# One streaming read of the logits, two ways; the smaller is the reference.
-t_sum = timed(lambda: logits.sum(dtype=torch.float32))
-buf = torch.empty_like(logits)
-t_copy = timed(lambda: buf.copy_(logits))
-del buf
-t_read = min(t_sum, t_copy / 2)
-print(f"[bench] read reference: logits.sum() {t_sum:.3f} ms, copy/2 {t_copy / 2:.3f} ms -> READ = {t_read:.3f} ms "
-      f"({gbytes / t_read:.2f} TB/s)")
-
-ops = torch.ops.gspo_mcore
-results = {}
-
-
-def report(name, ms, ideal_reads):
-    results[name] = ms
-    ideal = f"(ideal ~{ideal_reads} x READ)" if ideal_reads else "(eager torch)"
-    print(f"[bench] {name:<44s} {ms:8.3f} ms  = {ms / t_read:5.2f} x READ  {ideal}")
-
-
-report("stats kernel (no entropy)", timed(lambda: ops.token_logprob_stats(logits, targets, 0, 1.0, False)), 1)
-report("stats kernel (entropy)", timed(lambda: ops.token_logprob_stats(logits, targets, 0, 1.0, True)), 1)
-stats = ops.token_logprob_stats(logits, targets, 0, 1.0, True)
-lse = (stats[:, 0] + stats[:, 1].log()).contiguous()
-report("backward kernel (no entropy)",
-       timed(lambda: ops.token_logprob_backward(logits, targets, lse, grad_out, None, None, 0, 1.0)), 2)
-ent = torch.zeros_like(lse)
-report("backward kernel (entropy)",
-       timed(lambda: ops.token_logprob_backward(logits, targets, lse, grad_out, ent, grad_out, 0, 1.0)), 2)
-
-x = logits.detach().requires_grad_()
-
-
-def ours_fwd():
-    with use_reference(False), torch.no_grad():
-        return token_logprobs(x, targets)
-
-
-def ours_fwd_bwd():
-    with use_reference(False):
-        lp = token_logprobs(x, targets)
-        return torch.autograd.grad(lp, x, grad_out)[0]
-
-
-def eager_fwd():
-    with torch.no_grad():
-        return torch.log_softmax(x.float(), -1).gather(1, targets[:, None]).squeeze(1)
-
-
-def eager_fwd_bwd():
-    lp = torch.log_softmax(x.float(), -1).gather(1, targets[:, None]).squeeze(1)
-    return torch.autograd.grad(lp, x, grad_out)[0]
-
-
-report("gspo token_logprobs forward", timed(ours_fwd), 1)
-report("gspo token_logprobs forward+backward", timed(ours_fwd_bwd), 3)
-report("eager log_softmax+gather forward", timed(eager_fwd, warmup=2, reps=5), None)
-report("eager log_softmax+gather forward+backward", timed(eager_fwd_bwd, warmup=2, reps=5), None)
-print(f"[bench] SPEEDUP vs eager: forward {results['eager log_softmax+gather forward'] / results['gspo token_logprobs forward']:.2f}x, "
-      f"forward+backward {results['eager log_softmax+gather forward+backward'] / results['gspo token_logprobs forward+backward']:.2f}x")
-
-# Correctness at full size against eager (float32 math on the same bf16 logits).
-lp_ours, lp_ref = ours_fwd(), eager_fwd()
-g_ours, g_ref = ours_fwd_bwd(), eager_fwd_bwd()
-err_lp = (lp_ours - lp_ref).abs().max().item()
-err_g = (g_ours.float() - g_ref.float()).abs().max().item()
-scale_g = g_ref.float().abs().max().item()
-print(f"[bench] CHECK max|logp - eager| = {err_lp:.3e}   max|dlogits - eager| = {err_g:.3e} (max|dlogits| {scale_g:.3e})")
-ok = err_lp < 1e-3 and err_g <= 1e-2 * scale_g
-print(f"[bench] CHECK {'OK' if ok else 'FAILED'}")
-print(f"[bench] peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
-raise SystemExit(0 if ok else 1)
-EOF
-echo "[gpu_check] BENCH rc=$rc"
-[[ $rc -eq 0 ]] || status=1
-
-# ---- 4. one learner training step (bf16; Transformer Engine spec if it imports) -----------------------
-# megatron-core must be importable there (carry its wheel: see the device tool's notes); skipped otherwise.
-echo "=== [gpu_check] learner training step"
-if "$PY" -c "import megatron.core" 2>/dev/null; then
-  rc=0
-  timeout 240 "$PY" tools/bench_learner.py --layouts 1 --samples 64 --max-len 1024 --max-tokens 16384 --steps 3 \
-    --warmup 1 || rc=$?
-  echo "[gpu_check] LEARNER rc=$rc"
-  [[ $rc -eq 0 ]] || status=1
-else
-  echo "[gpu_check] LEARNER skipped: megatron.core is not importable here"
+"$PY" -c 'import torch, gspo_mcore._C as C; print("[gpu_check] built_with_cuda =", C.built_with_cuda, " cpu_isa =", C.cpu_isa(), " module:", C.__file__)'
+if [[ $DRY -eq 0 ]]; then
+  "$PY" -c 'import gspo_mcore._C as C; assert C.built_with_cuda, "the extension was built without CUDA"'
 fi
 
-echo "=== [gpu_check] DONE status=$status"
+# ---- 2. tests ----------------------------------------------------------------------------------------
+stage "pytest tests/ops/test_cuda_ops.py" 180 "$PY" -m pytest -q -p no:cacheprovider tests/ops/test_cuda_ops.py
+other_gpu_tests() {
+  local rc=0
+  "$PY" -m pytest -q -p no:cacheprovider -m gpu --ignore=tests/ops/test_cuda_ops.py tests || rc=$?
+  [[ $rc -eq 5 ]] && { say "(no other gpu-marked tests)"; rc=0; }
+  return $rc
+}
+export PY OUTDIR
+export -f say other_gpu_tests
+stage "pytest -m gpu (the other GPU tests)" 120 other_gpu_tests
+
+# ---- 3. benchmarks -----------------------------------------------------------------------------------
+if [[ $DRY -eq 1 ]]; then
+  stage "benchmark fused LM head (CPU, tiny)" 120 "$PY" tools/bench_fused_head.py --device cpu --tokens 64 \
+    --hidden 32 --vocab 1000 --dtype fp32 bf16 --chunk 256 --single-pass --json "$OUTDIR/bench_fused_head.json"
+else
+  stage "benchmark token_logprobs" 120 "$PY" tools/gpu_bench_logprobs.py
+  stage "benchmark fused LM head" 150 "$PY" tools/bench_fused_head.py --device cuda --tokens "${BENCH_T:-16384}" \
+    --hidden 1024 --vocab "${BENCH_V:-151936}" --dtype bf16 fp32 --chunk 8192 --reps 5 --warmup 2 \
+    --json "$OUTDIR/bench_fused_head.json"
+fi
+
+# ---- 4. the tiny GSPO job ----------------------------------------------------------------------------
+RUN="$OUTDIR/tiny"
+rm -rf "$RUN"
+steps=20
+[[ $DRY -eq 1 ]] && steps=2
+tiny_job() {
+  "$PY" -m examples.tiny.prepare --out "$RUN" >/dev/null
+  local fused=true
+  [[ "${GPU_CHECK_FUSED:-1}" == 0 ]] && fused=false
+  OMP_NUM_THREADS=4 "$PY" -m torch.distributed.run --standalone --nproc_per_node 1 -m gspo_mcore.train \
+    --config examples/tiny/config.yaml steps=$steps log.output_dir="$RUN" model.hf_dir="$RUN/model" \
+    "data.paths=[$RUN/prompts.jsonl]" loss.fused_lm_head=$fused checkpoint.dir="$RUN/checkpoints" \
+    >"$OUTDIR/tiny.log" 2>&1 || { tail -n 40 "$OUTDIR/tiny.log"; return 1; }
+  "$PY" - "$RUN/metrics.jsonl" "$steps" <<'PYEOF'
+import json, math, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+want = int(sys.argv[2])
+keys = [k for k in ("step", "loss", "reward_mean", "entropy", "time_step_s") if k in rows[-1]]
+for r in rows[:: max(1, len(rows) // 5)] + rows[-1:]:
+    print("[tiny]", {k: r[k] for k in keys})
+losses = [r["loss"] for r in rows if "loss" in r]
+ok = len(rows) == want and all(math.isfinite(x) for x in losses)
+print(f"[tiny] {len(rows)} steps logged (want {want}), losses finite: {ok}")
+sys.exit(0 if ok else 1)
+PYEOF
+}
+export RUN steps
+export -f tiny_job
+stage "tiny GSPO job, $steps steps, fused_lm_head=${GPU_CHECK_FUSED:-1}" 240 tiny_job
+
+say "DONE status=$status in $(( $(date +%s) - t_all )) s"
 exit $status

@@ -10,10 +10,15 @@ whole mini-batch (all micro-batches, all DP ranks).
 Megatron divides each micro-batch's loss by the number of micro-batches and averages gradients over DP
 ranks; our loss already carries the global ``1/N``, so the loss function multiplies by
 ``num_microbatches * dp_size`` and the mini-batch gradient is the exact sum of the micro-batch terms.
+
+With ``LossConfig.fused_lm_head`` the last stage's output is its hidden states instead (see
+:mod:`gspo_mcore.learner.lm_head`) and :func:`gspo_mcore.ops.linear_token_logprobs` computes the same log-probs
+from them and the output weight, chunk by chunk, without the logits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -24,7 +29,7 @@ import torch.distributed as dist
 
 from gspo_mcore import algo, ops
 from gspo_mcore.config import check_literals
-from gspo_mcore.learner import routing
+from gspo_mcore.learner import lm_head, routing
 from gspo_mcore.learner.batching import (
     MicroBatch,
     Sample,
@@ -86,8 +91,16 @@ class LossConfig:
     """Report ``kl`` (to the initial policy) even when ``kl_coef`` is 0 (costs the reference forward)."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus (the loss subtracts ``entropy_coef`` x the sequence-mean entropy)."""
+    fused_lm_head: bool = False
+    """Compute the log-probs from the last hidden states and the output weight in vocabulary chunks
+    (:func:`gspo_mcore.ops.linear_token_logprobs`): the ``[T, V/TP]`` logits and their gradient are never
+    built (the output layer's matmul is recomputed per chunk in backward)."""
+    fused_lm_head_chunk: int = 4096
+    """Vocabulary columns per chunk of the fused LM head: at most ``[T, chunk]`` logits exist at once."""
 
     def __post_init__(self):
+        if self.fused_lm_head_chunk < 1:
+            raise ValueError(f"loss.fused_lm_head_chunk must be >= 1, got {self.fused_lm_head_chunk}")
         check_literals(self)
         for key in ("kl_coef", "entropy_coef"):
             v = getattr(self, key)
@@ -102,6 +115,11 @@ class LossConfig:
     @property
     def needs_entropy(self) -> bool:
         return self.compute_entropy or self.entropy_coef > 0
+
+    def head(self, model) -> lm_head.FusedHead | None:
+        """The fused head of ``model``'s last stage when ``fused_lm_head`` (``None`` otherwise, or on
+        another pipeline stage); raises ``ValueError`` naming the key for a model it cannot serve."""
+        return lm_head.head_for(model, self.fused_lm_head_chunk) if self.fused_lm_head else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,11 +201,12 @@ def microbatches_for_rank(
     ]
 
 
-def _forward_step(loss_func, tape, data_iterator, model):
+def _forward_step(loss_func, tape, fused_head, data_iterator, model):
     mb: MicroBatch = next(data_iterator)
     if tape is not None:
         tape.before(mb, model)
-    output = model(mb.tokens, mb.position_ids, mb.attention_mask, packed_seq_params=mb.packed_seq_params)
+    with lm_head.hidden_states_out(model) if fused_head else contextlib.nullcontext():
+        output = model(mb.tokens, mb.position_ids, mb.attention_mask, packed_seq_params=mb.packed_seq_params)
     if tape is not None:
         tape.after(mb, model)
     return output, partial(loss_func, mb)
@@ -199,9 +218,20 @@ def _check_temperature(temperature: float) -> float:
     return float(temperature)
 
 
-def _token_logprobs(mb: MicroBatch, logits: torch.Tensor, layout: Layout, temperature: float, entropy: bool):
+def _token_logprobs(mb: MicroBatch, logits: torch.Tensor, layout: Layout, temperature: float, entropy: bool, head=None):
     logits = logits.reshape(-1, logits.shape[-1])[: mb.num_tokens]  # (R, S, V/TP) -> (T, V/TP)
     tp = layout.tp_group if layout.tp_size > 1 else None
+    if head is not None:  # the "logits" are the hidden states (T, H)
+        return ops.linear_token_logprobs(
+            logits,
+            head.weight,
+            mb.targets,
+            vocab_start=layout.tp_rank * head.weight.shape[0],
+            tp_group=tp,
+            return_entropy=entropy,
+            temperature=temperature,
+            chunk=head.chunk,
+        )
     return ops.token_logprobs(
         logits,
         mb.targets,
@@ -212,8 +242,8 @@ def _token_logprobs(mb: MicroBatch, logits: torch.Tensor, layout: Layout, temper
     )
 
 
-def _policy_loss_func(layout, loss_cfg, temperature, num_sequences, scale, mb, logits):
-    out = _token_logprobs(mb, logits, layout, temperature, loss_cfg.needs_entropy)
+def _policy_loss_func(layout, loss_cfg, temperature, num_sequences, scale, head, mb, logits):
+    out = _token_logprobs(mb, logits, layout, temperature, loss_cfg.needs_entropy, head)
     logp, entropy = out if loss_cfg.needs_entropy else (out, None)
     zero = logp.new_zeros((), dtype=torch.float32)
     weights, off = None, {}
@@ -292,9 +322,9 @@ def _configure(model) -> None:
     config.no_sync_func = model[0].no_sync if len(model) == 1 else [m.no_sync for m in model]
 
 
-def _run_schedule(model, microbatches, loss_func, *, forward_only: bool, tape=None):
+def _run_schedule(model, microbatches, loss_func, *, forward_only: bool, tape=None, fused_head: bool = False):
     """Megatron's schedule over ``microbatches``; ``tape`` (a :class:`routing.RoutingTape`) records or
-    replays the MoE routing of every micro-batch."""
+    replays the MoE routing of every micro-batch; ``fused_head``: the last stage outputs hidden states."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     _configure(model)
@@ -304,7 +334,7 @@ def _run_schedule(model, microbatches, loss_func, *, forward_only: bool, tape=No
     max_len = max(int(mb.tokens.shape[1]) for mb in microbatches)
     run = partial(
         fb,
-        forward_step_func=partial(_forward_step, loss_func, tape),
+        forward_step_func=partial(_forward_step, loss_func, tape, fused_head),
         data_iterator=iter(microbatches),
         model=model,
         num_microbatches=len(microbatches),
@@ -370,8 +400,16 @@ def forward_backward(
     n = count_sequences(samples) if num_sequences is None else num_sequences
     mbs = microbatches_for_rank(samples, layout, max_tokens, model=model, packing=packing)
     scale = float(len(mbs) * layout.dp_size)
-    loss_func = partial(_policy_loss_func, layout, loss_cfg, _check_temperature(temperature), max(n, 1), scale)
-    store = _run_schedule(model, mbs, loss_func, forward_only=False, tape=_tape(model, layout, replay=replay_routing))
+    head = loss_cfg.head(model)
+    loss_func = partial(_policy_loss_func, layout, loss_cfg, _check_temperature(temperature), max(n, 1), scale, head)
+    store = _run_schedule(
+        model,
+        mbs,
+        loss_func,
+        forward_only=False,
+        tape=_tape(model, layout, replay=replay_routing),
+        fused_head=loss_cfg.fused_lm_head,
+    )
     metrics = _reduce_metrics(
         store,
         layout,
@@ -458,26 +496,43 @@ def _reduce_metrics(store, layout: Layout, *, with_kl: bool = False, with_off_po
     return out
 
 
-def _logprob_func(layout, temperature, mb, logits):
-    logp = _token_logprobs(mb, logits, layout, temperature, False)
+def _logprob_func(layout, temperature, head, mb, logits):
+    logp = _token_logprobs(mb, logits, layout, temperature, False, head)
     return logits.new_zeros(()), {"logp": logp.detach().float(), "mb": mb}
 
 
 @torch.no_grad()
 def forward_logprobs(
-    model, samples: list[Sample], layout: Layout, *, max_tokens: int, packing: str = "padded", temperature: float = 1.0
+    model,
+    samples: list[Sample],
+    layout: Layout,
+    *,
+    max_tokens: int,
+    packing: str = "padded",
+    temperature: float = 1.0,
+    loss_cfg: LossConfig | None = None,
 ) -> list[torch.Tensor]:
     """Log-probs of ``tokens[1:]`` for every sample (``[L-1]`` float32 each, on the CPU, on every rank).
 
     Runs forward only through the same schedule and micro-batching as training (old-policy or reference
-    log-probs). ``samples`` is the same list on every rank.
+    log-probs). ``samples`` is the same list on every rank. ``loss_cfg``: only its fused-LM-head keys are
+    used (default: the logits path).
     """
-    return _forward_logprobs(model, samples, layout, max_tokens=max_tokens, packing=packing, temperature=temperature)[0]
+    return _forward_logprobs(
+        model, samples, layout, max_tokens=max_tokens, packing=packing, temperature=temperature, loss_cfg=loss_cfg
+    )[0]
 
 
 @torch.no_grad()
 def forward_logprobs_with_routing(
-    model, samples: list[Sample], layout: Layout, *, max_tokens: int, packing: str = "padded", temperature: float = 1.0
+    model,
+    samples: list[Sample],
+    layout: Layout,
+    *,
+    max_tokens: int,
+    packing: str = "padded",
+    temperature: float = 1.0,
+    loss_cfg: LossConfig | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """:func:`forward_logprobs` of a MoE model, plus the experts every token was routed to: per sample
     ``[L, num_layers, topk]`` int32 (``-1`` in dense layers), on every rank (see :mod:`.routing`)."""
@@ -485,16 +540,29 @@ def forward_logprobs_with_routing(
         raise ValueError("forward_logprobs_with_routing needs a MoE model")
     tape = _tape(model, layout, record=True)
     logps, _ = _forward_logprobs(
-        model, samples, layout, max_tokens=max_tokens, packing=packing, temperature=temperature, tape=tape
+        model,
+        samples,
+        layout,
+        max_tokens=max_tokens,
+        packing=packing,
+        temperature=temperature,
+        tape=tape,
+        loss_cfg=loss_cfg,
     )
     num_layers, topk = routing.routing_dims(model)
     return logps, tape.scatter_to_samples(samples, layout, num_layers=num_layers, topk=topk)
 
 
-def _forward_logprobs(model, samples, layout, *, max_tokens, packing, temperature, tape=None):
+def _forward_logprobs(model, samples, layout, *, max_tokens, packing, temperature, tape=None, loss_cfg=None):
     mbs = microbatches_for_rank(samples, layout, max_tokens, model=model, packing=packing)
+    head = loss_cfg.head(model) if loss_cfg is not None else None
     store = _run_schedule(
-        model, mbs, partial(_logprob_func, layout, _check_temperature(temperature)), forward_only=True, tape=tape
+        model,
+        mbs,
+        partial(_logprob_func, layout, _check_temperature(temperature), head),
+        forward_only=True,
+        tape=tape,
+        fused_head=loss_cfg is not None and loss_cfg.fused_lm_head,
     )
     sizes = [s.length - 1 for s in samples]
     offsets = [0]
@@ -574,7 +642,12 @@ def train_step(
     replay = routing_cfg.replay and moe
     measure = measure_routing and moe
     before = None
-    kw = dict(max_tokens=batch_cfg.max_tokens_per_microbatch, packing=batch_cfg.packing, temperature=temperature)
+    kw = dict(
+        max_tokens=batch_cfg.max_tokens_per_microbatch,
+        packing=batch_cfg.packing,
+        temperature=temperature,
+        loss_cfg=loss_cfg,
+    )
     needs_routing = (replay and any(s.routed_experts is None for s in samples)) or measure
     if recompute_old_logprobs or any(s.old_logprobs is None for s in samples) or needs_routing:
         if needs_routing:

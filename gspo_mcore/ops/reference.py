@@ -102,3 +102,15 @@ def _segment_ids(cu_seqlens, num_tokens: int):
     return torch.repeat_interleave(
         torch.arange(lengths.shape[0], device=cu_seqlens.device), lengths, output_size=num_tokens
     )
+
+
+def linear_token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+):
+    """The specification of :func:`gspo_mcore.ops.linear_token_logprobs` on one rank, by autograd: the
+    LM head's logits ``hidden @ weight.T`` in the inputs' dtype, then :func:`token_logprobs`."""
+    return token_logprobs(hidden @ weight.T, targets, temperature=temperature, return_entropy=return_entropy)

@@ -76,6 +76,7 @@ def run(cfg: TrainConfig) -> list[dict]:
         from gspo_mcore.convert.hf_import import load_hf_weights
 
         load_hf_weights(model, cfg.model.hf_dir, shape, progress=is_writer, layout=layout)
+    cfg.loss.head(model)  # loss.fused_lm_head: refuses, naming the key, a model it cannot serve (None if off)
     optimizer, scheduler = build_optimizer(model, cfg.optim)
     # the KL reference is the initial policy: snapshot it before a checkpoint is restored
     reference = ReferencePolicy(model) if cfg.loss.uses_reference else None

@@ -137,14 +137,16 @@ def run_case(case, args):
     initial = toy.local_shards(model)
     samples = toy.toy_samples(vocab=shape.vocab_size, **BATCH)
 
-    logp = forward_logprobs(model, samples, layout, max_tokens=max_tokens, packing=packing)
+    # a fused-LM-head case compares with the logits path's reference (chunks of 48 < the toy vocabulary's 128)
+    head = dict(fused_lm_head=True, fused_lm_head_chunk=case.get("chunk", 48)) if case.get("fused") else {}
+    logp = forward_logprobs(model, samples, layout, max_tokens=max_tokens, packing=packing, loss_cfg=LossConfig(**head))
     # Forward-only log-probs vs the training forward: with old = forward-only log-probs, GRPO's token
     # ratios exp(logp_train - logp_fwd) are 1 up to rounding; their min/max bound every counted token.
     check = forward_backward(
         model,
         [replace(s, old_logprobs=lp) for s, lp in zip(samples, logp)],
         layout,
-        LossConfig(variant="grpo"),
+        LossConfig(variant="grpo", **head),
         max_tokens=max_tokens,
         packing=packing,
     )
@@ -152,7 +154,7 @@ def run_case(case, args):
     fwd_vs_train = max(abs(math.log(check["ratio_min"])), abs(math.log(check["ratio_max"])))
 
     variant = case["variant"]
-    loss_cfg = loss_config(case)
+    loss_cfg = replace(loss_config(case), **head)
     batch = toy.with_offset_old_logprobs(samples, logp, variant)
     if case.get("token_adv"):
         batch = toy.with_token_advantages(batch)

@@ -103,6 +103,7 @@ def test_hf_config(tmp_path):
         (lambda: OptimConfig(lr_decay_style="cosine", lr_warmup_steps=10, lr_decay_steps=5), "lr_decay_steps"),
         (lambda: OptimConfig(lr_decay_style="step"), "lr_decay_style"),
         (lambda: LossConfig(variant="ppo"), "variant must be one of"),
+        (lambda: LossConfig(fused_lm_head=True, fused_lm_head_chunk=0), "loss.fused_lm_head_chunk must be >= 1"),
         (lambda: BatchConfig(num_minibatches=0), "num_minibatches"),
         (lambda: BatchConfig(max_tokens_per_microbatch=1), "max_tokens_per_microbatch"),
     ],

@@ -95,6 +95,20 @@ ONE_RANK = [
     case("1rank-bd-mb40", packing=BD, max_tokens=40),
     case("1rank-bd", packing=BD),
 ]
+# loss.fused_lm_head (log-probs from hidden states and the output weight, vocabulary chunks of 48 of 128):
+# compared with the logits path's references, so the fused head must give today's loss and gradients.
+FUSED_ONE_RANK = [
+    case("1rank-fused", fused=True),
+    case("1rank-fused-mb30-grpo", variant="grpo", max_tokens=30, fused=True, chunk=100),
+    case("1rank-fused-tied", "dense_tied", fused=True),
+]
+FUSED_TWO_RANKS = [
+    case("tp2-fused", tp=2, fused=True),
+    case("pp2-fused-gspo_token", variant="gspo_token", pp=2, fused=True),
+    case("tp2-fused-tied", "dense_tied", tp=2, fused=True),
+    case("pp2-fused-tied-bd", "dense_tied", pp=2, packing=BD, fused=True),
+]
+ONE_RANK += FUSED_ONE_RANK
 TWO_RANKS = (
     [case(f"dp2-{v}", variant=v) for v in ("gspo", "gspo_token", "grpo")]
     + [case(f"tp2-{v}", variant=v, tp=2) for v in ("gspo", "gspo_token", "grpo")]
@@ -116,6 +130,7 @@ TWO_RANKS = (
     + [option_case("dp2", tag) for tag in LOSS_OPTIONS]
     + [option_case("tp2", tag, tp=2) for tag in LOSS_OPTIONS]
     + [option_case("pp2-mb30", "kl", pp=2, max_tokens=30), option_case("dp2-distopt", "kl", distopt=True)]
+    + FUSED_TWO_RANKS
 )
 # Test-only faults, each must be caught: N + 1 on DP rank 0 only; 2N on both ranks (every gradient halved)
 WRONG_N = [
