@@ -108,7 +108,9 @@ def run_case(case, args):
 
     t0 = time.time()
     shape = load_hf_config(toy.MODELS[case["model"]])
-    pc = ParallelConfig(tensor=case.get("tp", 1), pipeline=case.get("pp", 1), expert=case.get("ep", 1))
+    pc = ParallelConfig(
+        tensor=case.get("tp", 1), pipeline=case.get("pp", 1), expert=case.get("ep", 1), context=case.get("cp", 1)
+    )
     layout = init_parallel(pc, shape, seed=1234)
     distopt = case.get("distopt", False)
     model = build_model(shape, pc, seed=7, use_distributed_optimizer=distopt)
