@@ -89,6 +89,40 @@ class WrongNormaliser:
         step.count_sequences = self.saved
 
 
+class NoCpReduce:
+    """Test-only fault (case key ``break_cp_reduce``): the policy loss's per-sequence sums are not all-reduced
+    over the CP group (each rank sees only its own part of every sequence)."""
+
+    def __init__(self, active):
+        self.active = active
+
+    def __enter__(self):
+        from gspo_mcore.algo import policy
+
+        self.saved = policy.ops.all_reduce_sum
+        if self.active:
+            policy.ops = _OpsWithoutAllReduce(policy.ops)
+        return self
+
+    def __exit__(self, *exc):
+        from gspo_mcore.algo import policy
+
+        if self.active:
+            policy.ops = policy.ops.wrapped
+
+
+class _OpsWithoutAllReduce:
+    def __init__(self, wrapped):
+        self.wrapped = wrapped
+
+    def __getattr__(self, name):
+        return getattr(self.wrapped, name)
+
+    @staticmethod
+    def all_reduce_sum(*partials, group=None):
+        return partials
+
+
 def run_case(case, args):
     from gspo_mcore.learner import (
         BatchConfig,
@@ -146,7 +180,7 @@ def run_case(case, args):
     batch = toy.with_offset_old_logprobs(samples, logp, variant)
     parts = split_minibatches(len(batch), 2)
     first = [batch[i] for i in parts[0]]
-    with WrongNormaliser(case.get("wrong_n"), layout):
+    with WrongNormaliser(case.get("wrong_n"), layout), NoCpReduce(case.get("break_cp_reduce", False)):
         # the first mini-batch's gradient, before any optimizer step (clipping and Adam would hide its scale)
         forward_backward(model, first, layout, loss_cfg, max_tokens=max_tokens, packing=packing)
         grads = None if distopt else toy.local_grad_shards(model)
