@@ -99,12 +99,14 @@ def split(mb: MicroBatch, cp_size: int, cp_rank: int) -> MicroBatch:
         return split_padded(mb, cp_size, cp_rank)
     # THD (Transformer Engine): every segment (sample, padded to 2 CP) split alike; the packed-sequence
     # parameters keep the UNSPLIT cu_seqlens, which is what TE's CP attention and Megatron's THD rotary expect
+    # (a trailing padding segment, for sequence parallelism, is split like the others but never scored)
     segments = mb.packed_seq_params.cu_seqlens_q.to(torch.int64).cpu()
-    keep = split_thd(segments, cp_size, cp_rank).to(mb.tokens.device)
+    rows = split_thd(segments, cp_size, cp_rank).to(mb.tokens.device)  # the row's tokens, padding segment last
+    keep = split_thd(mb.cu_seqlens.cpu(), cp_size, cp_rank).to(mb.tokens.device)  # the samples' positions
     return replace(
         mb,
-        tokens=mb.tokens[:, keep].contiguous(),
-        position_ids=mb.position_ids[:, keep].contiguous(),
+        tokens=mb.tokens[:, rows].contiguous(),
+        position_ids=mb.position_ids[:, rows].contiguous(),
         targets=mb.targets[keep],
         loss_mask=mb.loss_mask[keep],
         old_logprobs=mb.old_logprobs[keep],

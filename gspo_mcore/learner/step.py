@@ -128,14 +128,14 @@ def microbatches_for_rank(
     pad_multiple = layout.tp_size if config.sequence_parallel else 1
     if layout.cp_size > 1:
         context_parallel.check_packing(packing)
-        pad_multiple = math.lcm(pad_multiple, context_parallel.pad_multiple(layout.cp_size))
+        pad_multiple *= context_parallel.pad_multiple(layout.cp_size)  # each CP rank's part splits over TP
     mbs = [
         build_microbatch(
             samples,
             idx,
             packing=packing,
             pad_multiple=pad_multiple,
-            segment_multiple=pad_multiple if layout.cp_size > 1 else 1,
+            segment_multiple=context_parallel.pad_multiple(layout.cp_size) if layout.cp_size > 1 else 1,
             device=layout.device,
         )
         for idx in plans[layout.dp_rank]

@@ -30,23 +30,28 @@ def _samples():
     return out
 
 
-@pytest.mark.parametrize("packing", ["padded", "thd"])
+@pytest.mark.parametrize("packing, row_multiple", [("padded", 1), ("thd", 1), ("thd", 5)])
 @pytest.mark.parametrize("cp", [2, 4])
-def test_split_then_unsplit_covers_every_position_once(packing, cp):
+def test_split_then_unsplit_covers_every_position_once(packing, row_multiple, cp):
+    """``row_multiple`` 5: the row padded further, as sequence parallelism pads it to TP x 2 CP (THD then has a trailing
+    padding segment, split like the others but never scored)."""
     pytest.importorskip("megatron.core")
     samples = _samples()
     m = pad_multiple(cp)
-    full = build_microbatch(samples, [0, 1, 2, 3], packing=packing, pad_multiple=m, segment_multiple=m)
+    full = build_microbatch(samples, [0, 1, 2, 3], packing=packing, pad_multiple=m * row_multiple, segment_multiple=m)
+    if row_multiple > 1:
+        assert full.tokens.shape[1] > full.num_tokens
     seen = torch.zeros(full.num_tokens)
     tokens = torch.zeros(full.num_tokens, dtype=torch.int64)
     for r in range(cp):
         part = split(full, cp, r)
         assert part.num_tokens * cp == full.num_tokens
+        assert part.tokens.numel() * cp == full.tokens.numel()
         assert int(part.cu_seqlens[-1]) == part.num_tokens
         ones, cu = unsplit(torch.ones(part.num_tokens), part)
         assert torch.equal(cu, full.cu_seqlens)
         seen += ones
-        tokens += unsplit(part.tokens.reshape(-1).float(), part)[0].long()
+        tokens += unsplit(part.tokens.reshape(-1)[: part.num_tokens].float(), part)[0].long()
         mask, _ = unsplit(part.loss_mask, part)
         assert torch.equal(mask * ones, full.loss_mask * ones)
         old, _ = unsplit(part.old_logprobs, part)
