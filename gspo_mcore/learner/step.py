@@ -10,6 +10,11 @@ whole mini-batch (all micro-batches, all DP ranks).
 Megatron divides each micro-batch's loss by the number of micro-batches and averages gradients over DP
 ranks; our loss already carries the global ``1/N``, so the loss function multiplies by
 ``num_microbatches * dp_size`` and the mini-batch gradient is the exact sum of the micro-batch terms.
+
+Context parallelism (CP > 1): every micro-batch is split over the CP group by
+:mod:`gspo_mcore.learner.context_parallel`, the policy loss completes its per-sequence sums over the CP
+group (one packed all-reduce), and Megatron's own CP handling (the 2-tuple loss multiplied by CP, gradients
+averaged over DP x CP) leaves the scale above unchanged (docs/context-parallel.md).
 """
 
 from __future__ import annotations

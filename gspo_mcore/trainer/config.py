@@ -212,10 +212,10 @@ class TrainConfig:
                 "block-diagonal mask is not split over CP ranks (with Transformer Engine micro-batches are THD "
                 "packed and split per sequence)"
             )
-        if self.routing.replay:
+        if self.routing.replay or self.routing.measure_every:
             raise ValueError(
-                f"parallel.context={cp} with routing.replay=true: Routing Replay records and replays whole "
-                "sequences, not CP-split ones"
+                f"parallel.context={cp} with routing.replay / routing.measure_every: the routing tape records "
+                "and replays whole sequences, not CP-split ones"
             )
 
     @property

@@ -78,5 +78,6 @@ def test_context_parallel_refuses_block_diagonal_packing_and_routing_replay():
     base = ["--config", "examples/tiny/config.yaml", "parallel.context=2"]
     with pytest.raises(ValueError, match="parallel.context=2 needs batch.packing=padded"):
         parse_config(base + ["batch.packing=block_diagonal"])
-    with pytest.raises(ValueError, match="parallel.context=2 with routing.replay=true"):
-        parse_config(base + ["routing.replay=true"])
+    for key in ("routing.replay=true", "routing.measure_every=1"):
+        with pytest.raises(ValueError, match="parallel.context=2 with routing.replay / routing.measure_every"):
+            parse_config(base + [key])
