@@ -117,12 +117,14 @@ FOUR_RANKS = [case(f"tp2pp2-{v}", variant=v, tp=2, pp=2) for v in ("gspo", "gspo
 # one real position and padding) and odd lengths are padded; the prompt-only samples are split like the rest.
 CP_TWO_RANKS = [case(f"cp2-{v}", variant=v, cp=2) for v in ("gspo", "gspo_token", "grpo")] + [
     case("cp2-mb15", cp=2, max_tokens=15),
+    case("cp2-moe", "moe", cp=2),
 ]
 CP_FOUR_RANKS = [
     case("cp2dp2-gspo", cp=2),
     case("cp2tp2-grpo", variant="grpo", cp=2, tp=2),
     case("cp2pp2-gspo_token", variant="gspo_token", cp=2, pp=2, max_tokens=50),
     case("cp4-mb15", cp=4, max_tokens=15),
+    case("cp2ep2-moe", "moe", cp=2, ep=2),
 ]
 # Test-only fault: the CP all-reduce of the per-sequence sums is skipped (each rank's loss sees only its own
 # tokens' partial sums) - must fail the comparison
