@@ -71,8 +71,8 @@ def decode_model(model, layout: Layout, *, kv_cache: bool = True):
 
     gpt = unwrap(model[0])
     if layout.cp_size > 1:
-        # context parallelism: every CP rank decodes the whole sequences with the CPU CP attention's weights
-        # through local attention (the same results as one rank); Transformer Engine's CP attention cannot
+        # context parallelism: every CP rank decodes the whole sequences, the CPU CP attention's layers running
+        # as local attention (the same results as one rank); Transformer Engine's CP attention cannot
         from gspo_mcore.platform.cp_attention import core_attention_class
 
         if not kv_cache or any(

@@ -71,6 +71,38 @@ def gather_sequence(x: torch.Tensor, group) -> torch.Tensor:
     return chunks.index_select(0, _global_order(cp).to(x.device)).reshape(cp * 2 * c, *x.shape[1:])
 
 
+def causal_attention(query, key, value, group, softmax_scale: float) -> torch.Tensor:
+    """This CP rank's causal attention output ``[sq, b, np * hn]`` from its load-balanced ``query [sq, b, np,
+    hn]``, ``key`` and ``value [sq, b, ng, hn]`` (``np`` a multiple of ``ng``: grouped-query attention)."""
+    return attend(*attention_probs(query, key, value, group, softmax_scale))
+
+
+def attend(probs, value) -> torch.Tensor:
+    """``probs [b, np, sq, S] @ value [S, b, np, hn]`` -> ``[sq, b, np * hn]``."""
+    context = torch.matmul(probs, value.permute(1, 2, 0, 3))  # (b, np, sq, hn)
+    sq, b, nh, hd = context.shape[2], context.shape[0], context.shape[1], context.shape[3]
+    return context.permute(2, 0, 1, 3).reshape(sq, b, nh * hd)
+
+
+def attention_probs(query, key, value, group, softmax_scale: float):
+    """Causal attention probabilities ``[b, np, sq, S]`` of this rank's queries over the gathered keys (global
+    positions), and the gathered values ``[S, b, np, hn]`` (KV heads repeated for grouped-query attention)."""
+    cp = dist.get_world_size(group)
+    sq, b, nh, hd = query.shape
+    kv = gather_sequence(torch.cat([key, value], dim=-1), group)  # (S, b, ng, 2hn)
+    key, value = kv.split([key.shape[-1], value.shape[-1]], dim=-1)
+    if nh // key.shape[2] > 1:
+        key = key.repeat_interleave(nh // key.shape[2], dim=2)
+        value = value.repeat_interleave(nh // value.shape[2], dim=2)
+    sk = key.shape[0]
+    scores = torch.matmul(query.permute(1, 2, 0, 3), key.permute(1, 2, 3, 0)) * softmax_scale  # (b, np, sq, sk)
+    q_pos = load_balanced_positions(sk, cp, dist.get_rank(group)).to(query.device)  # global positions
+    masked = torch.arange(sk, device=query.device)[None, :] > q_pos[:, None]  # (sq, sk)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))  # softmax in fp32 at least
+    probs = torch.softmax(scores.masked_fill(masked, -10000.0), dim=-1).to(value.dtype)
+    return probs, value
+
+
 def _core_attention_class():
     from megatron.core.transformer.module import MegatronModule
 
@@ -99,13 +131,8 @@ def _core_attention_class():
                 raise ValueError(f"the CPU context-parallel attention is causal only, got {attn_mask_type}")
             if config.window_size is not None or config.softmax_type != "vanilla":
                 raise ValueError("the CPU context-parallel attention supports no window attention or softmax offset")
-            tp = pg_collection.tp if pg_collection is not None else ps.get_tensor_model_parallel_group()
             self.cp_group = pg_collection.cp if pg_collection is not None else ps.get_context_parallel_group()
-            tp_size = tp.size()
-            self.heads = config.num_attention_heads // tp_size
-            self.groups = config.num_query_groups // tp_size
-            head_dim = config.kv_channels
-            self.softmax_scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
+            self.softmax_scale = 1.0 / math.sqrt(config.kv_channels) if softmax_scale is None else softmax_scale
             self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
 
         def forward(
@@ -123,28 +150,13 @@ def _core_attention_class():
                     "the CPU context-parallel attention takes padded rows only (no attention mask, packed "
                     "sequences or attention bias)"
                 )
-            cp = self.cp_group.size()
-            sq, b, nh, hd = query.shape  # (2c, b, np, hn)
-            kv = gather_sequence(torch.cat([key, value], dim=-1), self.cp_group)  # (S, b, ng, 2hn)
-            key, value = kv.split([key.shape[-1], value.shape[-1]], dim=-1)
-            if self.heads // self.groups > 1:
-                key = key.repeat_interleave(self.heads // self.groups, dim=2)
-                value = value.repeat_interleave(self.heads // self.groups, dim=2)
-            sk = key.shape[0]
-            q = query.permute(1, 2, 0, 3)  # (b, np, sq, hn)
-            k = key.permute(1, 2, 3, 0)  # (b, np, hn, sk)
-            scores = torch.matmul(q, k) * self.softmax_scale  # (b, np, sq, sk)
-            q_pos = load_balanced_positions(sk, cp, self.cp_group.rank()).to(query.device)
-            masked = torch.arange(sk, device=query.device)[None, :] > q_pos[:, None]  # (sq, sk)
-            scores = scores.float().masked_fill(masked, -10000.0)
-            probs = torch.softmax(scores, dim=-1).to(value.dtype)
+            probs, value = attention_probs(query, key, value, self.cp_group, self.softmax_scale)
             if self.training and self.dropout > 0:
                 from megatron.core import tensor_parallel
 
                 with tensor_parallel.get_cuda_rng_tracker().fork():
                     probs = torch.nn.functional.dropout(probs, p=self.dropout)
-            context = torch.matmul(probs, value.permute(1, 2, 0, 3))  # (b, np, sq, hn)
-            return context.permute(2, 0, 1, 3).reshape(sq, b, nh * value.shape[-1])
+            return attend(probs, value)
 
     return CpuContextParallelAttention
 
