@@ -170,7 +170,7 @@ def cp_two_ranks(reference):
 @pytest.fixture(scope="module")
 def cp_four_ranks(reference):
     ref_dir, _ = reference
-    return _run(CP_FOUR_RANKS, 4, ref_dir, os.path.join(ref_dir, "cp_four_ranks.jsonl"), timeout=600)
+    return _run(CP_FOUR_RANKS, 4, ref_dir, os.path.join(ref_dir, "cp_four_ranks.jsonl"), timeout=900)
 
 
 def _grad_bounds(result) -> dict[str, float]:
