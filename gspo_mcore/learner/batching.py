@@ -193,6 +193,11 @@ class MicroBatch:
     routing: torch.Tensor | None = None
     """Routing Replay target ``[S, R, num_layers, topk]`` int64 in the routers' (sequence-major) token
     order, when every sample carries ``routed_experts``."""
+    cp_positions: torch.Tensor | None = None
+    """Context parallelism: the positions (into the unsplit micro-batch's ``T``) this CP rank holds, in
+    its local order (see :mod:`gspo_mcore.learner.context_parallel`); ``None`` when not split."""
+    unsplit_cu_seqlens: torch.Tensor | None = None
+    """Context parallelism: the unsplit micro-batch's ``cu_seqlens``."""
 
     @property
     def num_tokens(self) -> int:
@@ -201,11 +206,19 @@ class MicroBatch:
 
 
 def build_microbatch(
-    samples, indices: list[int], *, packing: str = "padded", pad_multiple: int = 1, device: torch.device | str = "cpu"
+    samples,
+    indices: list[int],
+    *,
+    packing: str = "padded",
+    pad_multiple: int = 1,
+    segment_multiple: int = 1,
+    device: torch.device | str = "cpu",
 ) -> MicroBatch:
     """Lay out ``samples[i] for i in indices`` as one micro-batch; empty ``indices`` give a masked dummy.
 
-    ``pad_multiple``: the row length is padded to a multiple of it (sequence parallelism needs TP).
+    ``pad_multiple``: the row length is padded to a multiple of it (sequence parallelism needs TP, context
+    parallelism 2 * CP). ``segment_multiple`` (``"thd"`` with context parallelism: 2 * CP): every sample's
+    segment is padded to a multiple of it (masked positions after its last token).
     """
     if packing not in PACKINGS:
         raise ValueError(f"packing must be one of {PACKINGS}, got {packing!r}")
@@ -214,6 +227,8 @@ def build_microbatch(
         seqs = [(s.tokens, s.loss_mask[1:].float(), s.old_logprobs, float(s.advantage)) for s in chosen]
     else:
         seqs = [(torch.zeros(2, dtype=torch.int64), torch.zeros(1), None, 0.0)]
+    if segment_multiple > 1 and packing != "padded":
+        seqs = [_pad_sample(t, m, o, a, segment_multiple) for t, m, o, a in seqs]
     lengths = [t.shape[0] for t, *_ in seqs]
     # per sample, its positions: target = next token, mask/old log-prob of that token, 0 at the end
     targets = [torch.cat([t[1:], t.new_zeros(1)]) for t, *_ in seqs]
@@ -233,7 +248,7 @@ def build_microbatch(
             torch.cat(
                 [
                     s.token_advantages.float() if s.token_advantages is not None else torch.full((n - 1,), a),
-                    torch.zeros(1),
+                    torch.zeros(n - (s.token_advantages.shape[0] if s.token_advantages is not None else n - 1)),
                 ]
             )
             * (m > 0)
@@ -295,8 +310,22 @@ def build_microbatch(
 
 
 def _token_field(chosen, name, masks):
-    """Per sample, its ``[L-1]`` field as ``[L]`` positions (0 at the end and where not counted)."""
-    return [torch.cat([getattr(s, name).float(), torch.zeros(1)]) * (m > 0) for s, m in zip(chosen, masks)]
+    """Per sample, its ``[L-1]`` field at its ``len(mask)`` positions (0 at the end, where not counted and in
+    any segment padding)."""
+    out = []
+    for s, m in zip(chosen, masks):
+        x = getattr(s, name).float()
+        out.append(torch.cat([x, x.new_zeros(m.shape[0] - x.shape[0])]) * (m > 0))
+    return out
+
+
+def _pad_sample(tokens, mask, old, advantage, multiple):
+    """A sample's fields padded to a length that is a multiple of ``multiple`` (padding never counts)."""
+    pad = _round_up(tokens.shape[0], multiple) - tokens.shape[0]
+    if not pad:
+        return tokens, mask, old, advantage
+    old = None if old is None else torch.cat([old.float(), torch.zeros(pad)])
+    return torch.cat([tokens, tokens.new_zeros(pad)]), torch.cat([mask, mask.new_zeros(pad)]), old, advantage
 
 
 def _round_up(n: int, multiple: int) -> int:

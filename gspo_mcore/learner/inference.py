@@ -29,6 +29,11 @@ def logits_fn(model, layout: Layout):
     if len(model) != 1:
         raise ValueError("in-process sampling needs a single model chunk (no virtual pipeline stages)")
     gpt = unwrap(model[0])
+    if layout.cp_size > 1:
+        raise ValueError(
+            f"full-recompute in-process sampling does not split over context-parallel ranks (CP={layout.cp_size}); "
+            "use the KV-cache decode model (decode_model(kv_cache=True)), which runs whole sequences on every CP rank"
+        )
     pad_multiple = layout.tp_size if gpt.config.sequence_parallel else 1
 
     @torch.no_grad()
@@ -64,8 +69,21 @@ def decode_model(model, layout: Layout, *, kv_cache: bool = True):
     """
     from gspo_mcore.rollout.inprocess import RecomputeModel
 
-    fn = logits_fn(model, layout)  # checks the layout
     gpt = unwrap(model[0])
+    if layout.cp_size > 1:
+        # context parallelism: every CP rank decodes the whole sequences, the CPU CP attention's layers running
+        # as local attention (the same results as one rank); Transformer Engine's CP attention cannot
+        from gspo_mcore.platform.cp_attention import core_attention_class
+
+        if not kv_cache or any(
+            type(layer.self_attention.core_attention) is not core_attention_class() for layer in gpt.decoder.layers
+        ):
+            raise ValueError(
+                f"in-process sampling with CP={layout.cp_size} needs the KV-cache decode model and the CPU "
+                "context-parallel attention (no Transformer Engine); use SGLang otherwise"
+            )
+        return MegatronDecodeModel(gpt, layout)
+    fn = logits_fn(model, layout)  # checks the layout
     if not kv_cache or gpt.config.sequence_parallel:
         return RecomputeModel(fn)
     return MegatronDecodeModel(gpt, layout)
@@ -128,7 +146,8 @@ class _MegatronSession:
         self.positions, self.valid = positions, valid  # (B, S) each
         self.freqs = None  # (S, B, 1, D): each row's rotary angles at each cache slot
         if self.gpt.position_embedding_type == "rope":
-            table = self.gpt.rotary_pos_emb(ctx.max_sequence_length)  # (S, 1, 1, D), positions 0..S-1
+            # (S, 1, 1, D), positions 0..S-1; packed_seq: the whole table, never a CP rank's slice
+            table = self.gpt.rotary_pos_emb(ctx.max_sequence_length, packed_seq=True)
             self.freqs = table[:, 0, 0][positions].transpose(0, 1)[:, :, None].contiguous()
 
     @torch.no_grad()
@@ -180,6 +199,8 @@ def _decode_attention(attentions, freqs: torch.Tensor | None):
     )
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
+    from gspo_mcore.platform.cp_attention import core_attention_class
+
     patched = []
     try:
         for attn in attentions:
@@ -196,6 +217,9 @@ def _decode_attention(attentions, freqs: torch.Tensor | None):
                 and core.scale_mask_softmax.scale is None
                 and core.scale_mask_softmax.window_size is None
             ):
+                core.forward = _sdpa_attention(core.softmax_scale)
+                patched.append((core, "forward"))
+            elif type(core) is core_attention_class():  # CP: whole sequences on every rank, local attention
                 core.forward = _sdpa_attention(core.softmax_scale)
                 patched.append((core, "forward"))
         yield

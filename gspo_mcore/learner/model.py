@@ -98,6 +98,10 @@ def build_model(
         recompute=options.recompute,
     )
     spec = get_gpt_decoder_block_spec(config, use_transformer_engine=use_te)
+    if parallel.context > 1 and not use_te:
+        from gspo_mcore.platform import cp_attention
+
+        spec = cp_attention.with_cp_attention(spec)  # the local attention refuses CP; a correctness path
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,

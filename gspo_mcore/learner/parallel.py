@@ -30,7 +30,8 @@ class ParallelConfig:
     expert_tensor: int | None = None
     """Expert tensor parallel: each expert's MLP split across ranks (default: 1 with EP > 1, else TP)."""
     context: int = 1
-    """Context parallel (CP): sequences split across ranks (GPU with Transformer Engine only)."""
+    """Context parallel (CP): every sequence split across ranks in Megatron's load-balanced layout (GPU:
+    Transformer Engine's CP attention; CPU: a correctness-only attention; see docs/context-parallel.md)."""
     sequence_parallel: bool | None = None
     """Sequence parallelism with TP (default: on when TP > 1 and the model is MoE; needs a GPU/TE)."""
 
@@ -152,8 +153,6 @@ def validate_layout(cfg: ParallelConfig, world_size: int, shape: ModelShape, *, 
                 f"(world size {world_size} / PP {pp} = {world_size // pp})"
             )
     if not on_gpu:
-        if cp > 1:
-            errors.append(f"CP={cp}: context parallelism needs a GPU with Transformer Engine")
         if cfg.use_sequence_parallel(shape):
             errors.append(
                 f"sequence parallelism (TP={tp} with a MoE model needs it) needs a GPU: the CPU "

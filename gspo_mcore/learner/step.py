@@ -14,6 +14,11 @@ ranks; our loss already carries the global ``1/N``, so the loss function multipl
 With ``LossConfig.fused_lm_head`` the last stage's output is its hidden states instead (see
 :mod:`gspo_mcore.learner.lm_head`) and :func:`gspo_mcore.ops.linear_token_logprobs` computes the same log-probs
 from them and the output weight, chunk by chunk, without the logits.
+
+Context parallelism (CP > 1): every micro-batch is split over the CP group by
+:mod:`gspo_mcore.learner.context_parallel`, the policy loss completes its per-sequence sums over the CP
+group (one packed all-reduce), and Megatron's own CP handling (the 2-tuple loss multiplied by CP, gradients
+averaged over DP x CP) leaves the scale above unchanged (docs/context-parallel.md).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import torch.distributed as dist
 
 from gspo_mcore import algo, ops
 from gspo_mcore.config import check_literals
-from gspo_mcore.learner import lm_head, routing
+from gspo_mcore.learner import context_parallel, lm_head, routing
 from gspo_mcore.learner.batching import (
     MicroBatch,
     Sample,
@@ -184,8 +189,6 @@ def microbatches_for_rank(
     ``packing`` (``"padded"`` or ``"block_diagonal"``) applies without Transformer Engine; with it the
     micro-batches are THD packed sequences.
     """
-    if layout.cp_size > 1:
-        raise NotImplementedError("context parallelism (CP > 1) is not implemented in the training step yet")
     if packing not in CPU_PACKINGS:
         raise ValueError(f"packing must be one of {CPU_PACKINGS}, got {packing!r}")
     if uses_transformer_engine(model):
@@ -195,10 +198,23 @@ def microbatches_for_rank(
         [s.length for s in samples], dp_size=layout.dp_size, max_tokens=max_tokens, padded=packing == "padded"
     )
     pad_multiple = layout.tp_size if config.sequence_parallel else 1
-    return [
-        build_microbatch(samples, idx, packing=packing, pad_multiple=pad_multiple, device=layout.device)
+    if layout.cp_size > 1:
+        context_parallel.check_packing(packing)
+        pad_multiple *= context_parallel.pad_multiple(layout.cp_size)  # each CP rank's part splits over TP
+    mbs = [
+        build_microbatch(
+            samples,
+            idx,
+            packing=packing,
+            pad_multiple=pad_multiple,
+            segment_multiple=context_parallel.pad_multiple(layout.cp_size) if layout.cp_size > 1 else 1,
+            device=layout.device,
+        )
         for idx in plans[layout.dp_rank]
     ]
+    if layout.cp_size > 1:
+        mbs = [context_parallel.split(mb, layout.cp_size, layout.cp_rank) for mb in mbs]
+    return mbs
 
 
 def _forward_step(loss_func, tape, fused_head, data_iterator, model):
@@ -247,6 +263,7 @@ def _policy_loss_func(layout, loss_cfg, temperature, num_sequences, scale, head,
     logp, entropy = out if loss_cfg.needs_entropy else (out, None)
     zero = logp.new_zeros((), dtype=torch.float32)
     weights, off = None, {}
+    cp_group = layout.cp_group if layout.cp_size > 1 else None
     if mb.behaviour_logprobs is not None:
         level = "token" if loss_cfg.variant == "grpo" else "sequence"
         w, off = algo.off_policy_weights(
@@ -257,6 +274,7 @@ def _policy_loss_func(layout, loss_cfg, temperature, num_sequences, scale, head,
             mode=loss_cfg.off_policy.mode,
             cap=loss_cfg.off_policy.cap,
             level=level,
+            cp_group=cp_group,
         )
         weights = w if loss_cfg.off_policy.mode != "none" else None
     advantages = mb.token_advantages if mb.token_advantages is not None else mb.advantages
@@ -271,6 +289,7 @@ def _policy_loss_func(layout, loss_cfg, temperature, num_sequences, scale, head,
         eps_high=loss_cfg.eps_high,
         num_sequences=num_sequences,
         weights=weights,
+        cp_group=cp_group,
     )
     extra, r = algo.regularizer_loss(
         logp,
@@ -282,6 +301,7 @@ def _policy_loss_func(layout, loss_cfg, temperature, num_sequences, scale, head,
         kl_estimator=loss_cfg.kl_estimator,
         entropy=entropy if loss_cfg.entropy_coef > 0 else None,
         entropy_coef=loss_cfg.entropy_coef,
+        cp_group=cp_group,
     )
     loss = loss + extra
     weight = m["num_tokens"] if loss_cfg.variant == "grpo" else m["num_sequences"]
@@ -331,7 +351,7 @@ def _run_schedule(model, microbatches, loss_func, *, forward_only: bool, tape=No
     for chunk in model:
         chunk.train()
     fb = get_forward_backward_func()
-    max_len = max(int(mb.tokens.shape[1]) for mb in microbatches)
+    max_len = max(int(mb.tokens.shape[1]) for mb in microbatches) * model[0].config.context_parallel_size
     run = partial(
         fb,
         forward_step_func=partial(_forward_step, loss_func, tape, fused_head),
@@ -463,6 +483,9 @@ def _reduce_metrics(store, layout: Layout, *, with_kl: bool = False, with_off_po
     for item in store if layout.is_last_stage else []:
         sums += item["sums"].float()
         maxes = torch.maximum(maxes, item["maxes"].float())
+    if layout.cp_size > 1:  # every CP rank holds the complete per-sequence sums, but only its tokens' entropy
+        k = _SUMS.index("entropy_sum")
+        dist.all_reduce(sums[k : k + 1], group=layout.cp_group)
     for group, size in ((layout.pp_group, layout.pp_size), (layout.dp_group, layout.dp_size)):
         if size > 1:
             dist.all_reduce(sums, group=group)
@@ -570,11 +593,13 @@ def _forward_logprobs(model, samples, layout, *, max_tokens, packing, temperatur
         offsets.append(offsets[-1] + n)
     flat = torch.zeros(offsets[-1], dtype=torch.float32, device=layout.device)
     for item in store if layout.is_last_stage else []:
-        mb, logp = item["mb"], item["logp"]
-        cu = mb.cu_seqlens.tolist()
+        mb = item["mb"]
+        logp, cu = context_parallel.unsplit(item["logp"], mb)  # this CP rank's positions; 0 elsewhere
+        cu = cu.tolist()
         for k, i in enumerate(mb.sample_indices):
             flat[offsets[i] : offsets[i + 1]] = logp[cu[k] : cu[k] + sizes[i]]
-    for group, size in ((layout.pp_group, layout.pp_size), (layout.dp_group, layout.dp_size)):
+    groups = ((layout.pp_group, layout.pp_size), (layout.dp_group, layout.dp_size), (layout.cp_group, layout.cp_size))
+    for group, size in groups:
         if size > 1:
             dist.all_reduce(flat, group=group)
     flat = flat.cpu()

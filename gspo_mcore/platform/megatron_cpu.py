@@ -16,7 +16,10 @@ host without a usable GPU, :func:`apply` redirects exactly those calls, once, an
 4. MoE: 0.16.1 references ``te_general_gemm`` without Transformer Engine (a NameError; fixed in 0.19),
    and the all-to-all token dispatcher needs its split sizes as host arrays, which it only produces for
    CUDA tensors.
-5. Checkpoints: the dist_checkpointing modules are redirected like the rest (1.). The distributed
+5. Context parallelism: the rotary table's CP slice (``get_pos_emb_on_this_cp_rank``) pins and moves an
+   index tensor to CUDA; it runs under the same torch-function mode as 3. (The CP core attention itself
+   is :mod:`gspo_mcore.platform.cp_attention`, chosen by the learner's model builder.)
+6. Checkpoints: the dist_checkpointing modules are redirected like the rest (1.). The distributed
    optimizer here wraps torch's Adam (no Apex/TE), which keeps a per-parameter ``step``; megatron
    restores it from the checkpoint's param groups, then copies the per-parameter states over it: a
    ``dp_reshardable`` load overwrote it with the pre-load (dummy) value, so Adam's bias correction
@@ -57,6 +60,7 @@ _MODULES = (
     "megatron.core.models.gpt.gpt_layer_specs",
     "megatron.core.models.common.language_module.language_module",
     "megatron.core.models.common.embeddings.rotary_pos_embedding",
+    "megatron.core.models.common.embeddings.rope_utils",
     "megatron.core.transformer.moe.router",
     "megatron.core.transformer.moe.moe_utils",
     "megatron.core.transformer.moe.token_dispatcher",
@@ -117,6 +121,7 @@ def apply() -> bool:
         _patch_cuda_type_checks()
         _patch_moe()
         _patch_distributed_optimizer_load()
+        _patch_context_parallel()
         _applied = True
     return True
 
@@ -352,7 +357,19 @@ def _patch_moe():
 
 
 # --------------------------------------------------------------------------------------------------
-# 5. Checkpoints
+# 5. Context parallelism
+
+
+def _patch_context_parallel():
+    from megatron.core.models.common.embeddings import rope_utils, rotary_pos_embedding
+
+    wrapped = _with_cuda_type_names(rope_utils.get_pos_emb_on_this_cp_rank)
+    rope_utils.get_pos_emb_on_this_cp_rank = wrapped
+    rotary_pos_embedding.get_pos_emb_on_this_cp_rank = wrapped
+
+
+# --------------------------------------------------------------------------------------------------
+# 6. Checkpoints
 
 
 def _patch_distributed_optimizer_load():

@@ -202,10 +202,28 @@ class TrainConfig:
                 "clipped ratio is taken against the learner's recompute (pi_prox) and the weight compares it with "
                 "the engine's log-probs (mu); with rollout.old_logprobs=rollout there is no pi_prox"
             )
+        self._check_context_parallel()
         total = self.rollout.prompts_per_step * self.rollout.group_size
         if self.batch.num_minibatches > total:
             raise ValueError(
                 f"batch.num_minibatches ({self.batch.num_minibatches}) exceeds the rollout batch ({total} samples)"
+            )
+
+    def _check_context_parallel(self) -> None:
+        """What context parallelism (``parallel.context > 1``) cannot do yet, refused before anything is built."""
+        cp = self.parallel.context
+        if cp == 1:
+            return
+        if self.batch.packing != "padded":
+            raise ValueError(
+                f"parallel.context={cp} needs batch.packing=padded: a {self.batch.packing!r} micro-batch's "
+                "block-diagonal mask is not split over CP ranks (with Transformer Engine micro-batches are THD "
+                "packed and split per sequence)"
+            )
+        if self.routing.replay or self.routing.measure_every:
+            raise ValueError(
+                f"parallel.context={cp} with routing.replay / routing.measure_every: the routing tape records "
+                "and replays whole sequences, not CP-split ones"
             )
 
     @property

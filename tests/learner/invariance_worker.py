@@ -100,6 +100,40 @@ class WrongNormaliser:
         step.count_sequences = self.saved
 
 
+class NoCpReduce:
+    """Test-only fault (case key ``break_cp_reduce``): the policy loss's per-sequence sums are not all-reduced
+    over the CP group (each rank sees only its own part of every sequence)."""
+
+    def __init__(self, active):
+        self.active = active
+
+    def __enter__(self):
+        from gspo_mcore.algo import policy
+
+        self.saved = policy.ops.all_reduce_sum
+        if self.active:
+            policy.ops = _OpsWithoutAllReduce(policy.ops)
+        return self
+
+    def __exit__(self, *exc):
+        from gspo_mcore.algo import policy
+
+        if self.active:
+            policy.ops = policy.ops.wrapped
+
+
+class _OpsWithoutAllReduce:
+    def __init__(self, wrapped):
+        self.wrapped = wrapped
+
+    def __getattr__(self, name):
+        return getattr(self.wrapped, name)
+
+    @staticmethod
+    def all_reduce_sum(*partials, group=None):
+        return partials
+
+
 def run_case(case, args):
     from gspo_mcore.learner import (
         BatchConfig,
@@ -120,7 +154,9 @@ def run_case(case, args):
 
     t0 = time.time()
     shape = load_hf_config(toy.MODELS[case["model"]])
-    pc = ParallelConfig(tensor=case.get("tp", 1), pipeline=case.get("pp", 1), expert=case.get("ep", 1))
+    pc = ParallelConfig(
+        tensor=case.get("tp", 1), pipeline=case.get("pp", 1), expert=case.get("ep", 1), context=case.get("cp", 1)
+    )
     layout = init_parallel(pc, shape, seed=1234)
     distopt = case.get("distopt", False)
     model = build_model(shape, pc, seed=7, use_distributed_optimizer=distopt)
@@ -171,7 +207,7 @@ def run_case(case, args):
         batch = [replace(s, ref_logprobs=lp) for s, lp in zip(batch, ref_lp)]
     parts = split_minibatches(len(batch), 2)
     first = [batch[i] for i in parts[0]]
-    with WrongNormaliser(case.get("wrong_n"), layout):
+    with WrongNormaliser(case.get("wrong_n"), layout), NoCpReduce(case.get("break_cp_reduce", False)):
         # the first mini-batch's gradient, before any optimizer step (clipping and Adam would hide its scale)
         forward_backward(model, first, layout, loss_cfg, max_tokens=max_tokens, packing=packing)
         grads = None if distopt else toy.local_grad_shards(model)

@@ -28,6 +28,8 @@ def test_good_layouts_give_the_data_parallel_size():
     assert validate_layout(ParallelConfig(expert=2), 2, moe, on_gpu=False) == 2
     assert validate_layout(ParallelConfig(pipeline=2, expert=2), 4, moe, on_gpu=False) == 2
     assert validate_layout(ParallelConfig(tensor=2, context=2), 8, dense, on_gpu=True) == 2
+    assert validate_layout(ParallelConfig(context=2), 4, dense, on_gpu=False) == 2  # the CPU CP attention
+    assert validate_layout(ParallelConfig(context=2, expert=2), 4, moe, on_gpu=False) == 2
 
 
 @pytest.mark.parametrize(
@@ -40,7 +42,6 @@ def test_good_layouts_give_the_data_parallel_size():
         (ParallelConfig(expert=3), 3, moe, "EP=3 does not divide num_experts=4"),
         (ParallelConfig(expert=2), 2, dense, "need a MoE model"),
         (ParallelConfig(expert=4), 2, moe, "does not divide the ranks of one pipeline stage"),
-        (ParallelConfig(context=2), 2, dense, "CP=2: context parallelism needs a GPU"),
         (ParallelConfig(tensor=2), 2, moe, "sequence parallelism"),
     ],
 )

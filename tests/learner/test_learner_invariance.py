@@ -146,6 +146,26 @@ FOUR_RANKS = [case(f"tp2pp2-{v}", variant=v, tp=2, pp=2) for v in ("gspo", "gspo
 ]
 
 
+# Context parallelism: every sample split over the CP ranks in the load-balanced layout (2 CP chunks per
+# row, padded to a multiple of 2 CP); per-sequence sums completed by one all-reduce. With a 15-token budget
+# every sample is alone in its row, so on CP4 rows of 5-7 tokens are shorter than 2 CP = 8 (some CP ranks hold
+# one real position and padding) and odd lengths are padded; the prompt-only samples are split like the rest.
+CP_TWO_RANKS = [case(f"cp2-{v}", variant=v, cp=2) for v in ("gspo", "gspo_token", "grpo")] + [
+    case("cp2-mb15", cp=2, max_tokens=15),
+    case("cp2-moe", "moe", cp=2),
+]
+CP_FOUR_RANKS = [
+    case("cp2dp2-gspo", cp=2),
+    case("cp2tp2-grpo", variant="grpo", cp=2, tp=2),
+    case("cp2pp2-gspo_token", variant="gspo_token", cp=2, pp=2, max_tokens=50),
+    case("cp4-mb15", cp=4, max_tokens=15),
+    case("cp2ep2-moe", "moe", cp=2, ep=2),
+]
+# Test-only fault: the CP all-reduce of the per-sequence sums is skipped (each rank's loss sees only its own
+# tokens' partial sums) - must fail the comparison
+CP_BROKEN = [case("cp2-no-cp-reduce", cp=2, break_cp_reduce=True)]
+
+
 def _run(cases, nproc, ref_dir, out, timeout):
     run_ranks(
         "learner/invariance_worker.py",
@@ -174,6 +194,18 @@ def two_ranks(reference):
 def four_ranks(reference):
     ref_dir, _ = reference
     return _run(FOUR_RANKS, 4, ref_dir, os.path.join(ref_dir, "four_ranks.jsonl"), timeout=500)
+
+
+@pytest.fixture(scope="module")
+def cp_two_ranks(reference):
+    ref_dir, _ = reference
+    return _run(CP_TWO_RANKS + CP_BROKEN, 2, ref_dir, os.path.join(ref_dir, "cp_two_ranks.jsonl"), timeout=400)
+
+
+@pytest.fixture(scope="module")
+def cp_four_ranks(reference):
+    ref_dir, _ = reference
+    return _run(CP_FOUR_RANKS, 4, ref_dir, os.path.join(ref_dir, "cp_four_ranks.jsonl"), timeout=900)
 
 
 def _grad_bounds(result) -> dict[str, float]:
@@ -301,3 +333,22 @@ def test_two_ranks(two_ranks, name, request):
 @pytest.mark.parametrize("name", [c["name"] for c in FOUR_RANKS])
 def test_four_ranks(four_ranks, name, request):
     _check(four_ranks[name], request)
+
+
+@pytest.mark.parametrize("name", [c["name"] for c in CP_TWO_RANKS])
+def test_context_parallel_two_ranks(cp_two_ranks, name, request):
+    _check(cp_two_ranks[name], request)
+
+
+@pytest.mark.parametrize("name", [c["name"] for c in CP_FOUR_RANKS])
+def test_context_parallel_four_ranks(cp_four_ranks, name, request):
+    _check(cp_four_ranks[name], request)
+
+
+def test_context_parallel_without_its_reduction_fails(cp_two_ranks, request):
+    """Skipping the CP all-reduce of the per-sequence sums (each CP rank then normalises by its own part of
+    every sequence) must fail the gradient comparison."""
+    result = cp_two_ranks["cp2-no-cp-reduce"]
+    _record(result, request)
+    with pytest.raises(AssertionError, match="gradient differs"):
+        _check_grads(result)
