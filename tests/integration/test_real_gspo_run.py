@@ -29,6 +29,35 @@ STEPS = 3
 
 @pytest.mark.parametrize("weight_sync", ["disk", "tensor", "distributed"])
 def test_tiny_gspo_run_with_sglang(weight_sync, server, tmp_path, figures):
+    rows = _run_tiny(
+        server, tmp_path, figures, f"tiny GSPO run, {STEPS} steps, SGLang engine, 2 ranks (s)", weight_sync
+    )
+    for r in rows:
+        assert 0.0 <= r["reward_mean"] <= 1.0
+        assert r["response_length_mean"] > 0
+        figures(f"tiny GSPO run ({weight_sync}): logprob_mismatch, worst step", r["logprob_mismatch"])
+        assert r["logprob_mismatch"] < LOGPROB_TOL, (r["step"], r["logprob_mismatch"])
+    # the server serves the last step's weights, tagged with its version
+    assert get_json(server.url + "/model_info")["weight_version"] == str(STEPS)
+
+
+def test_one_step_off_gspo_run_with_sglang(server, tmp_path, figures):
+    """``rollout.max_staleness: 1``: step s+1's batch is generated on version s while step s trains. Step
+    0's batch is made synchronously (lag 0, parity mismatch); every later one is one version old (lag 1),
+    which the learner's recompute sees as a mismatch far above parity; none is dropped."""
+    rows = _run_tiny(server, tmp_path, figures, f"tiny GSPO run, {STEPS} steps, max_staleness 1 (s)", "disk", 1)
+    assert [r["weight_version_lag_max"] for r in rows] == [0] + [1] * (STEPS - 1)
+    assert all(r["stale_groups_dropped"] == 0 for r in rows)
+    assert rows[0]["logprob_mismatch"] < LOGPROB_TOL
+    assert all(r["logprob_mismatch"] > 10 * LOGPROB_TOL for r in rows[1:]), [r["logprob_mismatch"] for r in rows]
+    for r in rows:
+        figures(f"max_staleness 1, step {r['step']}: time_step_s", r["time_step_s"])
+        figures(f"max_staleness 1, step {r['step']}: time_rollout_wait_s", r.get("time_rollout_wait_s", 0.0))
+    assert get_json(server.url + "/model_info")["weight_version"] == str(STEPS)
+
+
+def _run_tiny(server, tmp_path, figures, what, weight_sync, max_staleness=0):
+    """The tiny job for ``STEPS`` steps against the session's server; its metrics rows."""
     from examples.tiny.task import make_rows
 
     with open(os.path.join(ROOT, "examples", "tiny", "config.yaml")) as f:
@@ -40,7 +69,7 @@ def test_tiny_gspo_run_with_sglang(weight_sync, server, tmp_path, figures):
     cfg["model"] = {"hf_dir": server.base_dir, "load_hf_weights": True}
     cfg["data"]["paths"] = [str(data)]
     cfg["log"] = {"output_dir": str(out), "progress_bar": False}
-    cfg["rollout"].update(prompts_per_step=8, group_size=4, old_logprobs="recompute")
+    cfg["rollout"].update(prompts_per_step=8, group_size=4, old_logprobs="recompute", max_staleness=max_staleness)
     cfg["rollout"]["engine"] = "sglang"
     cfg["rollout"]["sglang"] = {
         "urls": [server.url],
@@ -81,15 +110,8 @@ def test_tiny_gspo_run_with_sglang(weight_sync, server, tmp_path, figures):
         )
     text = log_path.read_text(errors="replace")
     assert proc.returncode == 0, f"{text[-8000:]}\n--- server log\n{server.log_tail()}"
-    figures(f"tiny GSPO run, {STEPS} steps, SGLang engine, 2 ranks (s)", time.monotonic() - t0)
+    figures(what, time.monotonic() - t0)
     assert f"gspo-train: {STEPS} steps" in text
-
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(STEPS))
-    for r in rows:
-        assert 0.0 <= r["reward_mean"] <= 1.0
-        assert r["response_length_mean"] > 0
-        figures(f"tiny GSPO run ({weight_sync}): logprob_mismatch, worst step", r["logprob_mismatch"])
-        assert r["logprob_mismatch"] < LOGPROB_TOL, (r["step"], r["logprob_mismatch"])
-    # the server serves the last step's weights, tagged with its version
-    assert get_json(server.url + "/model_info")["weight_version"] == str(STEPS)
+    return rows
