@@ -56,8 +56,8 @@ def test_one_step_off_gspo_run_with_sglang(server, tmp_path, figures):
     assert get_json(server.url + "/model_info")["weight_version"] == str(STEPS)
 
 
-def _run_tiny(server, tmp_path, figures, what, weight_sync, max_staleness=0):
-    """The tiny job for ``STEPS`` steps against the session's server; its metrics rows."""
+def _run_tiny(server, tmp_path, figures, what, weight_sync, max_staleness=0, steps=STEPS):
+    """The tiny job for ``steps`` steps against the session's server; its metrics rows."""
     from examples.tiny.task import make_rows
 
     with open(os.path.join(ROOT, "examples", "tiny", "config.yaml")) as f:
@@ -65,7 +65,7 @@ def _run_tiny(server, tmp_path, figures, what, weight_sync, max_staleness=0):
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in make_rows(64, seed=3)))
     out = tmp_path / "run"
-    cfg.update(steps=STEPS)
+    cfg.update(steps=steps)
     cfg["model"] = {"hf_dir": server.base_dir, "load_hf_weights": True}
     cfg["data"]["paths"] = [str(data)]
     cfg["log"] = {"output_dir": str(out), "progress_bar": False}
@@ -111,7 +111,7 @@ def _run_tiny(server, tmp_path, figures, what, weight_sync, max_staleness=0):
     text = log_path.read_text(errors="replace")
     assert proc.returncode == 0, f"{text[-8000:]}\n--- server log\n{server.log_tail()}"
     figures(what, time.monotonic() - t0)
-    assert f"gspo-train: {STEPS} steps" in text
+    assert f"gspo-train: {steps} steps" in text
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(STEPS))
+    assert [r["step"] for r in rows] == list(range(steps))
     return rows
