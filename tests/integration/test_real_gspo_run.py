@@ -8,6 +8,9 @@ in float32, so the server and the learner compute with the same numbers). With
 ``old_logprobs=recompute`` the learner reports ``logprob_mismatch``: the mean |SGLang log-prob - learner
 log-prob| over the step's response tokens. It stays at the parity level on every step only if each
 step's rollout ran on the weights of the step before: the end-to-end check of the weight sync.
+
+The same run with ``rollout.max_staleness: 1`` checks the one-step-off pipeline end to end (see
+docs/async.md).
 """
 
 from __future__ import annotations
