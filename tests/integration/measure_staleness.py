@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import platform
 import statistics
@@ -18,7 +19,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_HERE, os.path.dirname(os.path.dirname(_HERE))]  # sglang_cpu and the repository root
 from sglang_cpu import ROOT, launch, server_config, write_tiny_checkpoint  # noqa: E402
 from test_real_gspo_run import _run_tiny  # noqa: E402
 
@@ -33,7 +35,8 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     base = write_tiny_checkpoint(str(out / "base"))
-    procs, start_s = launch([server_config(base, str(out / "sglang_logs"))], str(out / "sglang_logs"))
+    config = dataclasses.replace(server_config(base, str(out / "sglang_logs")), startup_timeout_s=1800.0)
+    procs, start_s = launch([config], str(out / "sglang_logs"))  # a loaded machine starts it slowly
     proc = procs[0]
     try:
         server = SimpleNamespace(url=proc.url, base_dir=base, holds_base=True, log_tail=proc.log_tail)
