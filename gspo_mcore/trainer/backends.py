@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import os
 import shutil
+import threading
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -187,6 +188,22 @@ class SGLangRollout:
             if self.is_driver
             else [None]
         )
+        return self._broadcast(groups)
+
+    def start_generate(self, prompts: list[list[int]], n: int, params: SamplingParams, *, seed: int):
+        """Start :meth:`generate` in a background thread on the driver (its own event loop: the client
+        opens a connection per request, so nothing is shared with the main loop); returns the handle
+        :meth:`finish_generate` takes. The learner trains meanwhile (``rollout.max_staleness >= 1``)."""
+        if not self.is_driver:
+            return None
+        params = dataclasses.replace(params, seed=seed)
+        return _Background(lambda: asyncio.run(self.engine.generate(prompts, n, params)))
+
+    def finish_generate(self, handle):
+        """The groups of a :meth:`start_generate`, on every rank (a collective, like :meth:`generate`)."""
+        return self._broadcast([handle.result() if self.is_driver else None])
+
+    def _broadcast(self, groups: list):
         if self.layout.world_size > 1:
             dist.broadcast_object_list(groups, src=0)
         return groups[0]
@@ -280,6 +297,27 @@ class SGLangRollout:
         if self.is_driver and self.engine is not None:
             self._run(self.engine.close())
             self.loop.close()
+
+
+class _Background:
+    """``fn()`` in a daemon thread; :meth:`result` joins it and returns its value or raises its error."""
+
+    def __init__(self, fn):
+        self._value = self._error = None
+        self._thread = threading.Thread(target=self._main, args=(fn,), name="gspo-rollout", daemon=True)
+        self._thread.start()
+
+    def _main(self, fn) -> None:
+        try:
+            self._value = fn()
+        except BaseException as e:  # re-raised in the caller's thread
+            self._error = e
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def dp_share(n: int, dp_size: int, dp_rank: int) -> range:

@@ -66,6 +66,13 @@ class RolloutConfig:
     mismatch and saves a forward pass)."""
     drop_zero_advantage_groups: bool = False
     """Drop groups whose rewards are all equal (no learning signal) before the update."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: roll out further rounds of ``prompts_per_step`` fresh prompts until the
+    step holds ``prompts_per_step`` groups whose (shaped) rewards are not all equal, at most
+    ``max_sampling_rounds`` rounds; extra groups of the last round are discarded, and a step that still has
+    fewer trains on those (see :mod:`gspo_mcore.trainer.sampling`). Implies dropping zero-advantage groups."""
+    max_sampling_rounds: int = 3
+    """``dynamic_sampling``: the most rounds of generation per step (>= 1; 1 only filters)."""
     normalize_std: bool = True
     """Divide advantages by the group's standard deviation."""
     overlong_buffer: int = 0
@@ -77,6 +84,12 @@ class RolloutConfig:
     mask_truncated: bool = False
     """Leave responses cut at ``max_new_tokens`` out of the loss (DAPO's overlong filtering); they still
     count in their group's advantage statistics."""
+    max_staleness: int = 0
+    """Asynchronous rollouts: 0 is the synchronous loop. ``k >= 1`` (``engine: sglang`` with
+    ``sglang.colocate: false``): the first round of step ``s + 1`` is generated while the learner trains on
+    step ``s`` (one step off policy); a group with a sample more than ``k`` weight versions older than the
+    learner when its step trains is dropped and counted (``stale_groups_dropped``). See
+    :mod:`gspo_mcore.trainer.asynchronous`."""
     max_batch_size: int = 512
     """In-process engine: rows per forward pass."""
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
@@ -95,6 +108,11 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.overlong_penalty must be >= 0, got {self.overlong_penalty}")
         if self.max_batch_size < 1:
             raise ValueError(f"RolloutConfig.max_batch_size must be >= 1, got {self.max_batch_size}")
+        if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 0:
+            raise ValueError(f"RolloutConfig.max_staleness must be an integer >= 0, got {self.max_staleness!r}")
+        rounds = self.max_sampling_rounds
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+            raise ValueError(f"RolloutConfig.max_sampling_rounds must be an integer >= 1, got {rounds!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,6 +208,16 @@ class TrainConfig:
             raise ValueError(
                 "rollout.engine=sglang needs model.load_hf_weights=true: the servers load the weights in "
                 "model.hf_dir, so the learner must start from the same ones"
+            )
+        if self.rollout.max_staleness > 0 and self.rollout.engine != "sglang":
+            raise ValueError(
+                f"rollout.max_staleness={self.rollout.max_staleness} needs rollout.engine=sglang: the in-process "
+                "engine shares the learner's ranks and cores, so its rollouts stay synchronous (max_staleness: 0)"
+            )
+        if self.rollout.max_staleness > 0 and self.rollout.sglang.colocate:
+            raise ValueError(
+                f"rollout.max_staleness={self.rollout.max_staleness} needs rollout.sglang.colocate=false: "
+                "colocated servers release their memory while the learner trains, so they cannot generate then"
             )
         if self.routing.replay and self.rollout.old_logprobs != "recompute":
             raise ValueError(

@@ -1,4 +1,5 @@
-"""The GSPO training loop: sample prompts -> roll out G per prompt -> rewards -> group advantages ->
+"""The GSPO training loop: sample prompts -> roll out G per prompt -> rewards (with dynamic sampling, more
+rounds of fresh prompts until enough groups have a reward spread) -> group advantages ->
 old log-probs (and, for MoE with Routing Replay, the experts) -> ``num_minibatches`` updates -> weight
 sync -> metrics -> checkpoint; held-out evaluation before the first step, every ``eval.every`` steps and
 after the last.
@@ -23,7 +24,7 @@ import time
 
 import torch
 
-from gspo_mcore.algo import group_advantages, zero_advantage_groups
+from gspo_mcore.algo import group_advantages
 from gspo_mcore.config import save_yaml, to_dict
 from gspo_mcore.data.dataset import PromptDataset
 from gspo_mcore.data.loader import PromptLoader
@@ -40,10 +41,12 @@ from gspo_mcore.learner import (
 from gspo_mcore.learner.checkpoint import Checkpointer
 from gspo_mcore.metrics import MetricsLogger, step_metrics
 from gspo_mcore.rewards import check_reward_setup
+from gspo_mcore.trainer.asynchronous import Prefetcher, fresh_groups
 from gspo_mcore.trainer.backends import InProcessRollout, RolloutBackend, SGLangRollout
 from gspo_mcore.trainer.batch import decode_responses, learner_samples, overlong_penalties, staleness_metrics
 from gspo_mcore.trainer.config import TrainConfig, resolve
 from gspo_mcore.trainer.evaluation import EvalSet, Evaluator
+from gspo_mcore.trainer.sampling import RolloutBatch, collect, rollout_seed
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +103,15 @@ def run(cfg: TrainConfig) -> list[dict]:
     metrics = MetricsLogger(
         cfg.log, total_steps=cfg.steps, start_step=start, enabled=is_writer, run_config=to_dict(cfg)
     )
+    prefetch = (
+        Prefetcher(
+            loader,
+            lambda ids, seed: engine.start_generate(ids, cfg.rollout.group_size, cfg.rollout.sampling, seed=seed),
+            engine.finish_generate,
+        )
+        if cfg.rollout.max_staleness > 0
+        else None
+    )
     history, evaluated = [], set()
     try:
         step = start
@@ -108,7 +120,19 @@ def run(cfg: TrainConfig) -> list[dict]:
                 _log_eval(metrics, step, evaluator.run(step))
                 evaluated.add(step)
             record = _train_one_step(
-                cfg, step, loader, engine, rewards, tokenizer, model, optimizer, scheduler, layout, shape, reference
+                cfg,
+                step,
+                loader,
+                engine,
+                rewards,
+                tokenizer,
+                model,
+                optimizer,
+                scheduler,
+                layout,
+                shape,
+                reference,
+                prefetch,
             )
             if record is None:  # the prompts ran out (a finite number of epochs)
                 break
@@ -116,7 +140,11 @@ def run(cfg: TrainConfig) -> list[dict]:
             metrics.log(step, record)
             if checkpoints.due(step):
                 checkpoints.save(
-                    step, model, optimizer, scheduler, extra={"data": loader.state_dict(), "weight_version": step + 1}
+                    step,
+                    model,
+                    optimizer,
+                    scheduler,
+                    extra={"data": _data_state(loader, prefetch), "weight_version": step + 1},
                 )
             step += 1
         if evaluator.sets and step not in evaluated:  # after the last step
@@ -128,37 +156,75 @@ def run(cfg: TrainConfig) -> list[dict]:
 
 
 def _train_one_step(
-    cfg: TrainConfig, step, loader, engine, rewards, tokenizer, model, optimizer, scheduler, layout, shape, reference
+    cfg: TrainConfig,
+    step,
+    loader,
+    engine,
+    rewards,
+    tokenizer,
+    model,
+    optimizer,
+    scheduler,
+    layout,
+    shape,
+    reference,
+    prefetch,
 ) -> dict | None:
-    """One GSPO step; its metrics record, or ``None`` when no prompts are left."""
+    """One GSPO step; its metrics record, or ``None`` when no prompts are left. With ``prefetch``
+    (asynchronous rollouts) the first round was generated during the previous step, and this step starts
+    the next one's before it trains."""
     phases = _Phases()
     G = cfg.rollout.group_size
     with phases("rollout"):
-        prompts = loader.next_batch(cfg.rollout.prompts_per_step)
-        if not prompts:
-            return None
-        groups = engine.generate(
-            [p.input_ids for p in prompts], G, cfg.rollout.sampling, seed=cfg.seed * 100_003 + step
+        first = prefetch.take(step) if prefetch is not None else None  # (prompts, groups) or None
+
+    def draw(n):
+        nonlocal first
+        if first is not None:
+            return first[0]
+        return loader.next_batch(n)
+
+    def roll(prompts, round_):
+        nonlocal first
+        with phases("rollout"):
+            if first is not None:
+                groups, first = first[1], None
+            else:
+                groups = engine.generate(
+                    [p.input_ids for p in prompts], G, cfg.rollout.sampling, seed=rollout_seed(cfg.seed, step, round_)
+                )
+        with phases("reward"):
+            scores, shaped = _score(cfg, groups, prompts, rewards, tokenizer)
+        return groups, scores, shaped
+
+    stale = cfg.rollout.max_staleness
+    batch = collect(
+        draw,
+        roll,
+        target=cfg.rollout.prompts_per_step,
+        group_size=G,
+        dynamic=cfg.rollout.dynamic_sampling,
+        max_rounds=cfg.rollout.max_sampling_rounds,
+        drop_zero_advantage_groups=cfg.rollout.drop_zero_advantage_groups,
+        usable=(lambda groups: fresh_groups(groups, version=step, max_staleness=stale)) if stale else None,
+    )
+    if batch is None:
+        return None
+    if prefetch is not None and step + 1 < cfg.steps:  # step s+1's first round, made while step s trains
+        prefetch.start(step + 1, cfg.rollout.prompts_per_step, seed=rollout_seed(cfg.seed, step + 1, 0))
+    if batch.short:
+        logger.warning(
+            "step %d: dynamic sampling kept %d of rollout.prompts_per_step=%d groups after %d round(s) "
+            "(rollout.max_sampling_rounds=%d): training on those",
+            step,
+            int(batch.keep.sum()),
+            cfg.rollout.prompts_per_step,
+            batch.rounds,
+            cfg.rollout.max_sampling_rounds,
         )
-    with phases("reward"):
-        metas = [p.sample.metadata for p in prompts for _ in range(G)]
-        texts = [text for p in prompts for text in [tokenizer.decode(p.input_ids)] * G]  # for a failure's message
-        scores = torch.tensor(
-            rewards.score(decode_responses(groups, tokenizer), metas, prompts=texts), dtype=torch.float32
-        )  # (num_groups * G,)
-        shaped = scores + overlong_penalties(
-            groups,
-            max_new_tokens=cfg.rollout.sampling.max_new_tokens,
-            buffer=cfg.rollout.overlong_buffer,
-            penalty=cfg.rollout.overlong_penalty,
-        )
+    groups, scores, shaped, keep = batch.groups, batch.scores, batch.shaped, batch.keep
     with phases("train"):
         advantages = group_advantages(shaped, G, normalize_std=cfg.rollout.normalize_std)
-        keep = (
-            ~zero_advantage_groups(shaped, G)
-            if cfg.rollout.drop_zero_advantage_groups
-            else torch.ones(len(groups), dtype=torch.bool)
-        )
         samples, left_out = learner_samples(groups, advantages, keep, mask_truncated=cfg.rollout.mask_truncated)
         engine.before_train()  # colocated SGLang frees its GPU memory
         skipped = len(samples) < cfg.batch.num_minibatches
@@ -188,6 +254,9 @@ def _train_one_step(
                 reference=reference,
             )
         )
+    if prefetch is not None:
+        with phases("rollout_wait"):  # the learner idles here while the next batch is still generating
+            prefetch.wait()
     with phases("weight_sync"):
         engine.sync_weights(model, shape, step + 1)  # the engine serves the updated policy as version step+1
     record = step_metrics(
@@ -201,9 +270,47 @@ def _train_one_step(
         timings=phases.seconds,
         left_out=left_out,
         update_skipped=skipped,
-    )
+    ) | _sampling_metrics(cfg, batch, step)
     record.update(staleness_metrics(groups, step))  # the learner trains weight version `step`
     return record
+
+
+def _score(cfg: TrainConfig, groups, prompts, rewards, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """The task rewards of a round's groups and the shaped ones the advantages are taken from."""
+    G = cfg.rollout.group_size
+    metas = [p.sample.metadata for p in prompts for _ in range(G)]
+    texts = [text for p in prompts for text in [tokenizer.decode(p.input_ids)] * G]  # for a failure's message
+    scores = torch.tensor(
+        rewards.score(decode_responses(groups, tokenizer), metas, prompts=texts), dtype=torch.float32
+    )  # (num_groups * G,)
+    shaped = scores + overlong_penalties(
+        groups,
+        max_new_tokens=cfg.rollout.sampling.max_new_tokens,
+        buffer=cfg.rollout.overlong_buffer,
+        penalty=cfg.rollout.overlong_penalty,
+    )
+    return scores, shaped
+
+
+def _sampling_metrics(cfg: TrainConfig, batch: RolloutBatch, step: int) -> dict:
+    """Dynamic sampling's figures (rounds used, groups generated, groups missing from the target) and
+    asynchronous rollouts' (groups dropped as too stale)."""
+    out = {}
+    if cfg.rollout.dynamic_sampling:
+        out |= {
+            "sampling_rounds": batch.rounds,
+            "groups_generated": len(batch.groups),
+            "sampling_groups_short": batch.short,
+        }
+    if cfg.rollout.max_staleness > 0:  # the lags themselves: staleness_metrics
+        out["stale_groups_dropped"] = batch.unusable
+    return out
+
+
+def _data_state(loader: PromptLoader, prefetch: Prefetcher | None) -> dict:
+    """The data position a checkpoint saves: before the in-flight batch of the next step, if any (a
+    resumed run regenerates it)."""
+    return {"sampler": prefetch.loader_state()["sampler"]} if prefetch is not None else loader.state_dict()
 
 
 class _Phases:

@@ -8,6 +8,9 @@ in float32, so the server and the learner compute with the same numbers). With
 ``old_logprobs=recompute`` the learner reports ``logprob_mismatch``: the mean |SGLang log-prob - learner
 log-prob| over the step's response tokens. It stays at the parity level on every step only if each
 step's rollout ran on the weights of the step before: the end-to-end check of the weight sync.
+
+The same run with ``rollout.max_staleness: 1`` checks the one-step-off pipeline end to end (see
+docs/async.md).
 """
 
 from __future__ import annotations
@@ -29,6 +32,35 @@ STEPS = 3
 
 @pytest.mark.parametrize("weight_sync", ["disk", "tensor", "distributed"])
 def test_tiny_gspo_run_with_sglang(weight_sync, server, tmp_path, figures):
+    rows = _run_tiny(
+        server, tmp_path, figures, f"tiny GSPO run, {STEPS} steps, SGLang engine, 2 ranks (s)", weight_sync
+    )
+    for r in rows:
+        assert 0.0 <= r["reward_mean"] <= 1.0
+        assert r["response_length_mean"] > 0
+        figures(f"tiny GSPO run ({weight_sync}): logprob_mismatch, worst step", r["logprob_mismatch"])
+        assert r["logprob_mismatch"] < LOGPROB_TOL, (r["step"], r["logprob_mismatch"])
+    # the server serves the last step's weights, tagged with its version
+    assert get_json(server.url + "/model_info")["weight_version"] == str(STEPS)
+
+
+def test_one_step_off_gspo_run_with_sglang(server, tmp_path, figures):
+    """``rollout.max_staleness: 1``: step s+1's batch is generated on version s while step s trains. Step
+    0's batch is made synchronously (lag 0, parity mismatch); every later one is one version old (lag 1),
+    which the learner's recompute sees as a mismatch far above parity; none is dropped."""
+    rows = _run_tiny(server, tmp_path, figures, f"tiny GSPO run, {STEPS} steps, max_staleness 1 (s)", "disk", 1)
+    assert [r["staleness_max"] for r in rows] == [0] + [1] * (STEPS - 1)
+    assert all(r["stale_groups_dropped"] == 0 for r in rows)
+    assert rows[0]["logprob_mismatch"] < LOGPROB_TOL
+    assert all(r["logprob_mismatch"] > 10 * LOGPROB_TOL for r in rows[1:]), [r["logprob_mismatch"] for r in rows]
+    for r in rows:
+        figures(f"max_staleness 1, step {r['step']}: time_step_s", r["time_step_s"])
+        figures(f"max_staleness 1, step {r['step']}: time_rollout_wait_s", r.get("time_rollout_wait_s", 0.0))
+    assert get_json(server.url + "/model_info")["weight_version"] == str(STEPS)
+
+
+def _run_tiny(server, tmp_path, figures, what, weight_sync, max_staleness=0, steps=STEPS):
+    """The tiny job for ``steps`` steps against the session's server; its metrics rows."""
     from examples.tiny.task import make_rows
 
     with open(os.path.join(ROOT, "examples", "tiny", "config.yaml")) as f:
@@ -36,11 +68,11 @@ def test_tiny_gspo_run_with_sglang(weight_sync, server, tmp_path, figures):
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in make_rows(64, seed=3)))
     out = tmp_path / "run"
-    cfg.update(steps=STEPS)
+    cfg.update(steps=steps)
     cfg["model"] = {"hf_dir": server.base_dir, "load_hf_weights": True}
     cfg["data"]["paths"] = [str(data)]
     cfg["log"] = {"output_dir": str(out), "progress_bar": False}
-    cfg["rollout"].update(prompts_per_step=8, group_size=4, old_logprobs="recompute")
+    cfg["rollout"].update(prompts_per_step=8, group_size=4, old_logprobs="recompute", max_staleness=max_staleness)
     cfg["rollout"]["engine"] = "sglang"
     cfg["rollout"]["sglang"] = {
         "urls": [server.url],
@@ -81,15 +113,8 @@ def test_tiny_gspo_run_with_sglang(weight_sync, server, tmp_path, figures):
         )
     text = log_path.read_text(errors="replace")
     assert proc.returncode == 0, f"{text[-8000:]}\n--- server log\n{server.log_tail()}"
-    figures(f"tiny GSPO run, {STEPS} steps, SGLang engine, 2 ranks (s)", time.monotonic() - t0)
-    assert f"gspo-train: {STEPS} steps" in text
-
+    figures(what, time.monotonic() - t0)
+    assert f"gspo-train: {steps} steps" in text
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(STEPS))
-    for r in rows:
-        assert 0.0 <= r["reward_mean"] <= 1.0
-        assert r["response_length_mean"] > 0
-        figures(f"tiny GSPO run ({weight_sync}): logprob_mismatch, worst step", r["logprob_mismatch"])
-        assert r["logprob_mismatch"] < LOGPROB_TOL, (r["step"], r["logprob_mismatch"])
-    # the server serves the last step's weights, tagged with its version
-    assert get_json(server.url + "/model_info")["weight_version"] == str(STEPS)
+    assert [r["step"] for r in rows] == list(range(steps))
+    return rows
