@@ -67,6 +67,8 @@ def test_greedy_sampling_trains_the_untempered_policy():
         "kl_estimator",
         "kl_metric",
         "entropy_coef",
+        "fused_lm_head",
+        "fused_lm_head_chunk",
     }
 
 
