@@ -153,7 +153,7 @@ FOUR_RANKS = [case(f"tp2pp2-{v}", variant=v, tp=2, pp=2) for v in ("gspo", "gspo
 CP_TWO_RANKS = [case(f"cp2-{v}", variant=v, cp=2) for v in ("gspo", "gspo_token", "grpo")] + [
     case("cp2-mb15", cp=2, max_tokens=15),
     case("cp2-moe", "moe", cp=2),
-]
+] + [option_case("cp2", tag, cp=2) for tag in LOSS_OPTIONS]  # their per-token inputs split like the rest
 CP_FOUR_RANKS = [
     case("cp2dp2-gspo", cp=2),
     case("cp2tp2-grpo", variant="grpo", cp=2, tp=2),
