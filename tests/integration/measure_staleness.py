@@ -49,6 +49,7 @@ def main() -> None:
                     await eng.update_weights_from_disk(base, 0)
 
             asyncio.run(reload())  # every run starts from the test checkpoint, version 0
+            (out / f"k{k}").mkdir(parents=True, exist_ok=True)
             rows = _run_tiny(server, out / f"k{k}", lambda *a, **kw: None, "", "disk", k, steps=args.steps)
             results[k] = rows
     finally:
