@@ -150,10 +150,14 @@ FOUR_RANKS = [case(f"tp2pp2-{v}", variant=v, tp=2, pp=2) for v in ("gspo", "gspo
 # row, padded to a multiple of 2 CP); per-sequence sums completed by one all-reduce. With a 15-token budget
 # every sample is alone in its row, so on CP4 rows of 5-7 tokens are shorter than 2 CP = 8 (some CP ranks hold
 # one real position and padding) and odd lengths are padded; the prompt-only samples are split like the rest.
-CP_TWO_RANKS = [case(f"cp2-{v}", variant=v, cp=2) for v in ("gspo", "gspo_token", "grpo")] + [
-    case("cp2-mb15", cp=2, max_tokens=15),
-    case("cp2-moe", "moe", cp=2),
-] + [option_case("cp2", tag, cp=2) for tag in LOSS_OPTIONS]  # their per-token inputs split like the rest
+CP_TWO_RANKS = (
+    [case(f"cp2-{v}", variant=v, cp=2) for v in ("gspo", "gspo_token", "grpo")]
+    + [
+        case("cp2-mb15", cp=2, max_tokens=15),
+        case("cp2-moe", "moe", cp=2),
+    ]
+    + [option_case("cp2", tag, cp=2) for tag in LOSS_OPTIONS]
+)  # their per-token inputs split like the rest
 CP_FOUR_RANKS = [
     case("cp2dp2-gspo", cp=2),
     case("cp2tp2-grpo", variant="grpo", cp=2, tp=2),
