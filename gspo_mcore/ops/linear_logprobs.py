@@ -17,11 +17,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 
 from gspo_mcore.ops import _backend
 from gspo_mcore.ops._checks import check_length, check_tensor
-from gspo_mcore.ops.logprobs import _check_owned, combine_stats
+from gspo_mcore.ops.logprobs import reduce_vocab_stats
 from gspo_mcore.ops.reference import MAX, OWNED, SUMEXP, TARGET, XSUM
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -128,16 +127,7 @@ class _LinearTokenLogprobs(torch.autograd.Function):
             parts.append(stats_op(logits, targets, vocab_start + c0, inv_temperature, with_entropy))
             del logits
         stats = merge_stats(torch.stack(parts)) if len(parts) > 1 else parts[0]
-        if tp_group is not None and dist.get_world_size(tp_group) > 1:
-            # One all-reduce: rank r writes its statistics into slot r of a zeroed buffer.
-            world, rank = dist.get_world_size(tp_group), dist.get_rank(tp_group)
-            packed = stats.new_zeros((world,) + tuple(stats.shape))  # (R, T, 5)
-            packed[rank] = stats
-            dist.all_reduce(packed, group=tp_group)
-        else:
-            packed = stats[None]
-        logp, lse, entropy, owners = combine_stats(packed)
-        _check_owned(owners, targets)
+        logp, lse, entropy = reduce_vocab_stats(stats, targets, tp_group)
         ctx.vocab_start, ctx.inv_temperature, ctx.chunk = vocab_start, inv_temperature, chunk
         if not with_entropy:
             entropy = None

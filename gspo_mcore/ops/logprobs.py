@@ -120,6 +120,13 @@ def _full_vocab_stats(logits, targets, vocab_start, inv_temperature, tp_group, w
     """``(logp, lse, entropy)`` [T] float32 over the full vocabulary: this rank's statistics and ONE
     all-reduce of them across ``tp_group``."""
     stats = _backend.op("token_logprob_stats")(logits, targets, vocab_start, inv_temperature, with_entropy)
+    return reduce_vocab_stats(stats, targets, tp_group)
+
+
+def reduce_vocab_stats(stats, targets, tp_group):
+    """``(logp, lse, entropy)`` [T] float32 over the full vocabulary from this rank's statistics ``stats``
+    ``(T, 5)``: ONE all-reduce of them across ``tp_group`` (``None``: not split), then the combination; the
+    targets are checked to be owned by exactly one rank."""
     if tp_group is not None and dist.get_world_size(tp_group) > 1:
         # One all-reduce: rank r writes its statistics into slot r of a zeroed buffer.
         world, rank = dist.get_world_size(tp_group), dist.get_rank(tp_group)
