@@ -14,6 +14,7 @@ EVAL_KEYS = {
     "reward_mean",
     "pass@1",
     "pass@2",
+    "pass@1_stderr",
     "greedy_pass@1",
     "greedy_reward_mean",
     "response_length_mean",
