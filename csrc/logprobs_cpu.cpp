@@ -3,8 +3,8 @@
 // Forward (token_logprob_stats): one streaming pass per row in L1-sized chunks with an online log-sum-exp;
 // five float32 statistics per token, never a [T, V] float32 tensor.
 // Backward (token_logprob_backward): one pass per row writes d logits in the logits' dtype.
-// In-place (token_logprob_grad_inplace_): overwrites the logits with it * (onehot - p), the gradient for
-// grad_logp = 1, which the autograd backward then scales row by row.
+// In-place (token_logprob_grad_inplace_): the same backward written over the logits themselves (called from
+// the autograd backward, when the logits are no longer needed), so no [T, V] buffer is allocated.
 //
 // The row loops are explicit vector code (logprobs_isa_impl.h), compiled for AVX-512, AVX2 and baseline
 // x86-64 in their own translation units (logprobs_isa_*.cpp); the best supported set is chosen once at load
@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <mutex>
 
 #include "checks.h"
 #include "logprobs_isa.h"
@@ -125,23 +126,90 @@ void dispatch_logits_dtype(at::ScalarType dt, F&& f) {
 
 int64_t grain_for(int64_t V) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(V, 1)); }
 
-// A fresh [T, V] buffer for d logits. Large ones are 2 MB aligned and madvise'd into transparent huge pages
-// (where the kernel allows it): first-touching a [T, V] buffer in 4 KB pages costs one page fault per 4 KB,
-// which on virtual machines costs several times a streaming read of the logits (measured by
-// tools/bench_logprobs.py as "fresh [T,V] alloc + one write"). Small buffers use torch's allocator.
-at::Tensor empty_grad_buffer(int64_t T, int64_t V, const at::TensorOptions& options) {
-  const size_t bytes = static_cast<size_t>(T) * static_cast<size_t>(V) * options.dtype().itemsize();
-  constexpr size_t kHuge = size_t{2} << 20;
-  if (bytes < 2 * kHuge) return at::empty({T, V}, options);
-  const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
-  void* p = nullptr;
-  if (posix_memalign(&p, kHuge, rounded) != 0 || p == nullptr) return at::empty({T, V}, options);
-#ifdef MADV_HUGEPAGE
-  (void)madvise(p, rounded, MADV_HUGEPAGE);  // advice only: without THP the buffer is ordinary memory
-#endif
-  return at::from_blob(p, {T, V}, [](void* q) { std::free(q); }, options);
+// Large gradient buffers: 2 MB aligned and madvise'd into transparent huge pages (where the kernel allows
+// it), and the most recently freed one is kept for the next call (like torch's CUDA caching allocator).
+// First-touching a fresh [T, V] buffer costs a page fault per page, which on virtual machines costs several
+// times a streaming read of the logits and more than the kernel itself (tools/bench_logprobs.py prints it as
+// "fresh [T,V] alloc + one write"); the learner calls the backward once per micro-batch with similar
+// shapes, so after the first call the gradient is written into memory that is already mapped. The cache
+// holds at most one buffer (so at most one [T, V] gradient of memory stays resident between calls);
+// set_grad_buffer_cache(false) frees it and turns it off. Small buffers use torch's allocator.
+constexpr size_t kHuge = size_t{2} << 20;
+
+struct GradBufferCache {
+  std::mutex mu;
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  bool enabled = true;
+
+  // A cached block of at least `want` bytes (and at most twice that, not to pin much more than is used),
+  // with its size in *got, or null.
+  void* take(size_t want, size_t* got) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (ptr == nullptr) return nullptr;
+    if (bytes >= want && bytes <= 2 * want) {
+      void* p = ptr;
+      *got = bytes;
+      ptr = nullptr;
+      bytes = 0;
+      return p;
+    }
+    std::free(ptr);  // the wrong size: give the memory back before a new block is mapped
+    ptr = nullptr;
+    bytes = 0;
+    return nullptr;
+  }
+  void give(void* p, size_t n) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!enabled) {
+      std::free(p);
+      return;
+    }
+    if (ptr != nullptr) std::free(ptr);  // keep the most recent
+    ptr = p;
+    bytes = n;
+  }
+  void set_enabled(bool on) {
+    std::lock_guard<std::mutex> lock(mu);
+    enabled = on;
+    if (!on && ptr != nullptr) {
+      std::free(ptr);
+      ptr = nullptr;
+      bytes = 0;
+    }
+  }
+  size_t cached_bytes() {
+    std::lock_guard<std::mutex> lock(mu);
+    return ptr == nullptr ? 0 : bytes;
+  }
+};
+
+GradBufferCache& grad_cache() {
+  static GradBufferCache* cache = new GradBufferCache();  // never destroyed: deleters may run at exit
+  return *cache;
 }
 
+at::Tensor empty_grad_buffer(int64_t T, int64_t V, const at::TensorOptions& options) {
+  const size_t bytes = static_cast<size_t>(T) * static_cast<size_t>(V) * options.dtype().itemsize();
+  if (bytes < 2 * kHuge) return at::empty({T, V}, options);
+  const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+  size_t held = rounded;
+  void* p = grad_cache().take(rounded, &held);
+  if (p == nullptr) {
+    if (posix_memalign(&p, kHuge, rounded) != 0 || p == nullptr) return at::empty({T, V}, options);
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, rounded, MADV_HUGEPAGE);  // advice only: without THP the buffer is ordinary memory
+#endif
+  }
+  return at::from_blob(p, {T, V}, [held](void* q) { grad_cache().give(q, held); }, options);
+}
+
+}  // namespace
+
+void set_grad_buffer_cache(bool enabled) { grad_cache().set_enabled(enabled); }
+int64_t grad_buffer_cache_bytes() { return static_cast<int64_t>(grad_cache().cached_bytes()); }
+
+namespace {
 }  // namespace
 
 std::string cpu_isa() { return isa_name(g_isa); }
@@ -218,13 +286,13 @@ GSPO_INLINE void grad_row(const cpu::RowKernelsFor<typename KernelType<T_>::type
 
 }  // namespace
 
-at::Tensor token_logprob_backward_cpu(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse,
-                                      const at::Tensor& grad_logp, const std::optional<at::Tensor>& entropy,
-                                      const std::optional<at::Tensor>& grad_entropy, int64_t vocab_start,
-                                      double inv_temperature) {
-  check_backward_args(logits, targets, lse, grad_logp, entropy, grad_entropy);
+namespace {
+
+// d logits into `out` ([T, V] contiguous; may be `logits` itself).
+void write_grad(const at::Tensor& logits, const at::Tensor& out, const at::Tensor& targets, const at::Tensor& lse,
+                const at::Tensor& grad_logp, const std::optional<at::Tensor>& entropy,
+                const std::optional<at::Tensor>& grad_entropy, int64_t vocab_start, double inv_temperature) {
   const int64_t T = logits.size(0), V = logits.size(1), ld = logits.stride(0);
-  auto grad = empty_grad_buffer(T, V, logits.options());
   auto tgt = targets.contiguous();
   auto lse_c = lse.contiguous(), g_c = grad_logp.contiguous();
   const bool ent = entropy.has_value();
@@ -238,7 +306,7 @@ at::Tensor token_logprob_backward_cpu(const at::Tensor& logits, const at::Tensor
   dispatch_logits_dtype(logits.scalar_type(), [&](auto tag) {
     using T_ = decltype(tag);
     const T_* xp = logits.data_ptr<T_>();
-    T_* dp = grad.data_ptr<T_>();
+    T_* dp = out.data_ptr<T_>();
     const auto& k = KernelType<T_>::of(row_kernels());
     at::parallel_for(0, T, grain_for(V), [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t)
@@ -246,27 +314,26 @@ at::Tensor token_logprob_backward_cpu(const at::Tensor& logits, const at::Tensor
                      ent ? hp[t] : 0.0f, ent ? ghp[t] : 0.0f);
     });
   });
+}
+
+}  // namespace
+
+at::Tensor token_logprob_backward_cpu(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse,
+                                      const at::Tensor& grad_logp, const std::optional<at::Tensor>& entropy,
+                                      const std::optional<at::Tensor>& grad_entropy, int64_t vocab_start,
+                                      double inv_temperature) {
+  check_backward_args(logits, targets, lse, grad_logp, entropy, grad_entropy);
+  auto grad = empty_grad_buffer(logits.size(0), logits.size(1), logits.options());
+  write_grad(logits, grad, targets, lse, grad_logp, entropy, grad_entropy, vocab_start, inv_temperature);
   return grad;
 }
 
 void token_logprob_grad_inplace_cpu(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse,
-                                    int64_t vocab_start, double inv_temperature) {
-  check_inplace_args(logits, targets, lse);
-  const int64_t T = logits.size(0), V = logits.size(1), ld = logits.stride(0);
-  auto tgt = targets.contiguous();
-  auto lse_c = lse.contiguous();
-  const int64_t* tp = tgt.data_ptr<int64_t>();
-  const float* lp = lse_c.data_ptr<float>();
-  const float it = static_cast<float>(inv_temperature);
-  dispatch_logits_dtype(logits.scalar_type(), [&](auto tag) {
-    using T_ = decltype(tag);
-    T_* xp = logits.data_ptr<T_>();
-    const auto& k = KernelType<T_>::of(row_kernels());
-    at::parallel_for(0, T, grain_for(V), [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t)
-        grad_row<T_>(k, false, xp + t * ld, xp + t * ld, V, tp[t] - vocab_start, it, lp[t], 1.0f, 0.0f, 0.0f);
-    });
-  });
+                                    const at::Tensor& grad_logp, const std::optional<at::Tensor>& entropy,
+                                    const std::optional<at::Tensor>& grad_entropy, int64_t vocab_start,
+                                    double inv_temperature) {
+  check_inplace_args(logits, targets, lse, grad_logp, entropy, grad_entropy);
+  write_grad(logits, logits, targets, lse, grad_logp, entropy, grad_entropy, vocab_start, inv_temperature);
 }
 
 }  // namespace gspo

@@ -46,6 +46,7 @@ struct Vec {
     return _mm256_castsi256_ps(e);
   }
   static F and_not_lt(F x, F c, F y) { return _mm256_andnot_ps(_mm256_cmp_ps(x, c, _CMP_LT_OQ), y); }
+  static F ldexp_unless_below(F y, F n, F x, F c) { return and_not_lt(x, c, mul(y, exp2i(n))); }
   static float hsum(F a) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

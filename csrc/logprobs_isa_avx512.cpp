@@ -40,12 +40,9 @@ struct Vec {
   static F max(F a, F b) { return _mm512_max_ps(a, b); }
   static F min(F a, F b) { return _mm512_min_ps(a, b); }
   static F round(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-  static F exp2i(F n) {
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_castsi512_ps(e);
-  }
-  static F and_not_lt(F x, F c, F y) {
-    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, c, _CMP_LT_OQ), _mm512_setzero_ps());
+  // scalef: y * 2^n in one instruction; lanes where x < c (ordered) are zeroed by the mask.
+  static F ldexp_unless_below(F y, F n, F x, F c) {
+    return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, c, _CMP_NLT_UQ), y, n);
   }
   static float hsum(F a) {
     const __m256 lo = _mm512_castps512_ps256(a);

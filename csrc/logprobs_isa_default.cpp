@@ -99,6 +99,7 @@ struct Vec {
     return _mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(_mm_cvtps_epi32(n), _mm_set1_epi32(127)), 23));
   }
   static F and_not_lt(F x, F c, F y) { return _mm_andnot_ps(_mm_cmplt_ps(x, c), y); }
+  static F ldexp_unless_below(F y, F n, F x, F c) { return and_not_lt(x, c, mul(y, exp2i(n))); }
   static float hsum(F a) {
     __m128 s = _mm_add_ps(a, _mm_movehl_ps(a, a));
     s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
@@ -154,6 +155,7 @@ struct Vec {
   static F exp2i(F n) { GSPO_LANES(bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(n.v[k]) + 127) << 23)) }
   static F and_not_lt(F x, F c, F y) { GSPO_LANES(x.v[k] < c.v[k] ? 0.0f : y.v[k]) }
 #undef GSPO_LANES
+  static F ldexp_unless_below(F y, F n, F x, F c) { return and_not_lt(x, c, mul(y, exp2i(n))); }
   static float hsum(F a) { return (a.v[0] + a.v[2]) + (a.v[1] + a.v[3]); }
   static float hmax(F a) {
     float m = a.v[0];

@@ -1,5 +1,5 @@
 // Op schemas (TORCH_LIBRARY), argument validation and the pybind11 module of gspo_mcore._C.
-// Autograd formulas and fake (meta) kernels are registered from Python (gspo_mcore/ops/_registry.py).
+// Autograd formulas and fake (meta) kernels are registered from Python (gspo_mcore/ops/_backend.py).
 #include "ops.h"
 
 #include <torch/extension.h>
@@ -45,13 +45,11 @@ void check_backward_args(const at::Tensor& logits, const at::Tensor& targets, co
   }
 }
 
-void check_inplace_args(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse) {
-  check_stats_args(logits, targets);
+void check_inplace_args(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse,
+                        const at::Tensor& grad_logp, const std::optional<at::Tensor>& entropy,
+                        const std::optional<at::Tensor>& grad_entropy) {
+  check_backward_args(logits, targets, lse, grad_logp, entropy, grad_entropy);
   GSPO_CHECK_CONTIG(logits, "logits (overwritten in place)");
-  const int64_t T = logits.size(0);
-  GSPO_CHECK(lse.dim() == 1 && lse.size(0) == T, "lse must have shape [", T, "], got ", lse.sizes());
-  GSPO_CHECK_DTYPE(lse, at::kFloat, "lse");
-  GSPO_CHECK_SAME_DEVICE(lse, logits, "lse", "logits");
 }
 
 void check_segment_args(const at::Tensor& values, const at::Tensor& mask, const at::Tensor& cu_seqlens) {
@@ -90,10 +88,9 @@ TORCH_LIBRARY(gspo_mcore, m) {
   // d logits of (sum_t grad_logp[t] * logp[t] + grad_entropy[t] * entropy[t]) given the global lse.
   m.def("token_logprob_backward(Tensor logits, Tensor targets, Tensor lse, Tensor grad_logp, "
         "Tensor? entropy, Tensor? grad_entropy, int vocab_start, float inv_temperature) -> Tensor");
-  // Overwrites logits with d logp / d logits for grad_logp = 1: inv_temperature * (onehot(target) - p), p the
-  // full-vocabulary softmax given the global lse (the in-place backward scales it by grad_logp per row).
-  m.def("token_logprob_grad_inplace_(Tensor(a!) logits, Tensor targets, Tensor lse, int vocab_start, "
-        "float inv_temperature) -> ()");
+  // token_logprob_backward written over the logits themselves (the in-place backward: no [T, V] allocation).
+  m.def("token_logprob_grad_inplace_(Tensor(a!) logits, Tensor targets, Tensor lse, Tensor grad_logp, "
+        "Tensor? entropy, Tensor? grad_entropy, int vocab_start, float inv_temperature) -> ()");
   // out[b] = sum_{t in segment b, mask[t] != 0} mask[t] * values[t]   (float32 [B]; masked values never count)
   m.def("segment_sum(Tensor values, Tensor mask, Tensor cu_seqlens) -> Tensor");
   // out[t] = mask[t] != 0 ? mask[t] * grad[segment(t)] : 0  (float32 [T]); the backward of segment_sum
@@ -123,4 +120,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("cpu_isa", &gspo::cpu_isa, "The instruction set the CPU vocabulary kernels use");
   mod.def("set_cpu_isa", &gspo::set_cpu_isa, "Force the CPU kernels' instruction set ('auto' = best)");
   mod.def("supported_cpu_isas", &gspo::supported_cpu_isas);
+  mod.def("set_grad_buffer_cache", &gspo::set_grad_buffer_cache,
+          "Keep the last freed CPU gradient buffer for reuse (default on); off frees it");
+  mod.def("grad_buffer_cache_bytes", &gspo::grad_buffer_cache_bytes, "Bytes held by the CPU gradient buffer cache");
 }

@@ -13,7 +13,9 @@ void check_stats_args(const at::Tensor& logits, const at::Tensor& targets);
 void check_backward_args(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse,
                          const at::Tensor& grad_logp, const std::optional<at::Tensor>& entropy,
                          const std::optional<at::Tensor>& grad_entropy);
-void check_inplace_args(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse);
+void check_inplace_args(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse,
+                        const at::Tensor& grad_logp, const std::optional<at::Tensor>& entropy,
+                        const std::optional<at::Tensor>& grad_entropy);
 void check_segment_args(const at::Tensor& values, const at::Tensor& mask, const at::Tensor& cu_seqlens);
 void check_sequence_args(const at::Tensor& seq_sum, const at::Tensor& seq_count, const at::Tensor& adv);
 
@@ -25,7 +27,9 @@ at::Tensor token_logprob_backward_cpu(const at::Tensor& logits, const at::Tensor
                                       const std::optional<at::Tensor>& grad_entropy, int64_t vocab_start,
                                       double inv_temperature);
 void token_logprob_grad_inplace_cpu(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse,
-                                    int64_t vocab_start, double inv_temperature);
+                                    const at::Tensor& grad_logp, const std::optional<at::Tensor>& entropy,
+                                    const std::optional<at::Tensor>& grad_entropy, int64_t vocab_start,
+                                    double inv_temperature);
 at::Tensor segment_sum_cpu(const at::Tensor& values, const at::Tensor& mask, const at::Tensor& cu_seqlens);
 at::Tensor segment_expand_cpu(const at::Tensor& grad, const at::Tensor& mask, const at::Tensor& cu_seqlens);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gspo_sequence_terms_cpu(
@@ -36,5 +40,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gspo_sequence_terms_c
 std::string cpu_isa();                      // the ISA in use: "avx512", "avx2" or "default"
 std::string set_cpu_isa(const std::string&);  // force one ("auto" = best supported); returns the ISA in use
 std::vector<std::string> supported_cpu_isas();
+
+// ---- the CPU gradient buffer cache (logprobs_cpu.cpp) ----
+void set_grad_buffer_cache(bool enabled);
+int64_t grad_buffer_cache_bytes();
 
 }  // namespace gspo

@@ -32,6 +32,9 @@ Columns: "x read" is median time / median read; "(min)" is fastest time / fastes
 disturbed by other processes on a shared machine (a compute-bound kernel loses more to a competing
 process than a read, which one thread can nearly saturate).
 
+The compiled backward keeps its last freed gradient buffer for the next call (docs/performance.md, "Gradient
+buffer cache"); the timed rounds run with it (as the learner does), the memory pass without it.
+
 Peak extra memory is measured in a separate, untimed pass from the kernel's peak resident set
 (``VmHWM`` after resetting it through ``/proc/self/clear_refs``): large tensors are mmap'ed and
 returned to the OS when freed, so the resident peak minus the resident size before the call is the
@@ -493,10 +496,17 @@ def run_case(case: Case, names, reps: int, warmup: int, compile_timeout: float, 
         r["x_read_min"] = r["min_s"] / one_read_min
 
     if measure_memory:
-        for key, (prepare, fn) in runnable.items():
-            arg = prepare()
-            results[key]["peak_extra_bytes"] = measure_peak_extra(lambda: fn(arg))
-            del arg
+        # The gradient buffer cache would serve the gradient from memory already resident and hide it: off here.
+        from gspo_mcore.ops import set_grad_buffer_cache
+
+        set_grad_buffer_cache(False)
+        try:
+            for key, (prepare, fn) in runnable.items():
+                arg = prepare()
+                results[key]["peak_extra_bytes"] = measure_peak_extra(lambda: fn(arg))
+                del arg
+        finally:
+            set_grad_buffer_cache(True)
     return {
         "read": {
             k: {"median_s": read_med[k], "GBps": case.nbytes / read_med[k] / 1e9, "times": read_times[k]} for k in read

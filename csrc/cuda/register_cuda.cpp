@@ -77,20 +77,25 @@ at::Tensor token_logprob_backward_cuda(const at::Tensor& logits, const at::Tenso
 }
 
 // The backward kernel is elementwise (each thread reads x[i] before it writes d[i], target column included),
-// so with grad_out == logits (contiguous: ld == V) and grad_logp = 1 it overwrites the logits in place.
+// so with grad_out == logits (contiguous: ld == V) it overwrites the logits in place.
 void token_logprob_grad_inplace_cuda(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse,
-                                     int64_t vocab_start, double inv_temperature) {
-  check_inplace_args(logits, targets, lse);
+                                     const at::Tensor& grad_logp, const std::optional<at::Tensor>& entropy,
+                                     const std::optional<at::Tensor>& grad_entropy, int64_t vocab_start,
+                                     double inv_temperature) {
+  check_inplace_args(logits, targets, lse, grad_logp, entropy, grad_entropy);
   check_cuda(logits, "logits");
   const c10::cuda::CUDAGuard guard(logits.device());
   const int64_t T = logits.size(0), V = logits.size(1);
   if (T == 0) return;
   auto tgt = targets.contiguous();
-  auto lse_c = lse.contiguous();
-  auto ones = at::ones({T}, lse.options());
+  auto lse_c = lse.contiguous(), g_c = grad_logp.contiguous();
+  const bool ent = entropy.has_value();
+  at::Tensor h_c = ent ? entropy->contiguous() : at::Tensor();
+  at::Tensor gh_c = ent ? grad_entropy->contiguous() : at::Tensor();
   cuda::launch_token_logprob_backward(logits.const_data_ptr(), logits_dtype(logits), T, V, V,
                                       tgt.const_data_ptr<int64_t>(), lse_c.const_data_ptr<float>(),
-                                      ones.const_data_ptr<float>(), nullptr, nullptr, vocab_start,
+                                      g_c.const_data_ptr<float>(), ent ? h_c.const_data_ptr<float>() : nullptr,
+                                      ent ? gh_c.const_data_ptr<float>() : nullptr, vocab_start,
                                       static_cast<float>(inv_temperature), logits.mutable_data_ptr(),
                                       current_stream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -8,7 +8,13 @@
 - :func:`gspo_sequence_terms`: GSPO's sequence-level ratio and clipping with its backward coefficient.
 """
 
-from gspo_mcore.ops._backend import HAVE_EXTENSION, compiled_enabled, use_reference
+from gspo_mcore.ops._backend import (
+    HAVE_EXTENSION,
+    compiled_enabled,
+    grad_buffer_cache_bytes,
+    set_grad_buffer_cache,
+    use_reference,
+)
 from gspo_mcore.ops.linear_logprobs import linear_token_logprobs
 from gspo_mcore.ops.logprobs import token_logprobs
 from gspo_mcore.ops.segments import all_reduce_sum, segment_mean, segment_sum
@@ -18,10 +24,12 @@ __all__ = [
     "HAVE_EXTENSION",
     "all_reduce_sum",
     "compiled_enabled",
+    "grad_buffer_cache_bytes",
     "gspo_sequence_terms",
     "linear_token_logprobs",
     "segment_mean",
     "segment_sum",
+    "set_grad_buffer_cache",
     "token_logprobs",
     "use_reference",
 ]

@@ -43,6 +43,18 @@ def use_reference(enabled: bool = True):
         _use_reference = old
 
 
+def set_grad_buffer_cache(enabled: bool) -> None:
+    """Keep (default) or not the last freed CPU gradient buffer of ``token_logprobs`` for reuse; ``False`` also
+    frees what it holds (docs/performance.md, "Gradient buffer cache"). No-op without the extension."""
+    if HAVE_EXTENSION:
+        _C.set_grad_buffer_cache(bool(enabled))
+
+
+def grad_buffer_cache_bytes() -> int:
+    """Bytes the CPU gradient buffer cache holds now (0 without the extension)."""
+    return int(_C.grad_buffer_cache_bytes()) if HAVE_EXTENSION else 0
+
+
 def op(name: str):
     """The implementation of op ``name`` currently in use."""
     if _use_reference:
@@ -62,7 +74,7 @@ if HAVE_EXTENSION:
         return torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
 
     @torch.library.register_fake(lib + "token_logprob_grad_inplace_")
-    def _(logits, targets, lse, vocab_start, inv_temperature):
+    def _(logits, targets, lse, grad_logp, entropy, grad_entropy, vocab_start, inv_temperature):
         return None
 
     @torch.library.register_fake(lib + "segment_sum")

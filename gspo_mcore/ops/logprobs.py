@@ -5,10 +5,10 @@ token of this rank's vocabulary slice, ONE all-reduce of those packed statistics
 full-vocabulary log-sum-exp across the tensor-parallel group, and the backward writes ``d logits`` in one
 pass per row, in the logits' dtype, with no communication.
 
-With ``inplace_backward=True`` the forward instead overwrites the logits with ``d logp / d logits`` for a unit
-upstream gradient, ``(onehot - p) / temperature``, and the backward only scales each row by its upstream
-gradient, in place: no ``[T, V]`` gradient buffer is allocated (the scheme of Megatron-Core's fused
-cross-entropy and Liger-Kernel).
+With ``inplace_backward=True`` the backward writes ``d logits`` over the logits themselves, in the same one
+pass, instead of into a new buffer: no ``[T, V]`` gradient buffer is allocated (the memory scheme of
+Megatron-Core's fused cross-entropy and Liger-Kernel, which write it during the forward; writing it in the
+backward keeps the logits readable until then, rounds the gradient once, and supports the entropy term).
 """
 
 from __future__ import annotations
@@ -44,15 +44,15 @@ def token_logprobs(
         tp_group: the torch.distributed group the vocabulary is split over (``None``: not split).
         return_entropy: also return the per-token entropy of the full distribution.
         temperature: the sampling temperature; the policy is ``softmax(logits / temperature)``.
-        inplace_backward: overwrite ``logits`` during the forward with the gradient for a unit upstream
-            gradient and scale it in place in the backward (no new ``[T, V]`` buffer). Only when autograd
-            records (grad mode on and ``logits.requires_grad``); otherwise the logits are left alone. The
-            contract: ``logits`` must be a contiguous non-leaf tensor (e.g. the LM head's output), or a
-            view spanning the whole of such a tensor; after the call its values are gone, so nothing else may
-            read it. Another autograd node that saved it raises torch's "modified by an inplace operation"
-            error at backward, and so does any later differentiable use of it. The entropy is returned
-            for logging only: a loss on it raises at backward (use ``inplace_backward=False``). The
-            backward may run once (no ``retain_graph`` re-runs).
+        inplace_backward: the backward writes the gradient over ``logits`` and returns them as their own
+            gradient (no new ``[T, V]`` buffer). Only when autograd records (grad mode on and
+            ``logits.requires_grad``); otherwise this is the ordinary path. The contract: ``logits`` must be a
+            contiguous non-leaf tensor (e.g. the LM head's output), or a view spanning the whole of such a
+            tensor; their values are kept until this op's backward runs and are gone after it. Another
+            autograd node that saved them and runs its backward later raises torch's "modified by an
+            inplace operation" error instead of reading the gradient, and so does a change to the logits
+            between the forward and the backward. The entropy's gradient is supported. The backward may run
+            once (no ``retain_graph`` re-runs).
 
     Returns:
         ``logp`` ``[T]`` float32, or ``(logp, entropy)``. Differentiable with respect to ``logits``.
@@ -76,15 +76,9 @@ def token_logprobs(
             "logits hold the whole vocabulary and vocab_start must be 0"
         )
     if inplace_backward and torch.is_grad_enabled() and logits.requires_grad:
-        owner = _check_inplace_logits(logits)
-        logp, entropy, _ = _TokenLogprobsInplace.apply(
-            owner,
-            targets,
-            int(vocab_start),
-            1.0 / float(temperature),
-            tp_group,
-            bool(return_entropy),
-            tuple(logits.shape),
+        _check_inplace_logits(logits)
+        logp, entropy = _TokenLogprobsInplace.apply(
+            logits, targets, int(vocab_start), 1.0 / float(temperature), tp_group, bool(return_entropy)
         )
         return (logp, entropy) if return_entropy else logp
     if logits.stride(1) != 1:
@@ -201,48 +195,45 @@ def _check_inplace_logits(logits: torch.Tensor) -> torch.Tensor:
 
 
 class _TokenLogprobsInplace(torch.autograd.Function):
-    """As :class:`_TokenLogprobs`, but the forward turns the logits into ``(onehot - p) * inv_temperature``
-    and the backward scales that by ``grad_logp`` per row. ``owner`` is the tensor owning the logits' storage
-    (the logits, or the base of a view spanning it: autograd cannot mark a view dirty in a function with
-    several outputs); it is marked dirty and returned as a third output, so that autograd versions it."""
+    """As :class:`_TokenLogprobs`, but the backward writes ``d logits`` over the logits themselves (which the
+    forward saved) instead of into a new ``[T, V]`` buffer, and returns them as the gradient. The logits keep
+    their values until then; the backward bumps their version, so any other autograd node that saved them
+    and runs later raises torch's "modified by an inplace operation" error instead of reading the gradient."""
 
     @staticmethod
-    def forward(ctx, owner, targets, vocab_start, inv_temperature, tp_group, with_entropy, shape):
+    def forward(ctx, logits, targets, vocab_start, inv_temperature, tp_group, with_entropy):
         ctx.set_materialize_grads(False)
-        logits = owner.view(shape)  # (T, V)
         logp, lse, entropy = _full_vocab_stats(logits, targets, vocab_start, inv_temperature, tp_group, with_entropy)
-        _backend.op("token_logprob_grad_inplace_")(logits, targets, lse, vocab_start, inv_temperature)
-        ctx.mark_dirty(owner)
-        ctx.save_for_backward(owner)
-        ctx.shape, ctx.consumed = shape, False
-        return logp, (entropy if with_entropy else None), owner
+        ctx.vocab_start, ctx.inv_temperature, ctx.consumed = vocab_start, inv_temperature, False
+        if not with_entropy:
+            entropy = None
+        ctx.save_for_backward(logits, targets, lse, entropy)
+        return logp, entropy
 
     @staticmethod
-    def backward(ctx, grad_logp, grad_entropy, grad_logits):
-        if grad_entropy is not None:
-            raise RuntimeError(
-                "token_logprobs(inplace_backward=True) cannot differentiate the entropy (the "
-                "logits were overwritten with the gradient of logp alone); use "
-                "inplace_backward=False for a loss on the entropy"
-            )
-        if grad_logits is not None:
-            raise RuntimeError(
-                "logits overwritten by token_logprobs(inplace_backward=True) were used again in "
-                "a differentiable computation; their values were gone after that call"
-            )
+    def backward(ctx, grad_logp, grad_entropy):
         if ctx.consumed:
             raise RuntimeError(
-                "token_logprobs(inplace_backward=True): the backward already ran once and "
-                "scaled the gradient buffer in place; it cannot run again (retain_graph)"
+                "token_logprobs(inplace_backward=True): the backward already ran once and wrote the "
+                "gradient over the logits; it cannot run again (retain_graph)"
             )
+        logits, targets, lse, entropy = ctx.saved_tensors  # raises if the logits were modified since
         ctx.consumed = True
-        (owner,) = ctx.saved_tensors
-        buf = owner.view(ctx.shape)  # (T, V) = (onehot - p) * inv_temperature, in the logits' dtype
         if grad_logp is None:
-            buf.zero_()
-        else:
-            buf.mul_(grad_logp.float()[:, None])
-        return owner, None, None, None, None, None, None
+            grad_logp = torch.zeros_like(lse)
+        use_entropy = entropy is not None and grad_entropy is not None
+        _backend.op("token_logprob_grad_inplace_")(
+            logits,
+            targets,
+            lse,
+            grad_logp.float().contiguous(),
+            entropy if use_entropy else None,
+            grad_entropy.float().contiguous() if use_entropy else None,
+            ctx.vocab_start,
+            ctx.inv_temperature,
+        )
+        torch.autograd.graph.increment_version(logits)
+        return logits, None, None, None, None, None
 
 
 def _check_owned(owners: torch.Tensor, targets: torch.Tensor) -> None:

@@ -62,10 +62,13 @@ def token_logprob_backward(
     return (d * inv_temperature).to(logits.dtype)
 
 
-def token_logprob_grad_inplace_(logits, targets, lse, vocab_start: int, inv_temperature: float):
-    """Overwrites ``logits`` with ``token_logprob_backward`` for ``grad_logp = 1`` (no entropy term)."""
-    ones = torch.ones_like(lse)
-    logits.copy_(token_logprob_backward(logits, targets, lse, ones, None, None, vocab_start, inv_temperature))
+def token_logprob_grad_inplace_(
+    logits, targets, lse, grad_logp, entropy, grad_entropy, vocab_start: int, inv_temperature: float
+):
+    """Overwrites ``logits`` with ``token_logprob_backward`` of the same arguments."""
+    logits.copy_(
+        token_logprob_backward(logits, targets, lse, grad_logp, entropy, grad_entropy, vocab_start, inv_temperature)
+    )
 
 
 def segment_sum(values, mask, cu_seqlens):

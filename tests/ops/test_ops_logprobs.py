@@ -434,29 +434,39 @@ def test_opcheck_token_logprob_backward(compiled, i, with_entropy):
 def test_opcheck_token_logprob_grad_inplace(compiled, i):
     """The in-place op is registered consistently (its schema declares the mutation of logits)."""
     logits, targets, vs, it, _ = _stats_samples()[i]
-    stats = reference.token_logprob_stats(logits, targets, vs, it, False)
-    _, lse, _, _ = combine_stats(stats[None])
+    stats = reference.token_logprob_stats(logits, targets, vs, it, True)
+    _, lse, H, _ = combine_stats(stats[None])
+    T = logits.shape[0]
+    ent = (H, torch.randn(T)) if i == 1 else (None, None)
     torch.library.opcheck(
-        torch.ops.gspo_mcore.token_logprob_grad_inplace_.default, (logits.clone(), targets, lse, vs, it)
+        torch.ops.gspo_mcore.token_logprob_grad_inplace_.default,
+        (logits.clone(), targets, lse, torch.randn(T), *ent, vs, it),
     )
 
 
+@pytest.mark.parametrize("entropy", [False, True], ids=["noent", "ent"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
-def test_grad_inplace_op_matches_reference(cpu_isa, dtype):
+def test_grad_inplace_op_matches_reference(cpu_isa, dtype, entropy):
     """token_logprob_grad_inplace_ on a vocabulary slice writes exactly what its twin writes (up to one
-    rounding step in bf16 / fp16): the backward for grad_logp = 1, into the logits themselves."""
+    rounding step in bf16 / fp16): the backward for the given grad_logp (and entropy term), into the
+    logits themselves; and bit for bit what the out-of-place op returns (the same row kernel)."""
     vs, it = 1000, 1 / 1.3
     logits, targets = _slice_case(dtype, vocab_start=vs)
-    stats = reference.token_logprob_stats(logits, targets, vs, it, False)
-    _, lse, _, _ = combine_stats(stats[None])
+    T = logits.shape[0]
+    stats = reference.token_logprob_stats(logits, targets, vs, it, True)
+    _, lse, H, _ = combine_stats(stats[None])
+    g = torch.randn(T)
+    ent = (H, torch.randn(T)) if entropy else (None, None)
     got, want = logits.clone(), logits.clone()
-    torch.ops.gspo_mcore.token_logprob_grad_inplace_(got, targets, lse, vs, it)
-    reference.token_logprob_grad_inplace_(want, targets, lse, vs, it)
+    torch.ops.gspo_mcore.token_logprob_grad_inplace_(got, targets, lse, g, *ent, vs, it)
+    reference.token_logprob_grad_inplace_(want, targets, lse, g, *ent, vs, it)
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     else:
         assert bool(((got.double() - want.double()).abs() <= ulp(want.double(), dtype) + 1e-7).all())
     assert not torch.equal(got, logits)
+    out_of_place = torch.ops.gspo_mcore.token_logprob_backward(logits, targets, lse, g, *ent, vs, it)
+    assert torch.equal(got, out_of_place)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -719,37 +729,39 @@ def _inplace_pair(dtype, T=23, V=1003, temp=0.8, entropy=False):
         logits = leaf * 1  # a non-leaf, as the LM head's output is
         out = ops.token_logprobs(logits, targets, temperature=temp, return_entropy=entropy, inplace_backward=inplace)
         lp, H = out if entropy else (out, None)
-        (lp * w).sum().backward()
+        loss = (lp * w).sum()
+        if entropy == "loss":
+            loss = loss + 0.3 * (H * w.flip(0)).sum()
+        loss.backward()
         res.append((lp.detach(), H.detach() if entropy else None, leaf.grad, logits))
     return res, x0, targets, w
 
 
-@pytest.mark.parametrize("entropy", [False, True], ids=["noent", "ent-logged"])
+@pytest.mark.parametrize("entropy", [False, "logged", "loss"], ids=["noent", "ent-logged", "ent-loss"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dname)
 def test_inplace_backward_matches_out_of_place(backend, dtype, entropy):
-    """Value (bit for bit: the same forward statistics) and gradient of inplace_backward=True equal the
-    out-of-place path; the gradient to float32 rounding in fp32, and within the extra rounding of the
-    stored (onehot - p) / tau (one more bf16 ulp) in bf16. The logits buffer now holds that gradient."""
+    """Value and gradient of inplace_backward=True equal the out-of-place path bit for bit (the same
+    forward statistics, the same backward row kernel, written over the logits instead of a new buffer),
+    with the entropy logged or in the loss; the bf16 gradient is within one bf16 ulp of float64. The
+    logits buffer now holds that gradient."""
     (a, b), x0, targets, w = _inplace_pair(dtype, entropy=entropy)
     assert torch.equal(a[0], b[0])
     if entropy:
         assert torch.equal(a[1], b[1])
-    g64 = a[2].double()
-    if dtype == torch.float32:
-        torch.testing.assert_close(b[2], a[2], rtol=1e-5, atol=1e-7)
-    else:
+    assert torch.equal(b[2], a[2])
+    if dtype == torch.bfloat16 and not entropy:
         _, _, truth, _, _ = fp64_truth(x0, targets, 0.8, w.double(), None)
         err = (b[2].double() - truth).abs()
-        assert bool((err <= 2 * ulp(truth, dtype) + 1e-7).all()), float((err / ulp(truth, dtype)).max())
-        assert bool(((a[2].double() - truth).abs() <= ulp(truth, dtype) + 1e-7).all())
+        assert bool((err <= ulp(truth, dtype) + 1e-7).all()), float((err / ulp(truth, dtype)).max())
     assert b[2].dtype == dtype
     assert torch.equal(b[3].detach(), b[2])  # the gradient was formed in the logits' own buffer
-    assert g64.shape == x0.shape
+    assert not torch.equal(a[3].detach(), a[2])  # (the out-of-place path leaves the logits alone)
 
 
 def test_inplace_backward_guards(backend):
     """inplace_backward=True refuses logits it must not overwrite (naming the reason), leaves logits alone
-    where nothing is differentiated, and refuses an entropy loss and any later use of the logits."""
+    where nothing is differentiated, keeps them readable until its backward, and a consumer that reads
+    them after that backward, or a change to them before it, raises torch's version error."""
     x = torch.randn(6, 50)
     t = torch.randint(0, 50, (6,))
     leaf = x.clone().requires_grad_(True)
@@ -769,18 +781,60 @@ def test_inplace_backward_guards(backend):
     # a view spanning the whole tensor (e.g. [S, 1, V] -> [S, V]) is accepted
     s3 = (leaf * 1)[:, None, :]
     ops.token_logprobs(s3.reshape(6, 50), t, inplace_backward=True).sum().backward()
-    # an entropy loss cannot be differentiated
-    lp, H = ops.token_logprobs(leaf * 1, t, return_entropy=True, inplace_backward=True)
-    with pytest.raises(RuntimeError, match="cannot differentiate the entropy"):
-        (lp.sum() + H.sum()).backward()
-    # another consumer saved the logits: torch's version check fires at backward
+    # the logits are intact after the forward, and may be used again (here by a loss term that saves them,
+    # whose backward runs before this op's: autograd runs the later node first)
+    logits = leaf * 1
+    lp = ops.token_logprobs(logits, t, inplace_backward=True)
+    assert torch.equal(logits.detach(), x)
+    leaf.grad = None
+    (lp.sum() + (logits * logits).sum()).backward()
+    want = torch.autograd.grad(ops.token_logprobs(leaf * 1, t).sum() + (leaf * leaf).sum(), leaf)[0]
+    torch.testing.assert_close(leaf.grad, want, rtol=1e-5, atol=1e-6)
+    # another consumer saved the logits BEFORE this op (its backward runs after ours): the version check fires
     logits = leaf * 1
     other = (logits * logits).sum()
     lp = ops.token_logprobs(logits, t, inplace_backward=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         (lp.sum() + other).backward()
-    # the overwritten logits used again
+    # the logits changed between the forward and the backward
     logits = leaf * 1
     lp = ops.token_logprobs(logits, t, inplace_backward=True)
-    with pytest.raises(RuntimeError, match="were used again"):
-        (lp.sum() + logits.sum()).backward()
+    with torch.no_grad():
+        logits.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        lp.sum().backward()
+    # no second backward
+    logits = leaf * 1
+    lp = ops.token_logprobs(logits, t, inplace_backward=True)
+    lp.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="cannot run again"):
+        lp.sum().backward()
+
+
+def test_grad_buffer_cache_reuses_and_frees(compiled):
+    """The out-of-place backward's large gradient buffer is kept when freed and reused by the next call of a
+    fitting size (same memory, correct values: the buffer is fully rewritten); a call of another size gets a
+    fresh buffer; turning the cache off frees what it holds."""
+    ops.set_grad_buffer_cache(True)
+    T, V = 64, 40000  # 10 MB of float32: above the 4 MB threshold of the huge-page buffers
+    x = torch.randn(T, V)
+    t = torch.randint(0, V, (T,))
+    lse = torch.logsumexp(x, -1)
+    g = torch.randn(T)
+    bwd = torch.ops.gspo_mcore.token_logprob_backward
+    first = bwd(x, t, lse, g, None, None, 0, 1.0)
+    ptr, want = first.data_ptr(), first.clone()
+    del first
+    assert ops.grad_buffer_cache_bytes() >= T * V * 4
+    again = bwd(x, t, lse, g, None, None, 0, 1.0)
+    assert again.data_ptr() == ptr and torch.equal(again, want)
+    assert ops.grad_buffer_cache_bytes() == 0  # taken
+    del again
+    bigger = bwd(
+        torch.randn(4 * T, V), torch.randint(0, V, (4 * T,)), torch.zeros(4 * T), torch.randn(4 * T), None, None, 0, 1.0
+    )
+    assert bigger.data_ptr() != ptr
+    del bigger
+    ops.set_grad_buffer_cache(False)
+    assert ops.grad_buffer_cache_bytes() == 0
+    ops.set_grad_buffer_cache(True)
