@@ -7,14 +7,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
 from helpers import ROOT, worker_env
-from helpers.launch import free_port, run_ranks
+from helpers.launch import run_ranks, torchrun
 
 TINY_CONFIG = os.path.join(ROOT, "examples", "tiny", "config.yaml")
 ENV = worker_env()
@@ -26,13 +25,7 @@ DISTOPT = "optim.use_distributed_optimizer=true"
 
 def tiny_command(data_dir: str, out_dir: str, *overrides: str) -> list[str]:
     return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(free_port()),
+        *torchrun(2),
         "-m",
         "gspo_mcore.train",
         "--config",

@@ -19,24 +19,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def torchrun(nproc: int) -> list[str]:
+    """The command prefix that starts ``nproc`` ranks with ``torch.distributed.run`` on a free port (append
+    ``-m module ...`` or a script path and its arguments)."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(nproc),
+        "--master_port",
+        str(free_port()),
+    ]
+
+
 def run_ranks(script: str, nproc: int, args: list[str], *, timeout: float, env: dict[str, str] | None = None) -> str:
     """Run ``script`` (a path relative to ``tests/``, e.g. ``"learner/grad_worker.py"``, or absolute) on
     ``nproc`` ranks, from the script's folder; returns its combined output. ``env``: extra variables."""
     path = os.path.join(TESTS, script)
-    if nproc == 1:
-        cmd = [sys.executable, path, *args]
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            str(nproc),
-            "--master_port",
-            str(free_port()),
-            path,
-            *args,
-        ]
+    cmd = [sys.executable, path, *args] if nproc == 1 else [*torchrun(nproc), path, *args]
     try:
         proc = subprocess.run(
             cmd,

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers.launch import free_port
+from helpers.launch import torchrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EVAL_KEYS = {
@@ -35,13 +35,7 @@ def _prepare(tmp_path, num_prompts: int) -> None:
 def _train(tmp_path, name, *overrides) -> subprocess.CompletedProcess:
     """3 steps of the tiny job on 1 rank (4 prompts x 4 samples) into ``tmp_path/name``."""
     cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "1",
-        "--master_port",
-        str(free_port()),
+        *torchrun(1),
         "-m",
         "gspo_mcore.train",
         "--config",

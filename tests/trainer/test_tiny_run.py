@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from helpers import ROOT
-from helpers.launch import free_port
+from helpers.launch import torchrun
 
 KEYS = {
     "step",
@@ -48,13 +48,7 @@ def test_tiny_job_runs_on_two_ranks_and_writes_metrics(tmp_path):
     )
     out = tmp_path / "run"
     cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(free_port()),
+        *torchrun(2),
         "-m",
         "gspo_mcore.train",
         "--config",
@@ -123,13 +117,7 @@ def test_tiny_moe_job_with_routing_replay_measures_routing_volatility(tmp_path):
     )
     out = tmp_path / "run"
     cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(free_port()),
+        *torchrun(2),
         "-m",
         "gspo_mcore.train",
         "--config",

@@ -13,24 +13,12 @@ import sys
 
 import pytest
 from helpers import ROOT
-from helpers.launch import free_port
+from helpers.launch import torchrun
 
 
 def _run(tmp_path, name, nproc, extra):
     out = tmp_path / name
-    launch = (
-        [sys.executable]
-        if nproc == 1
-        else [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            str(nproc),
-            "--master_port",
-            str(free_port()),
-        ]
-    )
+    launch = [sys.executable] if nproc == 1 else torchrun(nproc)
     cmd = launch + [
         "-m",
         "gspo_mcore.train",
