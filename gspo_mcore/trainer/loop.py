@@ -55,6 +55,11 @@ def run(cfg: TrainConfig) -> list[dict]:
     """Train; returns the per-step metrics (on every rank)."""
     cfg = resolve(cfg)
     shape = load_hf_config(os.path.join(cfg.model.hf_dir, "config.json"))
+    if cfg.routing.replay == "rollout" and not shape.is_moe:
+        raise ValueError(
+            f"routing.replay=rollout needs a MoE model, and {cfg.model.hf_dir}/config.json describes a dense "
+            f"{shape.model_type!r} model (no router to replay)"
+        )
     tokenizer = load_tokenizer(cfg.template.tokenizer_dir)
     template = PromptTemplate(cfg.template, tokenizer)
     dataset = PromptDataset(cfg.data)
@@ -225,7 +230,13 @@ def _train_one_step(
     groups, scores, shaped, keep = batch.groups, batch.scores, batch.shaped, batch.keep
     with phases("train"):
         advantages = group_advantages(shaped, G, normalize_std=cfg.rollout.normalize_std)
-        samples, left_out = learner_samples(groups, advantages, keep, mask_truncated=cfg.rollout.mask_truncated)
+        samples, left_out = learner_samples(
+            groups,
+            advantages,
+            keep,
+            mask_truncated=cfg.rollout.mask_truncated,
+            dense_layers=[i for i, m in enumerate(shape.moe_layer_pattern()) if not m] if shape.is_moe else (),
+        )
         engine.before_train()  # colocated SGLang frees its GPU memory
         skipped = len(samples) < cfg.batch.num_minibatches
         if skipped:
@@ -331,7 +342,13 @@ class _Phases:
 def _rollout_backend(cfg: TrainConfig, model, layout, shape, tokenizer) -> RolloutBackend:
     if cfg.rollout.engine == "sglang":
         return SGLangRollout(
-            cfg.rollout.sglang, model_dir=cfg.model.hf_dir, output_dir=cfg.log.output_dir, layout=layout
+            cfg.rollout.sglang,
+            model_dir=cfg.model.hf_dir,
+            output_dir=cfg.log.output_dir,
+            layout=layout,
+            routed_experts=(shape.num_hidden_layers, shape.num_experts_per_tok)
+            if cfg.routing.replay == "rollout"
+            else None,
         )
     return InProcessRollout(model, layout, shape, tokenizer, max_batch_size=cfg.rollout.max_batch_size)
 

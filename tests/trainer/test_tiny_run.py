@@ -144,7 +144,7 @@ def test_tiny_moe_job_with_routing_replay_measures_routing_volatility(tmp_path):
         "log.progress_bar=false",
         "log.tensorboard=false",
         "loss.variant=grpo",
-        "routing.replay=true",
+        "routing.replay=learner",
         "routing.measure_every=1",
         "optim.lr=0.05",
     ]
@@ -165,5 +165,20 @@ def test_routing_replay_refuses_rollout_old_logprobs():
     from gspo_mcore.config import ConfigError
     from gspo_mcore.train import parse_config
 
-    with pytest.raises((ConfigError, ValueError), match="routing.replay=true needs rollout.old_logprobs=recompute"):
-        parse_config(["--config", "examples/tiny/config.yaml", "routing.replay=true", "rollout.old_logprobs=rollout"])
+    for value in ("true", "learner"):
+        with pytest.raises((ConfigError, ValueError), match=r"routing.replay=learner \(or true\) needs rollout.old_l"):
+            parse_config(
+                ["--config", "examples/tiny/config.yaml", f"routing.replay={value}", "rollout.old_logprobs=rollout"]
+            )
+
+
+def test_rollout_routing_replay_is_refused_without_sglang():
+    from gspo_mcore.config import ConfigError
+    from gspo_mcore.train import parse_config
+
+    cfg = parse_config(["--config", "examples/tiny/config.yaml", "routing.replay=false"])
+    assert cfg.routing.replay == "off" and not cfg.routing.enabled
+    with pytest.raises((ConfigError, ValueError), match="routing.replay=rollout needs rollout.engine=sglang"):
+        parse_config(["--config", "examples/tiny/config.yaml", "routing.replay=rollout"])
+    with pytest.raises((ConfigError, ValueError), match="routing.replay"):
+        parse_config(["--config", "examples/tiny/config.yaml", "routing.replay=sglang"])
