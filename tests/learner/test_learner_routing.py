@@ -95,7 +95,7 @@ def results(tmp_path_factory):
     for cases, nproc in ((ONE_RANK, 1), (TWO_RANKS, 2)):
         path = os.path.join(ref, f"r{nproc}.jsonl")
         run_ranks(
-            "learner/routing_worker.py", nproc, ["--cases", json.dumps(cases), "--ref", ref, "--out", path], timeout=240
+            "learner/routing_worker.py", nproc, ["--cases", json.dumps(cases), "--ref", ref, "--out", path], timeout=900
         )
         with open(path) as f:
             out.update({r["case"]: r for r in map(json.loads, f)})

@@ -105,3 +105,24 @@ def test_server_info_reports_whether_routed_experts_can_be_returned():
     body = load_exchange("server_info.json")["body"]
     assert not api.parse_server_info(body).routed_experts
     assert api.parse_server_info(dict(body, enable_return_routed_experts=True)).routed_experts
+
+
+def test_a_recorded_response_parses_with_prompt_rows_shared_by_the_samples():
+    """Recorded from a live server (data/generate_routed_experts_n2.json): 2 layers, top-2, 4 experts."""
+    ex = load_exchange("generate_routed_experts_n2.json")
+    prompt = ex["request"]["input_ids"]
+    items = api.split_generate_outputs(ex["body"], 1, 2)[0]
+    samples = [
+        api.parse_generate_output(
+            item, prompt_ids=prompt, prompt_index=0, sample_index=j, initial_weight_version=0, routing_dims=(2, 2)
+        )
+        for j, item in enumerate(items)
+    ]
+    for s in samples:
+        r = s.routed_experts
+        assert tuple(r.shape) == (len(prompt) + len(s.response_ids), 2, 2)
+        assert int(r[:-1].min()) >= 0 and int(r[:-1].max()) <= 3 and bool((r[-1] == -1).all())
+        assert bool((r[:-1, :, 0] != r[:-1, :, 1]).all()), "top-2 picks two distinct experts"
+    # the prompt's rows come from the same prefill (a shared prefix): identical in both samples
+    assert torch.equal(samples[0].routed_experts[: len(prompt)], samples[1].routed_experts[: len(prompt)])
+    assert {s.finish_reason for s in samples} == {"stop", "length"}
