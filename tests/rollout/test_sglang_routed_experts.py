@@ -126,3 +126,21 @@ def test_a_recorded_response_parses_with_prompt_rows_shared_by_the_samples():
     # the prompt's rows come from the same prefill (a shared prefix): identical in both samples
     assert torch.equal(samples[0].routed_experts[: len(prompt)], samples[1].routed_experts[: len(prompt)])
     assert {s.finish_reason for s in samples} == {"stop", "length"}
+
+
+def test_a_server_without_routed_experts_is_refused_by_name(standins):
+    """The stand-in (tests/rollout/sglang_standin.py) reports no enable_return_routed_experts, like a server
+    started without --enable-return-routed-experts; a client that does not ask does not check."""
+    import asyncio
+
+    from gspo_mcore.rollout import SGLangEngine
+    from gspo_mcore.rollout.types import RolloutError
+
+    s = standins()
+    asking = SGLangEngine([s.url], config=SGLangClientConfig(routed_experts=(2, 2)))
+    with pytest.raises(RolloutError, match=f"routing.replay=rollout: the SGLang server {s.url} was not started with"):
+        asyncio.run(asking.check_routed_experts())
+    asyncio.run(SGLangEngine([s.url]).check_routed_experts())
+    # and a response without the key, if the check was skipped, names the missing key and the flag
+    with pytest.raises(RolloutError, match="missing 'meta_info.routed_experts'.*--enable-return-routed-experts"):
+        asyncio.run(asking.generate([[1, 2]], 1, SamplingParams(max_new_tokens=2)))

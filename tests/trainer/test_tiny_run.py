@@ -182,3 +182,25 @@ def test_rollout_routing_replay_is_refused_without_sglang():
         parse_config(["--config", "examples/tiny/config.yaml", "routing.replay=rollout"])
     with pytest.raises((ConfigError, ValueError), match="routing.replay"):
         parse_config(["--config", "examples/tiny/config.yaml", "routing.replay=sglang"])
+
+
+def test_rollout_routing_replay_of_a_dense_model_fails_at_start_naming_the_key(tmp_path):
+    """routing.replay=rollout on a dense checkpoint stops before anything is built or launched."""
+    from examples.tiny.task import model_config
+    from gspo_mcore.train import parse_config
+    from gspo_mcore.trainer.loop import run
+
+    (tmp_path / "config.json").write_text(json.dumps(model_config()))
+    cfg = parse_config(
+        [
+            "--config",
+            "examples/tiny/config.yaml",
+            f"model.hf_dir={tmp_path}",
+            "model.load_hf_weights=true",
+            "rollout.engine=sglang",
+            "rollout.sglang.urls=[http://127.0.0.1:9]",
+            "routing.replay=rollout",
+        ]
+    )
+    with pytest.raises(ValueError, match="routing.replay=rollout needs a MoE model.*dense 'qwen3' model"):
+        run(cfg)
