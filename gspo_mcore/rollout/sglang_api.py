@@ -185,7 +185,9 @@ def parse_generate_output(
             f"output_token_logprobs ({len(ids)} tokens)"
         )
     routed = None
-    if routing_dims is not None and ids:
+    finish_reason = parse_finish_reason(meta.get("finish_reason"), where)
+    if routing_dims is not None and ids and not (finish_reason == "abort" and "routed_experts" not in meta):
+        # an aborted request may come back without routing: its sample then has none (R3 refuses it by name)
         routed = parse_routed_experts(meta, len(prompt_ids) + len(ids), routing_dims, where)
     return Sample(
         prompt_index=prompt_index,
@@ -193,7 +195,7 @@ def parse_generate_output(
         prompt_ids=tuple(prompt_ids),
         response_ids=tuple(ids),
         response_logprobs=tuple(logprobs),
-        finish_reason=parse_finish_reason(meta.get("finish_reason"), where),
+        finish_reason=finish_reason,
         weight_version=parse_weight_version(meta, initial_weight_version, where),
         routed_experts=routed,
     )

@@ -90,6 +90,7 @@ def test_without_replay_the_learner_routes_like_sglang_until_it_updates(report, 
 def test_with_replay_every_position_goes_to_sglangs_experts(report, figures, when, forward):
     got = report[f"{when}_replayed_{forward}"]
     figures(f"R3 on: disagreement, {forward} forward, {when} the update", got["all"])
+    figures("R3: (token, MoE layer) pairs compared", got["pairs"])
     assert got["pairs"] > 0
     assert got["all"] == 0.0 and got["scored"] == 0.0
 

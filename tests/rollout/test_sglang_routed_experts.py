@@ -144,3 +144,13 @@ def test_a_server_without_routed_experts_is_refused_by_name(standins):
     # and a response without the key, if the check was skipped, names the missing key and the flag
     with pytest.raises(RolloutError, match="missing 'meta_info.routed_experts'.*--enable-return-routed-experts"):
         asyncio.run(asking.generate([[1, 2]], 1, SamplingParams(max_new_tokens=2)))
+
+
+def test_an_aborted_output_without_routing_gives_a_sample_without_routing():
+    item = _item([7, 8], None)
+    item["meta_info"]["finish_reason"] = {"type": "abort", "message": "Aborted"}
+    s = _parse(item)
+    assert s.finish_reason == "abort" and s.routed_experts is None
+    item = _item([7, 8], np.ones((4, 2, 2)))
+    item["meta_info"]["finish_reason"] = {"type": "abort", "message": "Aborted"}
+    assert int(_parse(item).routed_experts[0, 0, 0]) == 1  # when it is there, it is used
