@@ -94,7 +94,7 @@ def build_matrix(
                 if steps is not None:
                     ov.append(f"steps={steps}")
                 if model == "moe" and routing:
-                    ov += [f"routing.replay={'true' if replay else 'false'}", f"routing.measure_every={measure_every}"]
+                    ov += [f"routing.replay={'learner' if replay else 'off'}", f"routing.measure_every={measure_every}"]
                 runs.append(Run(model, algo, k, run_dir, tuple(ov) + tuple(extra)))
     return runs
 

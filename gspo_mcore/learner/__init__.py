@@ -8,7 +8,7 @@ The pieces, in the order a trainer uses them::
     model = build_model(shape, ParallelConfig(tensor=2))       # model (GPTModel in Megatron DDP)
     optimizer, scheduler = build_optimizer(model, OptimConfig(lr=1e-6))
     metrics = train_step(model, optimizer, scheduler, samples, layout, LossConfig(), BatchConfig())
-    # MoE: RoutingConfig(replay=True) as a further argument replays the old policy's experts (routing)
+    # MoE: RoutingConfig(replay="learner" | "rollout") as a further argument replays the old policy's experts
 
 ``samples`` is a list of :class:`Sample` (``batching``), the same on every rank. Importing this package
 does not import megatron; the functions do.

@@ -24,20 +24,38 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+REPLAY_MODES = ("off", "learner", "rollout")
+
 
 @dataclass(frozen=True, kw_only=True)
 class RoutingConfig:
     """Routing Replay and routing-volatility measurement (MoE models; ignored for dense ones)."""
 
-    replay: bool = False
-    """Record every token's experts in the old-log-prob forward and replay them in the training forwards."""
+    replay: bool | str = "off"
+    """``off``; ``learner`` (R2): record every token's experts in the learner's old-log-prob forward and replay
+    them in the training forwards; ``rollout`` (R3): replay the experts the rollout engine routed each token
+    to (SGLang's ``return_routed_experts``) in the old-log-prob and the training forwards. ``false`` /
+    ``true`` are read as ``off`` / ``learner`` (older configs)."""
     measure_every: int = 0
     """Every this many steps (0: never), measure routing volatility: the fraction of (response token, MoE
-    layer) expert choices that differ after the step's first optimizer update (one extra forward pass)."""
+    layer) expert choices that differ after the step's first optimizer update (one extra forward pass);
+    with ``replay: rollout`` also ``routing_rollout_disagreement``, the fraction whose experts the learner's
+    own router (before the update) chooses differently from the engine."""
 
     def __post_init__(self):
+        replay = self.replay
+        if isinstance(replay, bool):
+            replay = "learner" if replay else "off"
+        if replay not in REPLAY_MODES:
+            raise ValueError(f"routing.replay must be one of {REPLAY_MODES} (or true/false), got {self.replay!r}")
+        object.__setattr__(self, "replay", replay)
         if self.measure_every < 0:
             raise ValueError(f"RoutingConfig.measure_every must be >= 0, got {self.measure_every}")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the training forwards replay recorded experts (``learner`` or ``rollout``)."""
+        return self.replay != "off"
 
 
 def moe_routers(chunk) -> list[tuple[int, object]]:
@@ -60,6 +78,15 @@ def routing_dims(model) -> tuple[int, int]:
     """``(num_layers, topk)`` of the routing arrays of this model."""
     config = model[0].config
     return int(config.num_layers), int(config.moe_router_topk)
+
+
+def moe_layer_indices(model) -> list[int]:
+    """The 0-based global indices of the model's MoE layers (Megatron's ``moe_layer_freq``)."""
+    config = model[0].config
+    freq = config.moe_layer_freq
+    if isinstance(freq, int):
+        return [i for i in range(int(config.num_layers)) if i % freq == 0]
+    return [i for i, m in enumerate(freq) if m]
 
 
 def check_replay_supported(model) -> None:
@@ -186,7 +213,13 @@ def microbatch_routing(
     seqs_routing: list[torch.Tensor | None], lengths: list[int], *, packing: str, width: int, topk: int
 ) -> torch.Tensor | None:
     """A micro-batch's replay target in router order, ``[S, R, num_layers, topk]`` int64, or ``None`` when
-    its samples carry no routing. Padding positions get experts ``0..topk-1`` (they never reach real tokens)."""
+    its samples carry no routing.
+
+    Padding positions, and positions a sample leaves unrouted (``-1``: the last token of an engine's routing,
+    see :func:`check_rollout_routing`), get the placeholder experts ``0..topk-1``: Megatron's dropless
+    dispatcher sizes its buffers as ``tokens x topk``, so every position occupies ``topk`` expert slots. Their
+    outputs never reach a counted token (attention never looks at padding or at a sequence's last position,
+    and no loss, metric or recording reads them)."""
     if not seqs_routing or any(r is None for r in seqs_routing):
         return None
     num_layers = seqs_routing[0].shape[1]
@@ -194,6 +227,7 @@ def microbatch_routing(
 
     def padded(r: torch.Tensor, n: int) -> torch.Tensor:
         r = r.to(torch.int64)
+        r = torch.where((r < 0).any(-1, keepdim=True), pad_value, r)  # unrouted rows (and dense layers)
         return torch.cat([r, pad_value.expand(n, num_layers, topk)]) if n > 0 else r
 
     if packing == "padded":
@@ -232,3 +266,32 @@ def routing_change(before: list[torch.Tensor], after: list[torch.Tensor], sample
         "routing_changed_fraction": changed / pairs if pairs else 0.0,
         "routing_expert_change_fraction": new_experts / (pairs * topk) if pairs else 0.0,
     }
+
+
+def check_rollout_routing(samples, *, num_layers: int, topk: int, num_experts: int, moe_layers) -> None:
+    """Check the engine's routing of every sample before R3 replays it (``routing.replay: rollout``).
+
+    Each sample's ``routed_experts`` must be ``[L, num_layers, topk]`` with expert ids in ``[0, num_experts)``
+    at every position but the last in every MoE layer (``moe_layers``: 0-based indices). The last position
+    may be ``-1``: the engine never runs the last generated token through the model (SGLang returns
+    ``L - 1`` rows), and its output is neither scored nor attended to. Fails naming the sample."""
+    moe_layers = list(moe_layers)
+    for i, s in enumerate(samples):
+        r = s.routed_experts
+        if r is None:
+            raise ValueError(
+                f"routing.replay=rollout: sample {i} carries no routed_experts (the rollout engine must return "
+                "the experts it routed every token to)"
+            )
+        if tuple(r.shape) != (s.length, num_layers, topk):
+            raise ValueError(
+                f"routing.replay=rollout: sample {i} has routed_experts of shape {tuple(r.shape)}, expected "
+                f"[L={s.length}, num_layers={num_layers}, topk={topk}]"
+            )
+        body = r[:-1][:, moe_layers]
+        if body.numel() and (int(body.min()) < 0 or int(body.max()) >= num_experts):
+            bad = ((body < 0) | (body >= num_experts)).any(-1).nonzero()[0].tolist()
+            raise ValueError(
+                f"routing.replay=rollout: sample {i} has no valid experts at position {bad[0]} in MoE layer "
+                f"{moe_layers[bad[1]]} (ids must be in [0, {num_experts}); only the last position may be -1)"
+            )

@@ -534,15 +534,26 @@ def forward_logprobs(
     packing: str = "padded",
     temperature: float = 1.0,
     loss_cfg: LossConfig | None = None,
+    replay_routing: bool = False,
 ) -> list[torch.Tensor]:
     """Log-probs of ``tokens[1:]`` for every sample (``[L-1]`` float32 each, on the CPU, on every rank).
 
     Runs forward only through the same schedule and micro-batching as training (old-policy or reference
     log-probs). ``samples`` is the same list on every rank. ``loss_cfg``: only its fused-LM-head keys are
-    used (default: the logits path).
+    used (default: the logits path). ``replay_routing``: force every token through the experts in its
+    sample's ``routed_experts`` (MoE; R3 replays the rollout engine's routing here too).
     """
+    if replay_routing and any(s.routed_experts is None for s in samples):
+        raise ValueError("forward_logprobs(replay_routing=True) needs routed_experts on every sample")
     return _forward_logprobs(
-        model, samples, layout, max_tokens=max_tokens, packing=packing, temperature=temperature, loss_cfg=loss_cfg
+        model,
+        samples,
+        layout,
+        max_tokens=max_tokens,
+        packing=packing,
+        temperature=temperature,
+        loss_cfg=loss_cfg,
+        tape=_tape(model, layout, replay=replay_routing),
     )[0]
 
 
@@ -630,11 +641,14 @@ def train_step(
     rollout log-probs were replaced, each also has ``rollout_logprob_abs_diff`` (mean over counted tokens
     of ``|recomputed - rollout|``).
 
-    MoE models: with ``routing_cfg.replay`` the old-log-prob forward records every token's experts and
-    the training forwards replay them (Routing Replay); samples that already carry ``routed_experts`` and
-    ``old_logprobs`` (e.g. from the rollout engine) are replayed as given. With ``measure_routing`` the
-    batch is forwarded again after the first optimizer step and every dict gets
-    ``routing_changed_fraction`` and ``routing_expert_change_fraction`` (see :func:`routing.routing_change`).
+    MoE models: with ``routing_cfg.replay == "learner"`` (R2) the old-log-prob forward records every token's
+    experts and the training forwards replay them (Routing Replay); samples that already carry
+    ``routed_experts`` and ``old_logprobs`` are replayed as given. With ``"rollout"`` (R3) every sample must
+    carry the engine's ``routed_experts`` (checked by :func:`routing.check_rollout_routing`), and the
+    old-log-prob forward and the training forwards all replay them. With ``measure_routing`` the batch is
+    forwarded again after the first optimizer step and every dict gets ``routing_changed_fraction`` and
+    ``routing_expert_change_fraction`` (see :func:`routing.routing_change`); under R3 also
+    ``routing_rollout_disagreement`` (the learner's own routing before the update against the engine's).
 
     Off-policy (docs/loss.md): with ``recompute_old_logprobs`` the samples' own log-probs (the engine's, mu)
     are kept as ``behaviour_logprobs`` next to the recompute (pi_prox): the metrics ``is_weight_*``,
@@ -664,7 +678,9 @@ def train_step(
         raise ValueError("loss.kl_coef > 0 or loss.kl_metric needs a ReferencePolicy (train_step(reference=...))")
     extra = {}
     moe = routing.is_moe(model)
-    replay = routing_cfg.replay and moe
+    mode = routing_cfg.replay if moe else "off"
+    replay = mode == "learner"  # R2: record in the old-log-prob forward, replay in the training forwards
+    from_rollout = mode == "rollout"  # R3: replay the engine's routing in both
     measure = measure_routing and moe
     before = None
     kw = dict(
@@ -673,12 +689,25 @@ def train_step(
         temperature=temperature,
         loss_cfg=loss_cfg,
     )
-    needs_routing = (replay and any(s.routed_experts is None for s in samples)) or measure
+    if from_rollout:
+        config = model[0].config
+        routing.check_rollout_routing(
+            samples,
+            num_layers=int(config.num_layers),
+            topk=int(config.moe_router_topk),
+            num_experts=int(config.num_moe_experts),
+            moe_layers=routing.moe_layer_indices(model),
+        )
+        if measure:  # the learner's own routing before the update, against the engine's
+            _, before = forward_logprobs_with_routing(model, samples, layout, **kw)
+            change = routing.routing_change([s.routed_experts for s in samples], before, samples)
+            extra["routing_rollout_disagreement"] = change["routing_changed_fraction"]
+    needs_routing = (replay and any(s.routed_experts is None for s in samples)) or (measure and not from_rollout)
     if recompute_old_logprobs or any(s.old_logprobs is None for s in samples) or needs_routing:
         if needs_routing:
             old, before = forward_logprobs_with_routing(model, samples, layout, **kw)
         else:
-            old = forward_logprobs(model, samples, layout, **kw)
+            old = forward_logprobs(model, samples, layout, replay_routing=from_rollout, **kw)
         rollout = [(s, lp) for s, lp in zip(samples, old) if s.old_logprobs is not None]
         if rollout:
             diff = sum(
@@ -715,7 +744,7 @@ def train_step(
                     max_tokens=batch_cfg.max_tokens_per_microbatch,
                     packing=batch_cfg.packing,
                     temperature=temperature,
-                    replay_routing=replay,
+                    replay_routing=replay or from_rollout,
                 ),
                 **extra,
             )

@@ -9,7 +9,7 @@ are decided on the host (``code.py``).
 """
 
 from gspo_mcore.rewards.config import RewardRunnerConfig, RewardTermConfig
-from gspo_mcore.rewards.registry import RewardFn, get, names, register, unregister
+from gspo_mcore.rewards.registry import RewardFn, TokenRewards, get, names, register, unregister
 from gspo_mcore.rewards.resolve import RewardError, RewardSetupError
 from gspo_mcore.rewards.runner import RewardFailure, RewardRunner
 from gspo_mcore.rewards.setup import check_reward_setup
@@ -22,6 +22,7 @@ __all__ = [
     "RewardRunnerConfig",
     "RewardSetupError",
     "RewardTermConfig",
+    "TokenRewards",
     "check_reward_setup",
     "get",
     "names",

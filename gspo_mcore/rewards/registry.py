@@ -5,6 +5,13 @@ text and the sample's metadata (the dataset row's extra fields, e.g. ``answer`` 
 rewards return a value in ``[0, 1]`` (partial credit allowed); a user function may return any finite
 number (bools count as 0/1).
 
+A reward function may also return a :class:`TokenRewards`: its sequence reward plus one shaping term per
+response token ``d_i,t``. The runner gives every function the response's token ids in
+``metadata["response_ids"]`` (a tuple of ints) whenever its caller knows them (``RewardRunner.score_tokens``:
+the trainer and the evaluator), so the terms can be aligned with the tokens, and checks the length; the
+trainer adds the terms, weighted like the reward, to the sample's group-normalised advantage (``A_i + d_i,t``,
+used by ``loss.variant: gspo_token``).
+
 Built-ins (imported on first use): ``math``, ``exact``, ``regex``, ``code``. User functions: ``register``
 them, or name them by dotted path: ``"pkg.mod:fn"`` (attribute path after the colon may be dotted) or
 ``"pkg.mod.fn"``.
@@ -14,9 +21,25 @@ from __future__ import annotations
 
 import importlib
 import threading
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
-RewardFn = Callable[[str, Mapping[str, Any]], float]
+
+@dataclass(frozen=True)
+class TokenRewards:
+    """What a reward function returns to shape each response token too (see the module docstring)."""
+
+    reward: float
+    """The sequence reward (the group normalisation takes the advantage from it, as from a plain float)."""
+    per_token: Sequence[float]
+    """One finite term per response token (``len(metadata["response_ids"])``), added to that token's
+    advantage after the normalisation (not normalised)."""
+
+
+RESPONSE_IDS_KEY = "response_ids"
+"""The metadata key under which a reward function sees the response's token ids."""
+
+RewardFn = Callable[[str, Mapping[str, Any]], "float | TokenRewards"]
 
 _BUILTINS = {
     "math": "gspo_mcore.rewards.math:math_reward",

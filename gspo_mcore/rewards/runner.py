@@ -6,6 +6,11 @@ still running ``timeout_s`` after it started is a timeout and is abandoned: Pyth
 thread, so a reward function that never returns keeps its (daemon) thread until the process exits.
 Code rewards bound their own runs (the sandbox kills the program), so their threads come back.
 
+A reward function may return :class:`~gspo_mcore.rewards.registry.TokenRewards` (a sequence reward plus one
+term per response token): :meth:`RewardRunner.score_tokens` returns those terms too, weighted and summed over
+a sample's rewards, after checking that each has one term per response token (else the step stops, naming
+the sample).
+
 A failed call contributes 0 to its sample's reward and is counted per reward and per cause. When more
 than ``max_error_fraction`` of one ``score`` call's reward calls failed, or when a failure shows the
 setup itself is broken (an unknown reward named by a row, an unavailable sandbox), ``score`` raises a
@@ -23,6 +28,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from gspo_mcore.rewards.config import RewardRunnerConfig, RewardTermConfig
+from gspo_mcore.rewards.registry import RESPONSE_IDS_KEY, TokenRewards
 from gspo_mcore.rewards.resolve import Reward, RewardError, RewardSetupError, default_terms, resolve, short_name
 from gspo_mcore.rewards.sandbox import SandboxUnavailable
 
@@ -35,6 +41,10 @@ _FATAL = (SandboxUnavailable, RewardSetupError)
 
 class RewardFailure(RewardError):
     """Too many reward calls of one step failed, or one failed in a way no retry can fix."""
+
+
+class TokenRewardsError(RewardSetupError):
+    """A reward function's per-token terms do not fit its response: a bug in the function, so the step stops."""
 
 
 class RewardRunner:
@@ -66,7 +76,27 @@ class RewardRunner:
 
         Raises ``RewardFailure`` when more than ``max_error_fraction`` of the calls failed or timed out,
         or when one failed because the setup is broken (after all calls of the step are counted).
+        A reward's per-token terms (:class:`TokenRewards`) are dropped here; :meth:`score_tokens` keeps them.
         """
+        return self._score(responses, metadata, prompts, None)[0]
+
+    def score_tokens(
+        self,
+        responses: Sequence[str],
+        metadata: Sequence[Mapping[str, Any]],
+        response_ids: Sequence[Sequence[int]],
+        prompts: Sequence[str] | None = None,
+    ) -> tuple[list[float], list[list[float] | None]]:
+        """:meth:`score`, plus per sample the weighted sum of its rewards' per-token terms (``None`` when none
+        of its rewards returned :class:`TokenRewards`). Each reward function sees the response's token ids in
+        ``metadata["response_ids"]``; a :class:`TokenRewards` whose ``per_token`` is not one finite number per
+        response token stops the step (``RewardFailure`` from a ``TokenRewardsError`` naming the sample and the
+        lengths): it is a bug in the reward function, not bad luck."""
+        if len(response_ids) != len(responses):
+            raise ValueError(f"{len(responses)} responses but {len(response_ids)} response_ids")
+        return self._score(responses, metadata, prompts, [tuple(int(t) for t in ids) for ids in response_ids])
+
+    def _score(self, responses, metadata, prompts, response_ids):
         if len(responses) != len(metadata):
             raise ValueError(f"{len(responses)} responses but {len(metadata)} metadata entries")
         if prompts is not None and len(prompts) != len(responses):
@@ -86,14 +116,22 @@ class RewardRunner:
                         e,
                     )
                 )
-        values = self._run(jobs, responses, metadata, failures)
+        if response_ids is not None:
+            metadata = [{**m, RESPONSE_IDS_KEY: ids} for m, ids in zip(metadata, response_ids)]
+        values = self._run(jobs, responses, metadata, failures, response_ids)
         rewards = [0.0] * n
+        per_token: list[list[float] | None] = [None] * n
         for (i, r), v in zip(jobs, values):
-            if v is not None:
-                rewards[i] += r.weight * v
-        self._count(jobs, values, failures)
+            if v is None:
+                continue
+            value, terms = v
+            rewards[i] += r.weight * value
+            if terms is not None and response_ids is not None:
+                acc = per_token[i] or [0.0] * len(terms)
+                per_token[i] = [a + r.weight * t for a, t in zip(acc, terms)]
+        self._count(jobs, [None if v is None else v[0] for v in values], failures)
         self._check(len(jobs) + sum(f[1].fn is None for f in failures), failures, responses, prompts)
-        return rewards
+        return rewards, per_token
 
     def metrics(self, reset: bool = True) -> dict[str, float]:
         """Since the last reset: ``reward_calls`` / ``reward_errors`` / ``reward_timeouts`` (all rewards),
@@ -114,8 +152,9 @@ class RewardRunner:
 
     # ------------------------------------------------------------------------------------------------
 
-    def _run(self, jobs, responses, metadata, failures) -> list[float | None]:
-        """Values of the jobs (None: failed, recorded in ``failures``), ``max_workers`` at a time."""
+    def _run(self, jobs, responses, metadata, failures, response_ids=None) -> list[tuple | None]:
+        """``(reward, per-token terms or None)`` of the jobs (None: failed, recorded in ``failures``),
+        ``max_workers`` at a time."""
         values: list[float | None] = [None] * len(jobs)
         pending = collections.deque(range(len(jobs)))
         running: dict[int, float] = {}  # job -> start time
@@ -126,7 +165,11 @@ class RewardRunner:
             i, reward = jobs[j]
             value, error = None, None
             try:
-                value = _as_reward(reward.fn(responses[i], metadata[i]))
+                value = _as_reward(
+                    reward.fn(responses[i], metadata[i]),
+                    None if response_ids is None else len(response_ids[i]),
+                    f"sample {i}",
+                )
             except BaseException as e:  # noqa: BLE001 - any failure of a reward is counted
                 error = e
             with cond:
@@ -208,7 +251,27 @@ def _head(text: str, n: int = 200) -> str:
     return repr(text if len(text) <= n else text[:n] + "...")
 
 
-def _as_reward(value: Any) -> float:
+def _as_reward(value: Any, num_tokens: int | None = None, where: str = "") -> tuple[float, list[float] | None]:
+    """A reward function's result as ``(reward, per-token terms or None)``; ``num_tokens``: the response's
+    length the per-token terms must have (``None``: not known, the terms are dropped)."""
+    if isinstance(value, TokenRewards):
+        terms = None
+        if num_tokens is not None:
+            try:
+                terms = [float(t) for t in value.per_token]
+            except (TypeError, ValueError):
+                raise TokenRewardsError(f"{where}: TokenRewards.per_token must be a sequence of numbers") from None
+            if len(terms) != num_tokens:
+                raise TokenRewardsError(
+                    f"{where}: TokenRewards.per_token has {len(terms)} terms for {num_tokens} response tokens"
+                )
+            if not all(math.isfinite(t) for t in terms):
+                raise TokenRewardsError(f"{where}: TokenRewards.per_token must be finite, got {terms}")
+        return _as_float(value.reward), terms
+    return _as_float(value), None
+
+
+def _as_float(value: Any) -> float:
     if isinstance(value, bool):
         return float(value)
     if not isinstance(value, (int, float)) or isinstance(value, complex):

@@ -137,7 +137,8 @@ class SGLangEngine(RolloutEngine):
         return [t.result() for t in tasks]
 
     async def _generate_group(self, index, prompt, n, params, slots, inflight) -> list[Sample]:
-        body = api.build_generate_request(prompt, n, params, prompt_index=index)
+        dims = self.config.routed_experts
+        body = api.build_generate_request(prompt, n, params, prompt_index=index, routed_experts=dims is not None)
         what = f"prompt {index} ({len(prompt)} tokens, n={n})"
         failures: list[str] = []
         tried: set[str] = set()
@@ -179,6 +180,7 @@ class SGLangEngine(RolloutEngine):
                         prompt_index=index,
                         sample_index=j,
                         initial_weight_version=self.config.initial_weight_version,
+                        routing_dims=dims,
                     )
                     for j, item in enumerate(groups[0])
                 ]
@@ -252,6 +254,18 @@ class SGLangEngine(RolloutEngine):
 
     async def flush_cache(self) -> None:
         await self.control.flush_cache()
+
+    async def check_routed_experts(self) -> None:
+        """Refuse servers that cannot return routed experts when the client asks for them (R3)."""
+        if self.config.routed_experts is None:
+            return
+        for url, info in (await self.server_info(refresh=True)).items():
+            if not info.routed_experts:
+                raise RolloutError(
+                    f"routing.replay=rollout: the SGLang server {url} was not started with "
+                    "--enable-return-routed-experts (its /server_info has enable_return_routed_experts=false), "
+                    "so it cannot return the experts it routed each token to"
+                )
 
     async def server_info(self, refresh: bool = False) -> dict[str, api.ServerInfo]:
         """``/server_info`` of every worker (cached); logs a warning on a version other than the pinned one."""

@@ -29,6 +29,14 @@ Shapes relied on:
   or 400. ``GET /server_info`` gives the resolved server arguments plus ``version``;
   ``GET /health_generate`` runs a one-token generation (200 or 503); ``GET /health`` only checks the
   HTTP front end.
+- Routed experts (R3, ``SGLangClientConfig.routed_experts``): ``"return_routed_experts": true`` on
+  ``/generate`` (a server started with ``--enable-return-routed-experts``; otherwise the key is silently
+  ignored and ``meta_info`` has no ``routed_experts``) and ``routed_experts_start_len`` 0 (the whole
+  sequence). ``meta_info.routed_experts`` is then base64 of little-endian int32, ``[seqlen - 1, num_layers,
+  topk]`` row-major (``srt/state_capturer/base.py`` ``get_topk``, ``srt/managers/detokenizer_manager.py``):
+  one row per input position of the prompt (prefill) and of every generated token but the last, which is
+  never fed back. ``seqlen`` counts a matched stop token. ``/server_info`` reports
+  ``enable_return_routed_experts``.
 """
 
 from __future__ import annotations
@@ -95,10 +103,14 @@ def sampling_params_json(params: SamplingParams, *, n: int = 1, seed: int | None
 
 
 def build_generate_request(
-    prompt_ids: Sequence[int], n: int, params: SamplingParams, *, prompt_index: int
+    prompt_ids: Sequence[int], n: int, params: SamplingParams, *, prompt_index: int, routed_experts: bool = False
 ) -> dict[str, Any]:
-    """The ``/generate`` body for the ``n`` samples of one prompt (token ids, never text)."""
+    """The ``/generate`` body for the ``n`` samples of one prompt (token ids, never text); ``routed_experts``:
+    also ask for the experts every position was routed to (prompt included)."""
     body: dict[str, Any] = {"return_logprob": True, "logprob_start_len": -1, "stream": False}
+    if routed_experts:
+        body["return_routed_experts"] = True
+        body["routed_experts_start_len"] = 0
     if params.seed is None:
         body["input_ids"] = list(prompt_ids)
         body["sampling_params"] = sampling_params_json(params, n=n)
@@ -144,8 +156,10 @@ def parse_generate_output(
     prompt_index: int,
     sample_index: int,
     initial_weight_version: int,
+    routing_dims: tuple[int, int] | None = None,
 ) -> Sample:
-    """One output object of ``/generate`` as a :class:`Sample`."""
+    """One output object of ``/generate`` as a :class:`Sample`; with ``routing_dims`` ``(num_layers, topk)``
+    also its ``routed_experts`` (see :func:`parse_routed_experts`)."""
     where = f"output for prompt {prompt_index} sample {sample_index}"
     meta = item.get("meta_info")
     if not isinstance(meta, dict):
@@ -170,15 +184,51 @@ def parse_generate_output(
             f"{where}: output_ids ({len(output_ids)} tokens) disagree with the token ids in "
             f"output_token_logprobs ({len(ids)} tokens)"
         )
+    routed = None
+    finish_reason = parse_finish_reason(meta.get("finish_reason"), where)
+    if routing_dims is not None and ids and not (finish_reason == "abort" and "routed_experts" not in meta):
+        # an aborted request may come back without routing: its sample then has none (R3 refuses it by name)
+        routed = parse_routed_experts(meta, len(prompt_ids) + len(ids), routing_dims, where)
     return Sample(
         prompt_index=prompt_index,
         sample_index=sample_index,
         prompt_ids=tuple(prompt_ids),
         response_ids=tuple(ids),
         response_logprobs=tuple(logprobs),
-        finish_reason=parse_finish_reason(meta.get("finish_reason"), where),
+        finish_reason=finish_reason,
         weight_version=parse_weight_version(meta, initial_weight_version, where),
+        routed_experts=routed,
     )
+
+
+def parse_routed_experts(meta: dict, length: int, routing_dims: tuple[int, int], where: str = "output"):
+    """``meta_info.routed_experts`` as an int32 tensor ``[length, num_layers, topk]`` aligned with the sample's
+    tokens (prompt + response): row ``t`` holds the experts input token ``t`` was routed to in every layer.
+    SGLang returns ``length - 1`` rows (the last generated token is never run through the model); the last
+    row is ``-1`` ("not routed")."""
+    import numpy as np
+    import torch
+
+    num_layers, topk = routing_dims
+    data = meta.get("routed_experts")
+    if not isinstance(data, str):
+        raise ProtocolError(
+            f"{where}: missing 'meta_info.routed_experts' (routing.replay=rollout needs SGLang servers started "
+            "with --enable-return-routed-experts)"
+        )
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except ValueError as e:
+        raise ProtocolError(f"{where}: meta_info.routed_experts is not base64: {e}") from None
+    rows = length - 1
+    if len(raw) != rows * num_layers * topk * 4:
+        raise ProtocolError(
+            f"{where}: meta_info.routed_experts has {len(raw)} bytes, expected {rows} positions x {num_layers} "
+            f"layers x top-{topk} x 4 (int32) = {rows * num_layers * topk * 4} for {length} tokens"
+        )
+    routed = torch.full((length, num_layers, topk), -1, dtype=torch.int32)
+    routed[:rows] = torch.from_numpy(np.frombuffer(raw, dtype="<i4").astype(np.int32).reshape(rows, num_layers, topk))
+    return routed
 
 
 def parse_finish_reason(fr: Any, where: str = "output") -> str:
@@ -375,6 +425,8 @@ class ServerInfo:
     pp_size: int
     dp_size: int
     weight_version: str | None
+    routed_experts: bool = False
+    """``enable_return_routed_experts``: the server can return the experts it routed each token to."""
 
     @property
     def num_gpus(self) -> int:
@@ -392,6 +444,7 @@ def parse_server_info(body: Any) -> ServerInfo:
             pp_size=int(body.get("pp_size", 1)),
             dp_size=int(body.get("dp_size", 1)),
             weight_version=body.get("weight_version"),
+            routed_experts=bool(body.get("enable_return_routed_experts", False)),
         )
     except (TypeError, ValueError) as e:
         raise ProtocolError(f"/server_info: {e}") from None

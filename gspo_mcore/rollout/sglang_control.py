@@ -57,6 +57,10 @@ class SGLangClientConfig:
     """Health check used by ``SGLangEngine.health`` and to re-admit a failed server."""
     probe_timeout_s: float = 30.0
     """Limit for one health probe (SGLang's ``/health_generate`` gives up by itself after 20 s)."""
+    routed_experts: tuple[int, int] | None = None
+    """``(num_layers, topk)`` of the served MoE model: ask every ``/generate`` for the experts each token was
+    routed to and attach them to the samples (R3; the servers need ``--enable-return-routed-experts``).
+    ``None``: do not ask. The trainer sets it from the model for ``routing.replay: rollout``."""
 
     def __post_init__(self):
         for f in (
@@ -82,6 +86,11 @@ class SGLangClientConfig:
             )
         if self.pause_mode not in ("abort", "retract"):
             raise ValueError(f"pause_mode must be 'abort' or 'retract', got {self.pause_mode!r}")
+        if self.routed_experts is not None:
+            dims = tuple(self.routed_experts)
+            if len(dims) != 2 or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims):
+                raise ValueError(f"routed_experts must be (num_layers, topk), two integers >= 1, got {dims!r}")
+            object.__setattr__(self, "routed_experts", dims)
 
 
 @dataclasses.dataclass

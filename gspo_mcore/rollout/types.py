@@ -124,12 +124,22 @@ class Sample:
     weight_version: int
     """The training step whose weights produced the response. If the weights changed while it was
     being generated, the oldest version involved."""
+    routed_experts: torch.Tensor | None = dataclasses.field(default=None, compare=False)
+    """MoE, when the engine was asked for them (R3, ``routing.replay: rollout``): ``[P + R, num_layers, topk]``
+    int32, the experts each token (prompt, then response) was routed to in each layer when the engine ran it;
+    ``-1`` where the engine did not route it (the last response token, which is never fed back)."""
 
     def __post_init__(self):
         if len(self.response_ids) != len(self.response_logprobs):
             raise ValueError(
                 f"sample ({self.prompt_index}, {self.sample_index}): {len(self.response_ids)} response ids "
                 f"but {len(self.response_logprobs)} log-probs"
+            )
+        r = self.routed_experts
+        if r is not None and (r.dim() != 3 or r.shape[0] != len(self.prompt_ids) + len(self.response_ids)):
+            raise ValueError(
+                f"sample ({self.prompt_index}, {self.sample_index}): routed_experts of shape {tuple(r.shape)}, "
+                f"expected [{len(self.prompt_ids) + len(self.response_ids)} tokens, num_layers, topk]"
             )
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")

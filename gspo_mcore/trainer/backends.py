@@ -138,10 +138,28 @@ class InProcessRollout:
         pass
 
 
+ROUTED_EXPERTS_FLAG = "--enable-return-routed-experts"
+
+
 class SGLangRollout:
     """Rollouts from SGLang servers, driven by global rank 0."""
 
-    def __init__(self, cfg: SGLangConfig, *, model_dir: str, output_dir: str, layout):
+    def __init__(
+        self,
+        cfg: SGLangConfig,
+        *,
+        model_dir: str,
+        output_dir: str,
+        layout,
+        routed_experts: tuple[int, int] | None = None,
+    ):
+        """``routed_experts``: ``(num_layers, topk)`` to ask the servers for the experts they routed every token
+        to (``routing.replay: rollout``); launched servers get ``--enable-return-routed-experts``, and every
+        server must report it in ``/server_info``."""
+        if routed_experts is not None:
+            cfg = dataclasses.replace(cfg, client=dataclasses.replace(cfg.client, routed_experts=routed_experts))
+            if not cfg.urls and ROUTED_EXPERTS_FLAG not in cfg.extra_args:
+                cfg = dataclasses.replace(cfg, extra_args=(*cfg.extra_args, ROUTED_EXPERTS_FLAG))
         self.cfg, self.model_dir, self.output_dir, self.layout = cfg, model_dir, output_dir, layout
         self.is_driver = layout.rank == 0
         self.engine = self.loop = self.group = None
@@ -159,6 +177,7 @@ class SGLangRollout:
                 self.engine = SGLangEngine.launch(
                     self._server_configs(), config=cfg.client, log_dir=os.path.join(output_dir, "sglang_logs")
                 )
+            self._run(self.engine.check_routed_experts())
 
     def _server_configs(self):
         from gspo_mcore.rollout.sglang_server import SGLangServerConfig

@@ -66,6 +66,7 @@ def learner_samples(
     *,
     mask_truncated: bool = False,
     token_shaping: Sequence[Sequence[float] | None] | None = None,
+    dense_layers: Sequence[int] = (),
 ) -> tuple[list[LearnerSample], int]:
     """The learner's samples of the kept groups, and how many responses were left out of the loss.
 
@@ -77,6 +78,9 @@ def learner_samples(
     ``token_shaping``: per sample (``num_groups * G``, group after group), ``None`` or one term per response
     token ``d_i,t``; the sample then carries ``token_advantages`` ``A_i + d_i,t`` (GSPO-token, docs/loss.md).
     A list of the wrong length fails naming the sample.
+
+    Samples whose engine returned ``routed_experts`` (R3) keep them, with ``-1`` in ``dense_layers`` (the
+    layers without a router, whatever the engine reported for them).
     """
     out, left_out = [], 0
     flat_adv = advantages.view(len(groups), -1)
@@ -104,7 +108,18 @@ def learner_samples(
                 r,
                 where=f"sample (prompt {s.prompt_index}, sample {s.sample_index})",
             )
+            routed = s.routed_experts
+            if routed is not None and len(dense_layers):
+                routed = routed.clone()
+                routed[:, list(dense_layers)] = -1
             out.append(
-                LearnerSample(tokens=tokens, loss_mask=mask, advantage=adv, old_logprobs=old, token_advantages=tok_adv)
+                LearnerSample(
+                    tokens=tokens,
+                    loss_mask=mask,
+                    advantage=adv,
+                    old_logprobs=old,
+                    token_advantages=tok_adv,
+                    routed_experts=routed,
+                )
             )
     return out, left_out

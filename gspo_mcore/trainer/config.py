@@ -219,10 +219,15 @@ class TrainConfig:
                 f"rollout.max_staleness={self.rollout.max_staleness} needs rollout.sglang.colocate=false: "
                 "colocated servers release their memory while the learner trains, so they cannot generate then"
             )
-        if self.routing.replay and self.rollout.old_logprobs != "recompute":
+        if self.routing.replay == "learner" and self.rollout.old_logprobs != "recompute":
             raise ValueError(
-                "routing.replay=true needs rollout.old_logprobs=recompute: the experts are recorded in "
+                "routing.replay=learner (or true) needs rollout.old_logprobs=recompute: the experts are recorded in "
                 "the learner's old-log-prob forward, so the old log-probs must come from it too"
+            )
+        if self.routing.replay == "rollout" and self.rollout.engine != "sglang":
+            raise ValueError(
+                f"routing.replay=rollout needs rollout.engine=sglang (got {self.rollout.engine!r}): it replays the "
+                "experts the rollout engine routed each token to, and only SGLang returns them"
             )
         if self.loss.off_policy.mode != "none" and self.rollout.old_logprobs != "recompute":
             raise ValueError(
@@ -248,7 +253,7 @@ class TrainConfig:
                 "block-diagonal mask is not split over CP ranks (with Transformer Engine micro-batches are THD "
                 "packed and split per sequence)"
             )
-        if self.routing.replay or self.routing.measure_every:
+        if self.routing.enabled or self.routing.measure_every:
             raise ValueError(
                 f"parallel.context={cp} with routing.replay / routing.measure_every: the routing tape records "
                 "and replays whole sequences, not CP-split ones"

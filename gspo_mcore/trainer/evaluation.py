@@ -115,7 +115,8 @@ class Evaluator:
         texts = decode_responses(groups, self.tokenizer)
         metas = [meta for meta in s.metadata for _ in range(n)]
         s.rewards.metrics(reset=True)  # count this evaluation's calls only
-        rewards = torch.tensor(s.rewards.score(texts, metas), dtype=torch.float32)  # (num_prompts * n,)
+        ids = [x.response_ids for g in groups for x in g]  # a per-token reward reads them; its terms are unused
+        rewards = torch.tensor(s.rewards.score_tokens(texts, metas, ids)[0], dtype=torch.float32)  # (prompts * n,)
         terms = {k: v for k, v in s.rewards.metrics().items() if k.startswith("reward/") and k.endswith("/mean")}
         lengths = torch.tensor([len(x.response_ids) for g in groups for x in g])
         truncated = torch.tensor([x.finish_reason == "length" for g in groups for x in g])

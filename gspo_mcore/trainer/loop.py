@@ -55,6 +55,11 @@ def run(cfg: TrainConfig) -> list[dict]:
     """Train; returns the per-step metrics (on every rank)."""
     cfg = resolve(cfg)
     shape = load_hf_config(os.path.join(cfg.model.hf_dir, "config.json"))
+    if cfg.routing.replay == "rollout" and not shape.is_moe:
+        raise ValueError(
+            f"routing.replay=rollout needs a MoE model, and {cfg.model.hf_dir}/config.json describes a dense "
+            f"{shape.model_type!r} model (no router to replay)"
+        )
     tokenizer = load_tokenizer(cfg.template.tokenizer_dir)
     template = PromptTemplate(cfg.template, tokenizer)
     dataset = PromptDataset(cfg.data)
@@ -194,8 +199,8 @@ def _train_one_step(
                     [p.input_ids for p in prompts], G, cfg.rollout.sampling, seed=rollout_seed(cfg.seed, step, round_)
                 )
         with phases("reward"):
-            scores, shaped = _score(cfg, groups, prompts, rewards, tokenizer)
-        return groups, scores, shaped
+            scores, shaped, token_shaping = _score(cfg, groups, prompts, rewards, tokenizer)
+        return groups, scores, shaped, token_shaping
 
     stale = cfg.rollout.max_staleness
     batch = collect(
@@ -225,7 +230,14 @@ def _train_one_step(
     groups, scores, shaped, keep = batch.groups, batch.scores, batch.shaped, batch.keep
     with phases("train"):
         advantages = group_advantages(shaped, G, normalize_std=cfg.rollout.normalize_std)
-        samples, left_out = learner_samples(groups, advantages, keep, mask_truncated=cfg.rollout.mask_truncated)
+        samples, left_out = learner_samples(
+            groups,
+            advantages,
+            keep,
+            mask_truncated=cfg.rollout.mask_truncated,
+            token_shaping=batch.token_shaping,
+            dense_layers=[i for i, m in enumerate(shape.moe_layer_pattern()) if not m] if shape.is_moe else (),
+        )
         engine.before_train()  # colocated SGLang frees its GPU memory
         skipped = len(samples) < cfg.batch.num_minibatches
         if skipped:
@@ -275,21 +287,22 @@ def _train_one_step(
     return record
 
 
-def _score(cfg: TrainConfig, groups, prompts, rewards, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
-    """The task rewards of a round's groups and the shaped ones the advantages are taken from."""
+def _score(cfg: TrainConfig, groups, prompts, rewards, tokenizer) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """The task rewards of a round's groups, the shaped ones the advantages are taken from, and each sample's
+    per-token reward terms (``None`` for a sample whose rewards returned none)."""
     G = cfg.rollout.group_size
     metas = [p.sample.metadata for p in prompts for _ in range(G)]
     texts = [text for p in prompts for text in [tokenizer.decode(p.input_ids)] * G]  # for a failure's message
-    scores = torch.tensor(
-        rewards.score(decode_responses(groups, tokenizer), metas, prompts=texts), dtype=torch.float32
-    )  # (num_groups * G,)
+    ids = [s.response_ids for g in groups for s in g]
+    values, token_shaping = rewards.score_tokens(decode_responses(groups, tokenizer), metas, ids, prompts=texts)
+    scores = torch.tensor(values, dtype=torch.float32)  # (num_groups * G,)
     shaped = scores + overlong_penalties(
         groups,
         max_new_tokens=cfg.rollout.sampling.max_new_tokens,
         buffer=cfg.rollout.overlong_buffer,
         penalty=cfg.rollout.overlong_penalty,
     )
-    return scores, shaped
+    return scores, shaped, token_shaping
 
 
 def _sampling_metrics(cfg: TrainConfig, batch: RolloutBatch, step: int) -> dict:
@@ -331,7 +344,13 @@ class _Phases:
 def _rollout_backend(cfg: TrainConfig, model, layout, shape, tokenizer) -> RolloutBackend:
     if cfg.rollout.engine == "sglang":
         return SGLangRollout(
-            cfg.rollout.sglang, model_dir=cfg.model.hf_dir, output_dir=cfg.log.output_dir, layout=layout
+            cfg.rollout.sglang,
+            model_dir=cfg.model.hf_dir,
+            output_dir=cfg.log.output_dir,
+            layout=layout,
+            routed_experts=(shape.num_hidden_layers, shape.num_experts_per_tok)
+            if cfg.routing.replay == "rollout"
+            else None,
         )
     return InProcessRollout(model, layout, shape, tokenizer, max_batch_size=cfg.rollout.max_batch_size)
 

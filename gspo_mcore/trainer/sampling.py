@@ -26,8 +26,10 @@ import torch
 
 from gspo_mcore.algo import zero_advantage_groups
 
-Scored = tuple[list, torch.Tensor, torch.Tensor]
-"""What rolling out a round gives: its groups, task rewards and shaped rewards (``(num_groups * G,)``)."""
+Scored = tuple[list, torch.Tensor, torch.Tensor] | tuple[list, torch.Tensor, torch.Tensor, list | None]
+"""What rolling out a round gives: its groups, task rewards and shaped rewards (``(num_groups * G,)``), and
+optionally the per-token reward terms of each sample (``None`` or a list per sample; see
+:meth:`~gspo_mcore.rewards.RewardRunner.score_tokens`)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,9 @@ class RolloutBatch:
     """Dynamic sampling: groups missing from ``target`` when the rounds or the prompts ran out (else 0)."""
     unusable: int = 0
     """Groups ``usable`` refused (too stale to train on)."""
+    token_shaping: list | None = None
+    """Per sample of every group (``num_groups * G``), ``None`` or its per-token reward terms; ``None`` when no
+    reward returned any."""
 
 
 def rollout_seed(seed: int, step: int, round_: int) -> int:
@@ -82,13 +87,15 @@ def collect(
     """
     if max_rounds < 1:
         raise ValueError(f"max_rounds must be >= 1, got {max_rounds}")
-    prompts, groups, scores, shaped, keep = [], [], [], [], []
+    prompts, groups, scores, shaped, keep, tokens = [], [], [], [], [], []
     kept, rounds, unusable = 0, 0, 0
     while rounds < (max_rounds if dynamic else 1) and not (dynamic and kept >= target):
         batch = list(draw(target))
         if not batch:
             break
-        got, s, sh = roll(batch, rounds)
+        got, s, sh, *rest = roll(batch, rounds)
+        terms = rest[0] if rest else None
+        tokens += list(terms) if terms is not None else [None] * s.numel()
         rounds += 1
         if len(got) != len(batch) or s.numel() != len(batch) * group_size or sh.shape != s.shape:
             raise ValueError(
@@ -122,4 +129,5 @@ def collect(
         rounds=rounds,
         short=max(target - kept, 0) if dynamic else 0,
         unusable=unusable,
+        token_shaping=tokens if any(t is not None for t in tokens) else None,
     )

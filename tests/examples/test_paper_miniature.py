@@ -59,7 +59,7 @@ def test_every_run_parses_into_the_config_it_is_meant_to_be(tmp_path):
         assert cfg.log.output_dir == r.out_dir and not cfg.log.progress_bar and not cfg.log.tensorboard
         assert cfg.checkpoint.save_every == 0
         assert cfg.model.hf_dir.endswith("model_moe" if r.model == "moe" else os.sep + "model")
-        assert cfg.routing.replay == (r.algo == "grpo_rr")
+        assert cfg.routing.replay == ("learner" if r.algo == "grpo_rr" else "off")
         assert cfg.routing.measure_every == (run.MEASURE_EVERY if r.model == "moe" else 0)
         # the algorithms share everything else
         assert (cfg.optim, cfg.batch, cfg.rollout.group_size) == (base.optim, base.batch, base.rollout.group_size)
@@ -233,7 +233,7 @@ def test_run_py_end_to_end_two_moe_runs(tmp_path):
     assert "| moe | GSPO | 1 |" in md
     if run.routing_supported():
         assert "| moe | GRPO + Routing Replay | 1 |" in md
-        assert "routing.replay=true" in (out / "moe/grpo_rr/seed0/train.log").read_text().splitlines()[0]
+        assert "routing.replay=learner" in (out / "moe/grpo_rr/seed0/train.log").read_text().splitlines()[0]
         assert (out / "routing_volatility.png").exists()
     # a rerun finds the runs complete and starts none of them again
     stamps = {name: os.stat(out / name / "metrics.jsonl").st_mtime_ns for name in expected}

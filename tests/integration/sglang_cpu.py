@@ -94,20 +94,22 @@ def sglang_missing() -> str | None:
 MAX_POSITIONS = 4096
 
 
-def write_tiny_checkpoint(out_dir: str, *, seed: int = 0) -> str:
-    """A random Qwen3 checkpoint (safetensors + config.json) with a locally built character tokenizer."""
+def write_tiny_checkpoint(out_dir: str, *, seed: int = 0, moe: bool = False) -> str:
+    """A random Qwen3 checkpoint (safetensors + config.json) with a locally built character tokenizer;
+    ``moe``: the tiny Qwen3-MoE instead (2 layers, 4 experts, top-2; examples/tiny/task.py)."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     from examples.tiny.task import make_tokenizer, model_config
 
     os.makedirs(out_dir, exist_ok=True)
     make_tokenizer(out_dir)
-    cfg = model_config()
+    cfg = model_config(moe=moe)
     cfg["max_position_embeddings"] = MAX_POSITIONS
-    config = Qwen3Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type", "torch_dtype")})
+    config_cls, model_cls = (Qwen3MoeConfig, Qwen3MoeForCausalLM) if moe else (Qwen3Config, Qwen3ForCausalLM)
+    config = config_cls(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type", "torch_dtype")})
     config.architectures = cfg["architectures"]
-    model = Qwen3ForCausalLM(config).eval()
+    model = model_cls(config).eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):

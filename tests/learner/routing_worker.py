@@ -9,6 +9,11 @@ Checks, on the toy MoE model (layout-independent init):
   here, independently of ``gspo_mcore.learner.routing``; the same forward without replay must differ
   (so the check can fail).
 - ``noop``: replaying the model's own current routing leaves loss and gradient norm unchanged.
+- ``rollout`` (R3): given routing that is not the model's (random experts, the last position ``-1`` as an
+  engine returns it), the old-log-prob forward (``forward_logprobs(replay_routing=True)``) and a training
+  forward, both packed with other micro-batch plans, route every position but the last to exactly those
+  experts (hooked routers again); the same forwards without replay disagree with them. ``train_step`` with
+  ``RoutingConfig(replay="rollout")`` then runs and reports ``routing_rollout_disagreement`` > 0.
 
     python -m torch.distributed.run --nproc_per_node 2 routing_worker.py --ref DIR --out FILE \
         --cases '[{"name": "ep2", "ep": 2}]'
@@ -131,7 +136,86 @@ def run_case(case, args):
         counts[mode] = covered.tolist()
     result["replay_wrong_tokens"], result["replay_samples_seen"] = counts["replay"]
     result["free_wrong_tokens"], _ = counts["free"]
+    result.update(check_rollout_replay(model, optimizer, scheduler, samples, layout, shape))
     return result
+
+
+def rollout_routing(samples, num_layers, topk, num_experts, seed=0):
+    """Per sample ``[L, layers, topk]``: distinct random experts per position, ``-1`` at the last one."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for s in samples:
+        r = torch.stack([torch.randperm(num_experts, generator=g)[:topk] for _ in range(s.length * num_layers)])
+        r = r.view(s.length, num_layers, topk).to(torch.int32)
+        r[-1] = -1
+        out.append(r)
+    return out
+
+
+def check_rollout_replay(model, optimizer, scheduler, samples, layout, shape):
+    """R3: replay routing the model would not choose, in the old-log-prob and training forwards."""
+    from gspo_mcore.learner import (
+        BatchConfig,
+        LossConfig,
+        RoutingConfig,
+        forward_backward,
+        forward_logprobs,
+        microbatches_for_rank,
+        train_step,
+    )
+    from gspo_mcore.learner.optimizer import zero_grads
+
+    given = rollout_routing(samples, shape.num_hidden_layers, shape.num_experts_per_tok, shape.num_experts)
+    batch = [replace(s, routed_experts=r) for s, r in zip(samples, given)]
+    loss_cfg = LossConfig(variant="grpo")
+    out = {}
+    for name, max_tokens in (("logprobs", 35), ("train", 50)):
+        mbs = microbatches_for_rank(batch, layout, max_tokens, model=model, packing="padded")
+        for mode in ("replay", "free"):
+            calls, remove = capture_routing(model)
+            if name == "logprobs":
+                old = forward_logprobs(model, batch, layout, max_tokens=max_tokens, replay_routing=mode == "replay")
+                with_old = [replace(s, old_logprobs=lp) for s, lp in zip(batch, old)]
+            else:
+                forward_backward(
+                    model, with_old, layout, loss_cfg, max_tokens=max_tokens, replay_routing=mode == "replay"
+                )
+                zero_grads(model, optimizer)
+            remove()
+            got = routed_sets_by_sample(calls, mbs, capture_routing.num_local)
+            wrong = 0
+            for i, per_layer in got.items():
+                n = samples[i].length - 1  # the last position is not routed by the engine
+                for layer, rmap in per_layer.items():
+                    want = torch.zeros_like(rmap[:n])
+                    want.scatter_(1, given[i][:n, layer].long(), True)
+                    wrong += int((rmap[:n] != want).any(-1).sum())
+            first_stage = layout.pp_rank == 0
+            covered = torch.tensor([wrong, len(got) if first_stage else 0], dtype=torch.int64)
+            dist.all_reduce(covered)
+            out[f"r3_{name}_{mode}_wrong"], out[f"r3_{name}_{mode}_seen"] = covered.tolist()
+    metrics = train_step(
+        model,
+        optimizer,
+        scheduler,
+        batch,
+        layout,
+        loss_cfg,
+        BatchConfig(max_tokens_per_microbatch=45, num_minibatches=2),
+        RoutingConfig(replay="rollout"),
+        recompute_old_logprobs=True,
+        measure_routing=True,
+    )
+    out["r3_disagreement"] = metrics[0]["routing_rollout_disagreement"]
+    out["r3_loss_finite"] = all(torch.isfinite(torch.tensor(m["loss"])).item() for m in metrics)
+    bad = [replace(s, routed_experts=r.clone()) for s, r in zip(batch, given)]
+    bad[3].routed_experts[1, 0, 0] = -1  # an unrouted position that is not the last
+    try:
+        train_step(model, optimizer, scheduler, bad, layout, loss_cfg, BatchConfig(), RoutingConfig(replay="rollout"))
+        out["r3_bad_error"] = ""
+    except ValueError as e:
+        out["r3_bad_error"] = str(e)
+    return out
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ def results(tmp_path_factory):
     for cases, nproc in ((ONE_RANK, 1), (TWO_RANKS, 2)):
         path = os.path.join(ref, f"r{nproc}.jsonl")
         run_ranks(
-            "learner/routing_worker.py", nproc, ["--cases", json.dumps(cases), "--ref", ref, "--out", path], timeout=240
+            "learner/routing_worker.py", nproc, ["--cases", json.dumps(cases), "--ref", ref, "--out", path], timeout=900
         )
         with open(path) as f:
             out.update({r["case"]: r for r in map(json.loads, f)})
@@ -123,3 +123,70 @@ def test_replay_forces_the_recorded_experts(results, name):
 @pytest.mark.parametrize("name", [c["name"] for c in ONE_RANK + TWO_RANKS])
 def test_replaying_the_current_routing_changes_nothing(results, name):
     assert results[name]["noop_loss_diff"] <= 1e-6
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", [c["name"] for c in ONE_RANK + TWO_RANKS])
+def test_rollout_routing_is_replayed_in_the_old_logprob_and_training_forwards(results, name):
+    """R3: every position but the last goes to the given experts under any layout and packing (EP2, PP2...)."""
+    r = results[name]
+    for forward in ("logprobs", "train"):
+        assert r[f"r3_{forward}_replay_seen"] == 12, "every sample passed through a hooked router once"
+        assert r[f"r3_{forward}_replay_wrong"] == 0
+        assert r[f"r3_{forward}_free_wrong"] > 0, "random experts differ from the router's, or this proves nothing"
+    assert 0 < r["r3_disagreement"] <= 1 and r["r3_loss_finite"]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", ["ref", "ep2", "pp2"])
+def test_rollout_routing_with_an_unrouted_inner_position_is_refused(results, name):
+    assert (
+        "routing.replay=rollout: sample 3 has no valid experts at position 1 in MoE layer 0"
+        in (results[name]["r3_bad_error"])
+    )
+
+
+def test_microbatch_routing_gives_unrouted_positions_the_placeholder_experts():
+    a = torch.arange(3 * 2 * 2).view(3, 2, 2) % 4
+    a[-1] = -1  # the engine did not route the last position
+    a[:, 1] = -1  # a dense layer
+    padded = microbatch_routing([a], [3], packing="padded", width=5, topk=2)
+    assert int(padded.min()) >= 0, "no -1 reaches a router"
+    assert torch.equal(padded[:2, 0, 0], a[:2, 0].long())
+    for row in (2, 3, 4):  # the unrouted last position and the padding
+        assert torch.equal(padded[row, 0, 0], torch.tensor([0, 1]))
+
+
+def _rollout_sample(length=5):
+    r = torch.zeros(length, 2, 2, dtype=torch.int32)
+    r[..., 1] = 1
+    r[-1] = -1
+    return Sample(tokens=torch.arange(length), loss_mask=torch.ones(length), advantage=0.0, routed_experts=r)
+
+
+def test_check_rollout_routing_names_the_sample_and_position():
+    from gspo_mcore.learner.routing import check_rollout_routing
+
+    kw = dict(num_layers=2, topk=2, num_experts=4, moe_layers=[0, 1])
+    good = _rollout_sample()
+    check_rollout_routing([good], **kw)
+    with pytest.raises(ValueError, match="sample 1 carries no routed_experts"):
+        check_rollout_routing([good, Sample(tokens=torch.arange(4), loss_mask=torch.ones(4), advantage=0.0)], **kw)
+    with pytest.raises(ValueError, match=r"sample 0 has routed_experts of shape \(5, 2, 2\), expected \[L=5, num_l"):
+        check_rollout_routing([good], **dict(kw, num_layers=3))
+    bad = _rollout_sample()
+    bad.routed_experts[2, 1, 0] = 4
+    with pytest.raises(ValueError, match="sample 0 has no valid experts at position 2 in MoE layer 1"):
+        check_rollout_routing([bad], **kw)
+    dense = _rollout_sample()
+    dense.routed_experts[:, 1] = -1
+    check_rollout_routing([dense], **dict(kw, moe_layers=[0]))  # -1 in a dense layer is fine
+    with pytest.raises(ValueError, match="position 0 in MoE layer 1"):
+        check_rollout_routing([dense], **kw)
+
+
+def test_routing_config_reads_old_booleans_and_refuses_unknown_modes():
+    assert RoutingConfig(replay=True).replay == "learner" and RoutingConfig(replay=False).replay == "off"
+    assert RoutingConfig(replay="rollout").enabled and not RoutingConfig().enabled
+    with pytest.raises(ValueError, match="routing.replay must be one of"):
+        RoutingConfig(replay="engine")

@@ -94,8 +94,9 @@ class _Tok:
 class _Reward:
     """Test-only stand-in for a RewardRunner: exact match, no per-term metrics."""
 
-    def score(self, texts, metas):
-        return [1.0 if t == m["answer"] else 0.0 for t, m in zip(texts, metas)]
+    def score_tokens(self, texts, metas, response_ids):
+        assert len(response_ids) == len(texts)
+        return [1.0 if t == m["answer"] else 0.0 for t, m in zip(texts, metas)], [None] * len(texts)
 
     def metrics(self, reset=True):
         return {}

@@ -132,7 +132,7 @@ def test_tiny_moe_job_with_routing_replay_measures_routing_volatility(tmp_path):
         "log.progress_bar=false",
         "log.tensorboard=false",
         "loss.variant=grpo",
-        "routing.replay=true",
+        "routing.replay=learner",
         "routing.measure_every=1",
         "optim.lr=0.05",
     ]
@@ -153,5 +153,42 @@ def test_routing_replay_refuses_rollout_old_logprobs():
     from gspo_mcore.config import ConfigError
     from gspo_mcore.train import parse_config
 
-    with pytest.raises((ConfigError, ValueError), match="routing.replay=true needs rollout.old_logprobs=recompute"):
-        parse_config(["--config", "examples/tiny/config.yaml", "routing.replay=true", "rollout.old_logprobs=rollout"])
+    for value in ("true", "learner"):
+        with pytest.raises((ConfigError, ValueError), match=r"routing.replay=learner \(or true\) needs rollout.old_l"):
+            parse_config(
+                ["--config", "examples/tiny/config.yaml", f"routing.replay={value}", "rollout.old_logprobs=rollout"]
+            )
+
+
+def test_rollout_routing_replay_is_refused_without_sglang():
+    from gspo_mcore.config import ConfigError
+    from gspo_mcore.train import parse_config
+
+    cfg = parse_config(["--config", "examples/tiny/config.yaml", "routing.replay=false"])
+    assert cfg.routing.replay == "off" and not cfg.routing.enabled
+    with pytest.raises((ConfigError, ValueError), match="routing.replay=rollout needs rollout.engine=sglang"):
+        parse_config(["--config", "examples/tiny/config.yaml", "routing.replay=rollout"])
+    with pytest.raises((ConfigError, ValueError), match="routing.replay"):
+        parse_config(["--config", "examples/tiny/config.yaml", "routing.replay=sglang"])
+
+
+def test_rollout_routing_replay_of_a_dense_model_fails_at_start_naming_the_key(tmp_path):
+    """routing.replay=rollout on a dense checkpoint stops before anything is built or launched."""
+    from examples.tiny.task import model_config
+    from gspo_mcore.train import parse_config
+    from gspo_mcore.trainer.loop import run
+
+    (tmp_path / "config.json").write_text(json.dumps(model_config()))
+    cfg = parse_config(
+        [
+            "--config",
+            "examples/tiny/config.yaml",
+            f"model.hf_dir={tmp_path}",
+            "model.load_hf_weights=true",
+            "rollout.engine=sglang",
+            "rollout.sglang.urls=[http://127.0.0.1:9]",
+            "routing.replay=rollout",
+        ]
+    )
+    with pytest.raises(ValueError, match="routing.replay=rollout needs a MoE model.*dense 'qwen3' model"):
+        run(cfg)
