@@ -61,6 +61,8 @@ class Prefetcher:
         self.loader, self._start, self._finish = loader, start_generate, finish_generate
         self.pending: _Pending | None = None
         self._done: list | None = None
+        self.seconds = 0.0
+        """How long the last finished background generation ran (its handle's ``seconds``; 0 if unknown)."""
 
     def start(self, step: int, n: int, *, seed: int) -> None:
         """Draw step ``step``'s first ``n`` prompts and start generating them (nothing when none are left)."""
@@ -75,6 +77,7 @@ class Prefetcher:
         """Let the in-flight generation finish (before the weights change)."""
         if self.pending is not None and self._done is None:
             self._done = self._finish(self.pending.handle) if self.pending.prompts else []
+            self.seconds = getattr(self.pending.handle, "seconds", None) or 0.0
 
     def take(self, step: int) -> tuple[list, list] | None:
         """The prompts and groups prefetched for ``step``, or ``None`` when there are none for it."""

@@ -154,3 +154,22 @@ def test_max_staleness_is_refused_where_it_cannot_work_naming_the_key():
             max_staleness=1, engine="sglang", sglang=SGLangConfig(urls=("http://x:1",), colocate=False)
         ),
     )
+
+
+def test_partial_rollouts_are_refused_where_they_cannot_work_naming_the_keys():
+    with pytest.raises(ValueError, match="partial_rollouts must be true or false"):
+        RolloutConfig(partial_rollouts="yes")
+    base = dict(model=SimpleNamespace(load_hf_weights=True), data=SimpleNamespace())
+
+    def sglang(pause_mode):
+        return SGLangConfig(urls=("http://x:1",), colocate=False, client=SGLangClientConfig(pause_mode=pause_mode))
+
+    with pytest.raises(ValueError, match="rollout.partial_rollouts=true needs rollout.max_staleness >= 1"):
+        TrainConfig(**base, rollout=RolloutConfig(partial_rollouts=True, engine="sglang", sglang=sglang("retract")))
+    with pytest.raises(ValueError, match="needs rollout.sglang.client.pause_mode=retract, got 'abort'"):
+        TrainConfig(
+            **base,
+            rollout=RolloutConfig(partial_rollouts=True, max_staleness=1, engine="sglang", sglang=sglang("abort")),
+        )
+    ok = RolloutConfig(partial_rollouts=True, max_staleness=1, engine="sglang", sglang=sglang("retract"))
+    assert TrainConfig(**base, rollout=ok).rollout.partial_rollouts
