@@ -182,7 +182,7 @@ def test_a_weight_update_while_the_next_batch_generates(pause_mode, tmp_path):
     known (``token_versions``), the sample's version its oldest token's, so the staleness bound still sees
     it. With ``abort`` (why partial rollouts refuse it) the responses come back cut short, still on version 0.
     The stand-in models the two modes (tests/rollout/sglang_standin.py; NOT SGLang)."""
-    server = StandIn(delay_s=1.0)
+    server = StandIn(delay_s=2.0)
     server.start()
     try:
         client = SGLangClientConfig(request_timeout_s=10.0, pause_mode=pause_mode)
@@ -192,11 +192,14 @@ def test_a_weight_update_while_the_next_batch_generates(pause_mode, tmp_path):
         )
         prompts, params = [[1, 2, 3], [4, 5]], SamplingParams(max_new_tokens=6, temperature=0.8)
         handle = backend.start_generate(prompts, 2, params, seed=9)
-        time.sleep(0.3)  # the requests are in flight
+        deadline = time.monotonic() + 30
+        while server.generate_served < len(prompts) and time.monotonic() < deadline:
+            time.sleep(0.01)  # until both requests (one per prompt) are in flight
+        time.sleep(0.1)
         backend._run(backend.engine.update_weights_from_disk(str(tmp_path), 1))  # what sync_weights does
         assert handle._thread.is_alive() and handle.seconds is None, "the update waited for the batch"
         groups = backend.finish_generate(handle)
-        assert handle.seconds >= 1.0
+        assert handle.seconds >= 2.0
         samples = [s for g in groups for s in g]
         assert all(s.weight_version == 0 for s in samples)
         if pause_mode == "retract":
