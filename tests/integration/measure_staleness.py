@@ -17,7 +17,8 @@ with the main venv, under ``nice`` on a shared machine:
     GSPO_SGLANG_VENV=/path/to/sglang-venv PYTHONPATH=$PWD nice -n 19 python \\
         tests/integration/measure_staleness.py --steps 8 --out /tmp/staleness --runs 0:none 0:tis 1:none 1:tis
 
-Writes ``<out>/results.json`` and ``<out>/table.md`` (and prints the table).
+Writes ``<out>/results.json`` and ``<out>/table.md`` (and prints the table); ``--render`` prints the
+table of an existing ``results.json`` again.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from test_real_gspo_run import _run_tiny  # noqa: E402
 # (column, metric key or a function of the row)
 COLUMNS = (
     ("step s", "time_step_s"),
+    ("step s (median)", ("median", "time_step_s")),
     ("learner idle s", lambda r: r.get("time_rollout_s", 0.0) + r.get("time_rollout_wait_s", 0.0)),
     ("engine busy s", "time_generation_s"),
     ("engine idle s", lambda r: max(r["time_step_s"] - r.get("time_generation_s", 0.0), 0.0)),
@@ -85,8 +87,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--out", required=True)
     ap.add_argument("--runs", type=parse_setting, nargs="+", default=[parse_setting(t) for t in ("0:none", "1:none")])
+    ap.add_argument("--render", action="store_true", help="only print the table of <out>/results.json again")
     args = ap.parse_args()
     out = Path(args.out)
+    if args.render:
+        saved = json.loads((out / "results.json").read_text())
+        print(render(saved["runs"], saved["steps"], saved["server_start_s"]), end="")
+        return
     out.mkdir(parents=True, exist_ok=True)
     base = write_tiny_checkpoint(str(out / "base"))
     config = dataclasses.replace(server_config(base, str(out / "sglang_logs")), startup_timeout_s=1800.0)
@@ -150,9 +157,10 @@ def render(results: dict, steps: int, start_s: float) -> str:
         later = res["rows"][1:] or res["rows"]
         cells = []
         for _, key in COLUMNS:
+            stat, key = key if isinstance(key, tuple) else ("mean", key)
             vals = [key(r) if callable(key) else r.get(key) for r in later]
             vals = [v for v in vals if v is not None]
-            cells.append(f"{statistics.mean(vals):.4g}" if vals else "-")
+            cells.append(f"{getattr(statistics, stat)(vals):.4g}" if vals else "-")
         load = f"{res['loadavg_before'][0]:.1f} / {res['loadavg_after'][0]:.1f}"
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {res['wall_s']:.0f} | {load} |")
     lines += ["", "Reward per step:", ""]
