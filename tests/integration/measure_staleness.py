@@ -48,7 +48,7 @@ COLUMNS = (
     ("engine busy s", "time_generation_s"),
     ("engine idle s", lambda r: max(r["time_step_s"] - r.get("time_generation_s", 0.0), 0.0)),
     ("clip frac", "clip_fraction"),
-    ("KL(mu||prox)", "kl_behaviour_prox"),
+    ("KL(mu, prox)", "kl_behaviour_prox"),
     ("is_w mean", "is_weight_mean"),
     ("is_w min", "is_weight_min"),
     ("is_w max", "is_weight_max"),
