@@ -13,9 +13,10 @@ Timeline of step ``s`` (the learner and the engine hold weight version ``s`` as 
 So a sample trained at step ``s`` is at most one version old, and the weights change only at step
 boundaries, when no request is in flight. With ``rollout.partial_rollouts`` the push does not wait: the
 servers retract the running requests, load the new weights and continue them, so a response may hold
-tokens of versions ``s`` and ``s + 1`` (``Sample.token_versions``; its ``weight_version`` is the oldest). :func:`fresh_groups` still checks every sample's
-``weight_version`` against ``max_staleness`` (a group with a sample older than that is dropped whole and
-counted), so a stale batch is never trained on silently.
+tokens of versions ``s`` and ``s + 1`` (``Sample.token_versions``; its ``weight_version`` is the
+oldest). :func:`fresh_groups` still checks every sample's ``weight_version`` against ``max_staleness``
+(a group with a sample older than that is dropped whole and counted), so a stale batch is never trained
+on silently.
 
 Resume: the checkpoint of step ``s`` records the loader's position before the in-flight batch of step
 ``s + 1`` was drawn, so a resumed run draws the same prompts for step ``s + 1`` and regenerates them, with
