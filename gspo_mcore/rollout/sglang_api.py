@@ -198,6 +198,7 @@ def parse_generate_output(
         finish_reason=finish_reason,
         weight_version=parse_weight_version(meta, initial_weight_version, where),
         routed_experts=routed,
+        token_versions=parse_token_versions(meta, len(ids), initial_weight_version, where),
     )
 
 
@@ -253,6 +254,33 @@ def parse_weight_version(meta: dict, initial_version: int, where: str = "output"
     if "weight_version" not in meta:
         raise ProtocolError(f"{where}: missing 'meta_info.weight_version'")
     return _version_int(meta["weight_version"], initial_version, where)
+
+
+def parse_token_versions(
+    meta: dict, num_tokens: int, initial_version: int, where: str = "output"
+) -> tuple[int, ...] | None:
+    """Each output token's weight version from ``meta_info.weight_versions`` (spans ``{version, start,
+    end}`` over the output tokens, which SGLang records when the weights change under a running or
+    retracted request); ``None`` when one version made them all (or the server sent no spans). Spans
+    that do not tile ``[0, num_tokens)`` in order are a protocol error."""
+    spans = meta.get("weight_versions")
+    if not spans:
+        return None
+    if not isinstance(spans, list) or not all(isinstance(s, dict) and "version" in s for s in spans):
+        raise ProtocolError(f"{where}: malformed weight_versions {spans!r}")
+    out: list[int] = []
+    for s in spans:
+        start, end = s.get("start"), s.get("end")
+        if not (_plain_int(start) and _plain_int(end) and start == len(out) and end >= start):
+            raise ProtocolError(f"{where}: weight_versions {spans!r} do not tile the {num_tokens} output tokens")
+        out += [_version_int(s["version"], initial_version, where)] * (end - start)
+    if len(out) != num_tokens:
+        raise ProtocolError(f"{where}: weight_versions {spans!r} do not tile the {num_tokens} output tokens")
+    return tuple(out) if len(set(out)) > 1 else None
+
+
+def _plain_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _version_int(v: Any, initial_version: int, where: str) -> int:

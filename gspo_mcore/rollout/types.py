@@ -123,24 +123,39 @@ class Sample:
     ``max_new_tokens``) or ``abort`` (the engine cut it short, e.g. a pause; tokens are partial)."""
     weight_version: int
     """The training step whose weights produced the response. If the weights changed while it was
-    being generated, the oldest version involved."""
+    being generated, the oldest version involved (a sample's staleness is its oldest token's)."""
     routed_experts: torch.Tensor | None = dataclasses.field(default=None, compare=False)
     """MoE, when the engine was asked for them (R3, ``routing.replay: rollout``): ``[P + R, num_layers, topk]``
     int32, the experts each token (prompt, then response) was routed to in each layer when the engine ran it;
     ``-1`` where the engine did not route it (the last response token, which is never fed back)."""
+    token_versions: tuple[int, ...] | None = None
+    """The weight version that produced each response token, when the weights changed while the
+    response was generated (a partial rollout: paused at a weight update and continued on the new
+    weights; each token's log-prob is then under its own version's weights). ``None``: every token came
+    from ``weight_version``."""
 
     def __post_init__(self):
+        where = f"sample ({self.prompt_index}, {self.sample_index})"
         if len(self.response_ids) != len(self.response_logprobs):
             raise ValueError(
-                f"sample ({self.prompt_index}, {self.sample_index}): {len(self.response_ids)} response ids "
-                f"but {len(self.response_logprobs)} log-probs"
+                f"{where}: {len(self.response_ids)} response ids but {len(self.response_logprobs)} log-probs"
             )
         r = self.routed_experts
         if r is not None and (r.dim() != 3 or r.shape[0] != len(self.prompt_ids) + len(self.response_ids)):
             raise ValueError(
-                f"sample ({self.prompt_index}, {self.sample_index}): routed_experts of shape {tuple(r.shape)}, "
+                f"{where}: routed_experts of shape {tuple(r.shape)}, "
                 f"expected [{len(self.prompt_ids) + len(self.response_ids)} tokens, num_layers, topk]"
             )
+        if self.token_versions is not None:
+            if len(self.token_versions) != len(self.response_ids):
+                raise ValueError(
+                    f"{where}: {len(self.token_versions)} token versions for {len(self.response_ids)} response ids"
+                )
+            if self.token_versions and min(self.token_versions) != self.weight_version:
+                raise ValueError(
+                    f"{where}: weight_version {self.weight_version} is not the oldest token version "
+                    f"{min(self.token_versions)}"
+                )
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
 

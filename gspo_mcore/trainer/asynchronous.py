@@ -11,9 +11,12 @@ Timeline of step ``s`` (the learner and the engine hold weight version ``s`` as 
     checkpoint: the data position *before* step s+1's prompts were drawn
 
 So a sample trained at step ``s`` is at most one version old, and the weights change only at step
-boundaries, when no request is in flight. :func:`fresh_groups` still checks every sample's
-``weight_version`` against ``max_staleness`` (a group with a sample older than that is dropped whole and
-counted), so a stale batch is never trained on silently.
+boundaries, when no request is in flight. With ``rollout.partial_rollouts`` the push does not wait: the
+servers retract the running requests, load the new weights and continue them, so a response may hold
+tokens of versions ``s`` and ``s + 1`` (``Sample.token_versions``; its ``weight_version`` is the
+oldest). :func:`fresh_groups` still checks every sample's ``weight_version`` against ``max_staleness``
+(a group with a sample older than that is dropped whole and counted), so a stale batch is never trained
+on silently.
 
 Resume: the checkpoint of step ``s`` records the loader's position before the in-flight batch of step
 ``s + 1`` was drawn, so a resumed run draws the same prompts for step ``s + 1`` and regenerates them, with
@@ -61,6 +64,8 @@ class Prefetcher:
         self.loader, self._start, self._finish = loader, start_generate, finish_generate
         self.pending: _Pending | None = None
         self._done: list | None = None
+        self.seconds = 0.0
+        """How long the last finished background generation ran (its handle's ``seconds``; 0 if unknown)."""
 
     def start(self, step: int, n: int, *, seed: int) -> None:
         """Draw step ``step``'s first ``n`` prompts and start generating them (nothing when none are left)."""
@@ -72,9 +77,10 @@ class Prefetcher:
         self.pending, self._done = _Pending(step, prompts, state, handle), None
 
     def wait(self) -> None:
-        """Let the in-flight generation finish (before the weights change)."""
+        """Let the in-flight generation finish (before the weights change, unless partial rollouts)."""
         if self.pending is not None and self._done is None:
             self._done = self._finish(self.pending.handle) if self.pending.prompts else []
+            self.seconds = getattr(self.pending.handle, "seconds", None) or 0.0
 
     def take(self, step: int) -> tuple[list, list] | None:
         """The prompts and groups prefetched for ``step``, or ``None`` when there are none for it."""

@@ -20,6 +20,7 @@ import dataclasses
 import os
 import shutil
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -319,18 +320,23 @@ class SGLangRollout:
 
 
 class _Background:
-    """``fn()`` in a daemon thread; :meth:`result` joins it and returns its value or raises its error."""
+    """``fn()`` in a daemon thread; :meth:`result` joins it and returns its value or raises its error.
+    ``seconds``: how long ``fn`` ran (the engine's busy time for a generation), once it has returned."""
 
     def __init__(self, fn):
         self._value = self._error = None
+        self.seconds: float | None = None
         self._thread = threading.Thread(target=self._main, args=(fn,), name="gspo-rollout", daemon=True)
         self._thread.start()
 
     def _main(self, fn) -> None:
+        t0 = time.perf_counter()
         try:
             self._value = fn()
         except BaseException as e:  # re-raised in the caller's thread
             self._error = e
+        finally:
+            self.seconds = time.perf_counter() - t0
 
     def result(self):
         self._thread.join()

@@ -34,13 +34,22 @@ def overlong_penalties(
 def staleness_metrics(groups: Sequence[Sequence[Sample]], current_version: int) -> dict[str, float]:
     """The weight-version lag of the batch: ``staleness_max``, ``staleness_mean`` and a histogram
     ``staleness_lag_<k>`` (the fraction of samples made by weights ``k`` versions older than
-    ``current_version``, the version the learner trains)."""
+    ``current_version``, the version the learner trains; a sample's lag is its oldest token's). With
+    partial rollouts also ``partial_samples_fraction`` (samples with tokens of more than one version) and
+    ``partial_newer_token_fraction`` (the batch's response tokens made by a newer version than their
+    sample's oldest)."""
     lags = [current_version - s.weight_version for g in groups for s in g]
     if not lags:
         return {}
     out = {"staleness_max": float(max(lags)), "staleness_mean": sum(lags) / len(lags)}
     for k in sorted(set(lags)):
         out[f"staleness_lag_{k}"] = lags.count(k) / len(lags)
+    # partial rollouts: responses continued across a weight update (tokens of more than one version)
+    spanning = [s for g in groups for s in g if getattr(s, "token_versions", None) is not None]
+    if spanning:
+        out["partial_samples_fraction"] = len(spanning) / len(lags)
+        newer = sum(sum(v != s.weight_version for v in s.token_versions) for s in spanning)
+        out["partial_newer_token_fraction"] = newer / max(sum(len(s.response_ids) for g in groups for s in g), 1)
     return out
 
 

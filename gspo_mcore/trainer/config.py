@@ -90,6 +90,12 @@ class RolloutConfig:
     step ``s`` (one step off policy); a group with a sample more than ``k`` weight versions older than the
     learner when its step trains is dropped and counted (``stale_groups_dropped``). See
     :mod:`gspo_mcore.trainer.asynchronous`."""
+    partial_rollouts: bool = False
+    """Asynchronous rollouts (``max_staleness >= 1``): push the weights at the end of a step while the
+    next batch is still generating, instead of waiting for it first. The servers pause (``sglang.client.
+    pause_mode: retract``, which this needs: the running requests keep their tokens and log-probs), load
+    the new weights and continue, so a response can hold tokens of two versions, each with its own
+    log-prob (``Sample.token_versions``); its staleness is its oldest token's. See docs/async.md."""
     max_batch_size: int = 512
     """In-process engine: rows per forward pass."""
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
@@ -110,6 +116,8 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.max_batch_size must be >= 1, got {self.max_batch_size}")
         if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 0:
             raise ValueError(f"RolloutConfig.max_staleness must be an integer >= 0, got {self.max_staleness!r}")
+        if not isinstance(self.partial_rollouts, bool):
+            raise ValueError(f"RolloutConfig.partial_rollouts must be true or false, got {self.partial_rollouts!r}")
         rounds = self.max_sampling_rounds
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
             raise ValueError(f"RolloutConfig.max_sampling_rounds must be an integer >= 1, got {rounds!r}")
@@ -219,6 +227,7 @@ class TrainConfig:
                 f"rollout.max_staleness={self.rollout.max_staleness} needs rollout.sglang.colocate=false: "
                 "colocated servers release their memory while the learner trains, so they cannot generate then"
             )
+        self._check_partial_rollouts()
         if self.routing.replay == "learner" and self.rollout.old_logprobs != "recompute":
             raise ValueError(
                 "routing.replay=learner (or true) needs rollout.old_logprobs=recompute: the experts are recorded in "
@@ -240,6 +249,24 @@ class TrainConfig:
         if self.batch.num_minibatches > total:
             raise ValueError(
                 f"batch.num_minibatches ({self.batch.num_minibatches}) exceeds the rollout batch ({total} samples)"
+            )
+
+    def _check_partial_rollouts(self) -> None:
+        """``rollout.partial_rollouts`` continues requests across a weight update: only asynchronously, and
+        only where the servers keep the running requests' tokens at the update's pause."""
+        r = self.rollout
+        if not r.partial_rollouts:
+            return
+        if r.max_staleness < 1:
+            raise ValueError(
+                "rollout.partial_rollouts=true needs rollout.max_staleness >= 1: in the synchronous loop no "
+                "request is in flight when the weights change"
+            )
+        if r.sglang.client.pause_mode != "retract":
+            raise ValueError(
+                f"rollout.partial_rollouts=true needs rollout.sglang.client.pause_mode=retract, got "
+                f"{r.sglang.client.pause_mode!r}: in abort mode the update ends the running requests, with "
+                "partial responses, instead of continuing them on the new weights"
             )
 
     def _check_context_parallel(self) -> None:

@@ -182,6 +182,7 @@ def _train_one_step(
     G = cfg.rollout.group_size
     with phases("rollout"):
         first = prefetch.take(step) if prefetch is not None else None  # (prompts, groups) or None
+    generation_s = prefetch.seconds if first is not None else 0.0  # the engine's busy time for this batch
 
     def draw(n):
         nonlocal first
@@ -190,14 +191,16 @@ def _train_one_step(
         return loader.next_batch(n)
 
     def roll(prompts, round_):
-        nonlocal first
+        nonlocal first, generation_s
         with phases("rollout"):
             if first is not None:
                 groups, first = first[1], None
             else:
+                t0 = time.perf_counter()
                 groups = engine.generate(
                     [p.input_ids for p in prompts], G, cfg.rollout.sampling, seed=rollout_seed(cfg.seed, step, round_)
                 )
+                generation_s += time.perf_counter() - t0
         with phases("reward"):
             scores, shaped, token_shaping = _score(cfg, groups, prompts, rewards, tokenizer)
         return groups, scores, shaped, token_shaping
@@ -266,9 +269,11 @@ def _train_one_step(
                 reference=reference,
             )
         )
-    if prefetch is not None:
+    if prefetch is not None and not cfg.rollout.partial_rollouts:
         with phases("rollout_wait"):  # the learner idles here while the next batch is still generating
             prefetch.wait()
+    # with rollout.partial_rollouts the next batch is still generating: the update pauses it (retract),
+    # loads the new weights and continues it, and the step that takes it waits for the rest
     with phases("weight_sync"):
         engine.sync_weights(model, shape, step + 1)  # the engine serves the updated policy as version step+1
     record = step_metrics(
@@ -284,6 +289,9 @@ def _train_one_step(
         update_skipped=skipped,
     ) | _sampling_metrics(cfg, batch, step)
     record.update(staleness_metrics(groups, step))  # the learner trains weight version `step`
+    # the engine's generation time for this step's batch (in the background, for a prefetched one); not a
+    # phase of the learner's step, so not part of time_step_s
+    record["time_generation_s"] = generation_s
     return record
 
 

@@ -15,6 +15,12 @@ spec's ``steps`` in order, recording what it saw in the report (the tests assert
   the way SGLang creates its side) through ``update_weights_from_distributed``;
 - ``{"op": "generate", "name": str, "prompts": [[int]], "n": int, "params": {SamplingParams fields}}``:
   ``engine.generate``; the samples go to ``report["generate"][name]``;
+- ``{"op": "start_generate", ...}`` (the fields of ``generate``): start it and go on to the next step;
+  ``{"op": "finish_generate", "name": str}`` waits for it and records it like ``generate``;
+- ``{"op": "wait_running", "at_least": int, "then_s": float}``: poll the first server's ``/v1/loads``
+  until ``at_least`` requests are decoding, then wait ``then_s`` seconds (tokens are being made);
+- ``{"op": "snapshot", "name": str}`` / ``{"op": "restore", "name": str}``: keep a copy of the learner's
+  parameters / put it back (to score one set of samples under two weight versions);
 - ``{"op": "score", "name": str, "label"?: str}``: the learner's log-probs (:func:`gspo_mcore.learner.forward_logprobs`
   at the request's log-prob temperature) of those samples' response tokens, next to SGLang's, in
   ``report["score"][label or name]``.
@@ -31,6 +37,7 @@ import os
 import shutil
 import sys
 import time
+import urllib.request
 
 import torch
 
@@ -57,11 +64,16 @@ class Worker:
         self.model = build_model(self.shape, ParallelConfig(), ModelOptions(use_te=False), seed=None)
         load_hf_weights(self.model, self.hf_dir)
         config = SGLangClientConfig(
-            initial_weight_version=int(spec.get("initial_weight_version", 0)), request_timeout_s=600.0, max_attempts=1
+            initial_weight_version=int(spec.get("initial_weight_version", 0)),
+            request_timeout_s=600.0,
+            max_attempts=1,
+            pause_mode=spec.get("pause_mode", "abort"),
         )
         self.engine = SGLangEngine(spec["urls"], config=config)
         self.report: dict = {"generate": {}, "score": {}, "sync": [], "timings": {}}
         self.group_pg = None
+        self.pending: dict = {}
+        self.snapshots: dict = {}
 
     # ------------------------------------------------------------------------------------------ ops
     @torch.no_grad()
@@ -146,6 +158,35 @@ class Worker:
             "groups": [[dataclasses.asdict(s) for s in g] for g in groups],
         }
 
+    def op_start_generate(self, name: str, prompts, n: int, params: dict):
+        self.pending[name] = asyncio.create_task(self.op_generate(name, prompts, n, params))
+
+    async def op_finish_generate(self, name: str):
+        await self.pending.pop(name)
+
+    async def op_wait_running(self, at_least: int, then_s: float = 0.0, timeout_s: float = 300.0):
+        url = self.spec["urls"][0] + "/v1/loads?include=core"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            loads = (await asyncio.to_thread(_get_json, url))["loads"]
+            running = sum(int(x.get("num_running_reqs", 0)) for x in loads)
+            if running >= at_least:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {running} running requests after {timeout_s} s")
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(then_s)
+
+    @torch.no_grad()
+    def op_snapshot(self, name: str):
+        self.snapshots[name] = {k: p.detach().clone() for k, p in self.model[0].named_parameters()}
+
+    @torch.no_grad()
+    def op_restore(self, name: str):
+        saved = self.snapshots[name]
+        for k, p in self.model[0].named_parameters():
+            p.copy_(saved[k])
+
     def op_score(self, name: str, label: str | None = None):
         gen = self.report["generate"][name]
         flat = [s for g in gen["groups"] for s in g if s["response_ids"]]
@@ -189,6 +230,11 @@ class Worker:
         finally:
             await self.engine.close()  # owns no process: only drops connections
         return self.report
+
+
+def _get_json(url: str):
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return json.loads(r.read())
 
 
 def main(argv: list[str]) -> int:

@@ -59,8 +59,32 @@ def test_one_step_off_gspo_run_with_sglang(server, tmp_path, figures):
     assert get_json(server.url + "/model_info")["weight_version"] == str(STEPS)
 
 
-def _run_tiny(server, tmp_path, figures, what, weight_sync, max_staleness=0, steps=STEPS):
-    """The tiny job for ``steps`` steps against the session's server; its metrics rows."""
+def test_partial_rollouts_gspo_run_with_sglang(server, tmp_path, figures):
+    """``rollout.partial_rollouts: true`` (retract mode): the weights are pushed while the next batch may
+    still be generating. Whether a request is still running at that moment depends on the machine's
+    speed, so this checks what must hold either way: every step trains, no sample is more than one
+    version old (a continued one counts at its oldest token), nothing is dropped, the server ends at
+    the last version."""
+    rows = _run_tiny(
+        server,
+        tmp_path,
+        figures,
+        f"tiny GSPO run, {STEPS} steps, partial rollouts (s)",
+        "disk",
+        1,
+        overrides={"rollout": {"partial_rollouts": True, "sglang": {"client": {"pause_mode": "retract"}}}},
+    )
+    assert rows[0]["staleness_max"] == 0 and all(r["staleness_max"] <= 1 for r in rows)
+    assert all(r["stale_groups_dropped"] == 0 for r in rows)
+    assert rows[0]["logprob_mismatch"] < LOGPROB_TOL
+    for r in rows:
+        figures(f"partial rollouts, step {r['step']}: partial_samples_fraction", r.get("partial_samples_fraction", 0))
+    assert get_json(server.url + "/model_info")["weight_version"] == str(STEPS)
+
+
+def _run_tiny(server, tmp_path, figures, what, weight_sync, max_staleness=0, steps=STEPS, overrides=None):
+    """The tiny job for ``steps`` steps against the session's server; its metrics rows. ``overrides``:
+    nested ``{section: {key: value}}`` merged into the config last (e.g. ``{"loss": {"off_policy": {...}}}``)."""
     from examples.tiny.task import make_rows
 
     with open(os.path.join(ROOT, "examples", "tiny", "config.yaml")) as f:
@@ -81,6 +105,7 @@ def _run_tiny(server, tmp_path, figures, what, weight_sync, max_staleness=0, ste
         "sync_dtype": "float32",
         "bucket_mb": 1,
     }
+    _merge(cfg, overrides or {})
     cfg_path = tmp_path / "config.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
 
@@ -118,3 +143,12 @@ def _run_tiny(server, tmp_path, figures, what, weight_sync, max_staleness=0, ste
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(steps))
     return rows
+
+
+def _merge(dst: dict, src: dict) -> None:
+    """Merge the nested dict ``src`` into ``dst`` (a dict value in both is merged, anything else replaced)."""
+    for key, value in src.items():
+        if isinstance(value, dict) and isinstance(dst.get(key), dict):
+            _merge(dst[key], value)
+        else:
+            dst[key] = value

@@ -14,6 +14,12 @@ the wrong prompt. It can be told to misbehave on ``/generate``:
 - ``malformed``: answer 200 with a body that lacks ``meta_info.output_token_logprobs``;
 - ``http500`` / ``abort``: answer 500, or answer 200 with ``finish_reason.type == "abort"``.
 
+A weight update that arrives while a ``/generate`` request waits out ``delay_s`` is treated as landing
+halfway through its tokens, in the way the last ``/pause_generation`` mode says: ``retract`` continues
+the request, so the answer carries ``meta_info.weight_versions`` spans (the first half of the tokens on
+the old version, the rest on the new); ``abort`` ends it with the first half of its tokens and
+``finish_reason.type == "abort"``. (Its log-probs stay the deterministic ones; it runs no model.)
+
 ``misbehave_after=k`` serves ``k`` requests normally first. Weight-update endpoints enforce 0.5.23's
 begin/end session rule (or answer 404 with ``has_session=False``, like older servers), and the
 distributed ones wait, like a real server, for the trainer side of the collective: a test's callback
@@ -109,6 +115,7 @@ class StandIn:
         self.generate_served = 0
         self._session_open = False
         self._paused = False
+        self.pause_mode = "abort"  # of the last /pause_generation
         self._collective = threading.Semaphore(0)
         self._lock = threading.Lock()
         self._release = threading.Event()
@@ -175,6 +182,7 @@ class StandIn:
             )
         if path == "/pause_generation":
             self._paused = True
+            self.pause_mode = (body or {}).get("mode", "abort")
             return _send(h, 200, {"message": "Generation paused successfully.", "status": "ok"})
         if path == "/continue_generation":
             self._paused = False
@@ -242,6 +250,7 @@ class StandIn:
             with urllib.request.urlopen(req, timeout=30) as r:
                 return _send_raw(h, r.status, r.read())
         mode = self.misbehave if index >= self.misbehave_after else None
+        started_on = self.weight_version
         if self.delay_s:
             time.sleep(self.delay_s)
         if mode == "hang":
@@ -268,7 +277,7 @@ class StandIn:
             sp = params_list[i] if isinstance(params, list) else params
             for j in range(int(sp.get("n", 1))):
                 sample_index = i if isinstance(params, list) else j  # a seeded batch is one prompt repeated
-                outs.append(self._output(prompt, sample_index, sp, body, mode))
+                outs.append(self._output(prompt, sample_index, sp, body, mode, started_on))
         payload = outs[0] if len(outs) == 1 and not isinstance(ids[0], list) else outs
         if mode == "truncate":
             data = json.dumps(payload).encode()
@@ -281,10 +290,13 @@ class StandIn:
             return _abandon(h)
         return _send(h, 200, payload)
 
-    def _output(self, prompt, sample_index, sp, body, mode) -> dict:
+    def _output(self, prompt, sample_index, sp, body, mode, started_on) -> dict:
         ids, logprobs, finish = expected_response(
             prompt, sample_index, sp.get("max_new_tokens", 128), sp.get("stop_token_ids", ())
         )
+        split = len(ids) // 2 if started_on != self.weight_version else None  # an update landed mid-request
+        if split is not None and self.pause_mode == "abort":
+            ids, logprobs, mode = ids[:split], logprobs[:split], "abort"
         out = copy.deepcopy(TEMPLATE)
         meta = out["meta_info"]
         out["output_ids"] = ids
@@ -293,6 +305,13 @@ class StandIn:
         meta["prompt_tokens"] = len(prompt)
         meta["completion_tokens"] = meta["output_token_logprobs_length"] = len(ids)
         meta["weight_version"] = self.weight_version
+        if split is not None and self.pause_mode == "retract":
+            meta["weight_versions"] = [
+                {"version": started_on, "start": 0, "end": split},
+                {"version": self.weight_version, "start": split, "end": len(ids)},
+            ]
+        elif split is not None:
+            meta["weight_version"] = started_on
         meta["output_top_logprobs"] = [None] * len(ids)
         if finish == "stop":
             meta["finish_reason"] = {"type": "stop", "matched": ids[-1]}

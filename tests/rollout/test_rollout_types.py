@@ -85,3 +85,20 @@ def test_check_generate_args():
         check_generate_args(0, SamplingParams())
     with pytest.raises(TypeError):
         check_generate_args(1, {"temperature": 1.0})
+
+
+def test_token_versions_must_cover_the_response_and_start_at_the_sample_version():
+    base = dict(
+        prompt_index=0,
+        sample_index=1,
+        prompt_ids=(1,),
+        response_ids=(5, 6, 7),
+        response_logprobs=(-1.0, -1.0, -1.0),
+        finish_reason="length",
+        weight_version=3,
+    )
+    assert Sample(**base, token_versions=(3, 4, 4)).token_versions == (3, 4, 4)
+    with pytest.raises(ValueError, match=r"sample \(0, 1\): 2 token versions for 3 response ids"):
+        Sample(**base, token_versions=(3, 4))
+    with pytest.raises(ValueError, match="weight_version 3 is not the oldest token version 4"):
+        Sample(**base, token_versions=(4, 4, 5))

@@ -126,6 +126,33 @@ def test_parse_abort_keeps_partial_tokens():
 def test_weight_version_spans_give_the_oldest_version():
     [[s]] = _parse(load_exchange("generate_weight_versions.json")["body"], [[1, 2]], 1)
     assert s.weight_version == 4
+    assert s.token_versions == (4, 4, 5, 5)  # each token's own version, from the spans
+
+
+def test_one_span_or_none_means_one_version_for_every_token():
+    body = load_exchange("generate_weight_versions.json")["body"]
+    body["meta_info"]["weight_versions"] = [{"version": "5", "start": 0, "end": 4}]
+    [[s]] = _parse(body, [[1, 2]], 1)
+    assert (s.weight_version, s.token_versions) == (5, None)
+    del body["meta_info"]["weight_versions"]
+    [[s]] = _parse(body, [[1, 2]], 1)
+    assert (s.weight_version, s.token_versions) == (5, None)
+
+
+@pytest.mark.parametrize(
+    "spans",
+    [
+        [{"version": "4", "start": 0, "end": 2}, {"version": "5", "start": 3, "end": 4}],  # a gap
+        [{"version": "4", "start": 0, "end": 2}, {"version": "5", "start": 2, "end": 5}],  # past the end
+        [{"version": "4", "start": 0, "end": 2}],  # short
+        [{"version": "4", "start": 0, "end": 2}, {"version": "5", "start": 2}],  # no end
+    ],
+)
+def test_spans_that_do_not_tile_the_output_are_refused(spans):
+    body = load_exchange("generate_weight_versions.json")["body"]
+    body["meta_info"]["weight_versions"] = spans
+    with pytest.raises(api.ProtocolError, match="do not tile the 4 output tokens"):
+        _parse(body, [[1, 2]], 1)
 
 
 def test_default_weight_version_maps_to_initial():

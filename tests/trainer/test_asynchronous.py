@@ -154,3 +154,63 @@ def test_max_staleness_is_refused_where_it_cannot_work_naming_the_key():
             max_staleness=1, engine="sglang", sglang=SGLangConfig(urls=("http://x:1",), colocate=False)
         ),
     )
+
+
+def test_partial_rollouts_are_refused_where_they_cannot_work_naming_the_keys():
+    with pytest.raises(ValueError, match="partial_rollouts must be true or false"):
+        RolloutConfig(partial_rollouts="yes")
+    base = dict(model=SimpleNamespace(load_hf_weights=True), data=SimpleNamespace())
+
+    def sglang(pause_mode):
+        return SGLangConfig(urls=("http://x:1",), colocate=False, client=SGLangClientConfig(pause_mode=pause_mode))
+
+    with pytest.raises(ValueError, match="rollout.partial_rollouts=true needs rollout.max_staleness >= 1"):
+        TrainConfig(**base, rollout=RolloutConfig(partial_rollouts=True, engine="sglang", sglang=sglang("retract")))
+    with pytest.raises(ValueError, match="needs rollout.sglang.client.pause_mode=retract, got 'abort'"):
+        TrainConfig(
+            **base,
+            rollout=RolloutConfig(partial_rollouts=True, max_staleness=1, engine="sglang", sglang=sglang("abort")),
+        )
+    ok = RolloutConfig(partial_rollouts=True, max_staleness=1, engine="sglang", sglang=sglang("retract"))
+    assert TrainConfig(**base, rollout=ok).rollout.partial_rollouts
+
+
+@pytest.mark.parametrize("pause_mode", ["retract", "abort"])
+def test_a_weight_update_while_the_next_batch_generates(pause_mode, tmp_path):
+    """rollout.partial_rollouts: the trainer pushes the weights (here version 1) while the background
+    generation is in flight. With ``retract`` every response is continued: tokens of both versions, each
+    known (``token_versions``), the sample's version its oldest token's, so the staleness bound still sees
+    it. With ``abort`` (why partial rollouts refuse it) the responses come back cut short, still on version 0.
+    The stand-in models the two modes (tests/rollout/sglang_standin.py; NOT SGLang)."""
+    server = StandIn(delay_s=2.0)
+    server.start()
+    try:
+        client = SGLangClientConfig(request_timeout_s=10.0, pause_mode=pause_mode)
+        cfg = SGLangConfig(urls=(server.url,), colocate=False, client=client)
+        backend = SGLangRollout(
+            cfg, model_dir=str(tmp_path), output_dir=str(tmp_path), layout=SimpleNamespace(rank=0, world_size=1)
+        )
+        prompts, params = [[1, 2, 3], [4, 5]], SamplingParams(max_new_tokens=6, temperature=0.8)
+        handle = backend.start_generate(prompts, 2, params, seed=9)
+        deadline = time.monotonic() + 30
+        while server.generate_served < len(prompts) and time.monotonic() < deadline:
+            time.sleep(0.01)  # until both requests (one per prompt) are in flight
+        time.sleep(0.1)
+        backend._run(backend.engine.update_weights_from_disk(str(tmp_path), 1))  # what sync_weights does
+        assert handle._thread.is_alive() and handle.seconds is None, "the update waited for the batch"
+        groups = backend.finish_generate(handle)
+        assert handle.seconds >= 2.0
+        samples = [s for g in groups for s in g]
+        assert all(s.weight_version == 0 for s in samples)
+        if pause_mode == "retract":
+            for s in samples:
+                n = len(s.response_ids)
+                assert s.finish_reason != "abort"
+                assert s.token_versions == (0,) * (n // 2) + (1,) * (n - n // 2)
+            assert fresh_groups(groups, version=1, max_staleness=1).all()  # lag 1: its oldest token's
+            assert not fresh_groups(groups, version=2, max_staleness=1).any()
+        else:
+            assert all(s.finish_reason == "abort" and s.token_versions is None for s in samples)
+        backend.close()
+    finally:
+        server.stop()

@@ -77,3 +77,16 @@ def test_staleness_histogram_counts_weight_version_lags():
         "staleness_lag_1": 0.25,
         "staleness_lag_3": 0.25,
     }
+
+
+def test_a_partial_rollout_counts_at_its_oldest_token_and_is_reported():
+    from dataclasses import replace
+
+    s = GROUPS[0][1]  # 5 response tokens
+    spanning = replace(s, weight_version=2, token_versions=(2, 2, 3, 3, 3))  # continued on version 3
+    groups = [[replace(GROUPS[0][0], weight_version=3), spanning]]
+    m = staleness_metrics(groups, current_version=3)
+    assert m["staleness_max"] == 1.0 and m["staleness_lag_1"] == 0.5  # the oldest token's lag
+    assert m["partial_samples_fraction"] == 0.5
+    total = len(GROUPS[0][0].response_ids) + 5
+    assert m["partial_newer_token_fraction"] == 3 / total
