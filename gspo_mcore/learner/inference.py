@@ -1,8 +1,8 @@
 """The learner's own model as a sampler, for the in-process rollout engine.
 
 :func:`decode_model` returns a :class:`gspo_mcore.rollout.inprocess.DecodeModel` over the live
-``GPTModel`` of this rank: a prefill of left-padded prompts, then one token per step over Megatron's
-static KV cache (:class:`MegatronDecodeModel`). :func:`logits_fn` returns ``tokens [B, L] -> logits
+``GPTModel`` of this rank: a prefill of left-padded prompts, then one token per step over a KV cache
+(:class:`MegatronDecodeModel`). :func:`logits_fn` returns ``tokens [B, L] -> logits
 [B, L, V]`` (float32 on the CPU), one full causal forward, for the recompute baseline and for tests.
 Unlike training, the vocabulary-parallel logits ARE gathered over the tensor-parallel group here:
 sampling needs the whole distribution. Every rank of the TP group must make the same calls with the
@@ -63,8 +63,8 @@ def logits_fn(model, layout: Layout):
 def decode_model(model, layout: Layout, *, kv_cache: bool = True):
     """A :class:`gspo_mcore.rollout.inprocess.DecodeModel` over the live ``GPTModel`` of this rank.
 
-    ``kv_cache=True``: :class:`MegatronDecodeModel` (prefill, then one token per step over Megatron's
-    static KV cache). ``kv_cache=False``, or a model with sequence parallelism (a single decode token
+    ``kv_cache=True``: :class:`MegatronDecodeModel` (prefill, then one token per step over a KV
+    cache). ``kv_cache=False``, or a model with sequence parallelism (a single decode token
     cannot be split over the sequence): every step recomputes the batch through :func:`logits_fn`.
     """
     from gspo_mcore.rollout.inprocess import RecomputeModel
