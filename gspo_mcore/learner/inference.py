@@ -169,7 +169,7 @@ class _MegatronSession:
         freqs = None if self.freqs is None else self.freqs[start : start + s]  # (s, B, 1, D)
         was_training = gpt.training
         if was_training:
-            gpt.eval()  # Megatron's attention refuses an inference context in training mode
+            gpt.eval()  # no dropout; Megatron's attention also refuses an inference context in training mode
         try:
             with _decode_attention(self, freqs):
                 hidden = gpt.embedding(input_ids=tokens, position_ids=positions)  # (s, B, H)
