@@ -5,7 +5,7 @@ written on the fly; the learner's ``GPTModel`` is initialised from a seed, expor
 safetensors (``gspo_mcore.convert``) and loaded by transformers, so all three sample from the SAME
 weights and the SAME left-padded prompts (lengths drawn in ``--prompt-len``):
 
-  kv            InProcessEngine over Megatron's KV cache (``learner.inference.decode_model``)
+  kv            InProcessEngine over the learner's model with a KV cache (``learner.inference.decode_model``)
   recompute     InProcessEngine recomputing every sequence at every step (``kv_cache=False``); quadratic
                 in the length, so it runs only up to ``--recompute-max-new`` new tokens
   transformers  ``model.generate`` with its KV cache (``do_sample``, no top-k / top-p)

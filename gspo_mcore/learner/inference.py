@@ -1,8 +1,8 @@
 """The learner's own model as a sampler, for the in-process rollout engine.
 
 :func:`decode_model` returns a :class:`gspo_mcore.rollout.inprocess.DecodeModel` over the live
-``GPTModel`` of this rank: a prefill of left-padded prompts, then one token per step over Megatron's
-static KV cache (:class:`MegatronDecodeModel`). :func:`logits_fn` returns ``tokens [B, L] -> logits
+``GPTModel`` of this rank: a prefill of left-padded prompts, then one token per step over a KV cache
+(:class:`MegatronDecodeModel`). :func:`logits_fn` returns ``tokens [B, L] -> logits
 [B, L, V]`` (float32 on the CPU), one full causal forward, for the recompute baseline and for tests.
 Unlike training, the vocabulary-parallel logits ARE gathered over the tensor-parallel group here:
 sampling needs the whole distribution. Every rank of the TP group must make the same calls with the
@@ -63,8 +63,8 @@ def logits_fn(model, layout: Layout):
 def decode_model(model, layout: Layout, *, kv_cache: bool = True):
     """A :class:`gspo_mcore.rollout.inprocess.DecodeModel` over the live ``GPTModel`` of this rank.
 
-    ``kv_cache=True``: :class:`MegatronDecodeModel` (prefill, then one token per step over Megatron's
-    static KV cache). ``kv_cache=False``, or a model with sequence parallelism (a single decode token
+    ``kv_cache=True``: :class:`MegatronDecodeModel` (prefill, then one token per step over a KV
+    cache). ``kv_cache=False``, or a model with sequence parallelism (a single decode token
     cannot be split over the sequence): every step recomputes the batch through :func:`logits_fn`.
     """
     from gspo_mcore.rollout.inprocess import RecomputeModel
@@ -90,25 +90,28 @@ def decode_model(model, layout: Layout, *, kv_cache: bool = True):
 
 
 class MegatronDecodeModel:
-    """Prefill and one-token decode steps of a Megatron ``GPTModel`` over a ``StaticInferenceContext``.
+    """Prefill and one-token decode steps of a Megatron ``GPTModel`` with a KV cache.
 
-    The model's own modules run in order (embedding, decoder block with Megatron's static KV cache, output
-    layer on the last position only, vocabulary gathered over TP), so any ``GPTModel`` with rotary
-    positions works (dense or MoE, any norm or MLP). Left-padded prompts of different lengths share a batch
-    exactly: each row's positions count from its first real token, and padded keys are masked out of every
-    attention (a padded query attends to itself only, so that nothing non-finite arises). The model is in
-    ``eval()`` during each pass.
+    The model's own modules run in order (embedding, decoder block, output layer on the last position only,
+    vocabulary gathered over TP), so any ``GPTModel`` with rotary positions works (dense or MoE, any norm or
+    MLP). Left-padded prompts of different lengths share a batch exactly: each row's positions count from
+    its first real token, and padded keys are masked out of every attention (a padded query attends to
+    itself only, so that nothing non-finite arises). The model is in ``eval()`` during each pass.
 
-    Two things differ from Megatron's own static-batch path, for cost, not results. (1) Rotary embeddings
-    are applied to the new queries and keys right after their projection (each row at its own positions,
-    with Megatron's ``apply_rotary_pos_emb`` and the model's own angle table), so the cache holds rotated
-    keys; Megatron would re-rotate the whole cached key sequence at every step (a cost growing with the
-    length). (2) Where the core attention is Megatron's local ``DotProductAttention`` (no Transformer
-    Engine) it runs as one ``scaled_dot_product_attention`` with the query heads of each KV group folded
-    together, instead of repeating the cached keys and values for every query head.
+    Rotary embeddings are applied to the new queries and keys right after their projection (each row at
+    its own positions, with Megatron's ``apply_rotary_pos_emb`` and the model's own angle table), so the
+    cache holds rotated keys and no step re-rotates it.
+
+    The KV cache: where every layer's core attention is Megatron's local ``DotProductAttention`` (no
+    Transformer Engine, no softmax offset, window or extra scaling) or the CPU context-parallel attention,
+    the session owns it, one ``[2, B, groups, S, dim]`` tensor per layer, and each layer's core attention
+    runs as one ``scaled_dot_product_attention`` over the cache's valid prefix (the query heads of each KV
+    group folded together; nothing is copied per step but the new keys and values). Otherwise (Transformer
+    Engine) Megatron's ``StaticInferenceContext`` holds it and the model's own core attention reads it;
+    ``megatron_cache=True`` forces that path (tests).
     """
 
-    def __init__(self, gpt, layout: Layout):
+    def __init__(self, gpt, layout: Layout, *, megatron_cache: bool = False):
         if gpt.position_embedding_type not in ("rope", "none"):
             raise ValueError(
                 f"in-process KV decoding supports rotary or no position embedding, not {gpt.position_embedding_type!r}"
@@ -118,10 +121,9 @@ class MegatronDecodeModel:
             raise ValueError("in-process KV decoding does not support flash_decode or multi-latent attention")
         self.gpt, self.layout = gpt, layout
         self.attentions = [layer.self_attention for layer in gpt.decoder.layers]
+        self.own_cache = not megatron_cache and all(_plain_core_attention(a.core_attention) for a in self.attentions)
 
     def start(self, tokens: torch.Tensor, lengths: torch.Tensor, max_new_tokens: int):
-        from megatron.core.inference.contexts import StaticInferenceContext
-
         B, P = tokens.shape
         S = P + max_new_tokens - 1  # the last drawn token is never fed back
         dev = self.layout.device
@@ -129,39 +131,47 @@ class MegatronDecodeModel:
         slots = torch.arange(S, device=dev)
         session = _MegatronSession(
             self,
-            StaticInferenceContext(B, S),
+            B,
+            S,
             positions=(slots[None] - pad[:, None]).clamp(min=0),  # (B, S)
-            valid=slots[None] >= pad[:, None],
-        )  # (B, S): key holds a real token
+            valid=slots[None] >= pad[:, None],  # (B, S): key holds a real token
+        )
         causal = slots[None, :P] > slots[:P, None]  # (P, P)
         mask = causal[None] | (~session.valid[:, None, :P] & ~torch.eye(P, dtype=torch.bool, device=dev))
         logits = session.forward(tokens.to(dev), mask[:, None])  # mask (B, 1, P, P)
-        session.ctx.enable_decode_mode()
+        if session.ctx is not None:
+            session.ctx.enable_decode_mode()
         return session, logits
 
 
 class _MegatronSession:
-    def __init__(self, owner: MegatronDecodeModel, ctx, *, positions: torch.Tensor, valid: torch.Tensor):
-        self.owner, self.gpt, self.layout, self.ctx = owner, owner.gpt, owner.layout, ctx
+    def __init__(self, owner: MegatronDecodeModel, B: int, S: int, *, positions: torch.Tensor, valid: torch.Tensor):
+        from megatron.core.inference.contexts import StaticInferenceContext
+
+        self.owner, self.gpt, self.layout = owner, owner.gpt, owner.layout
         self.positions, self.valid = positions, valid  # (B, S) each
+        self.length, self.offset = S, 0  # cache slots, slots filled
+        self.ctx = None if owner.own_cache else StaticInferenceContext(B, S)
+        self.cache: list[torch.Tensor | None] = [None] * len(owner.attentions)  # own cache: [2, B, ng, S, hn]
         self.freqs = None  # (S, B, 1, D): each row's rotary angles at each cache slot
         if self.gpt.position_embedding_type == "rope":
             # (S, 1, 1, D), positions 0..S-1; packed_seq: the whole table, never a CP rank's slice
-            table = self.gpt.rotary_pos_emb(ctx.max_sequence_length, packed_seq=True)
+            table = self.gpt.rotary_pos_emb(S, packed_seq=True)
             self.freqs = table[:, 0, 0][positions].transpose(0, 1)[:, :, None].contiguous()
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``tokens [B, s]`` at cache slots ``offset .. offset+s-1``, ``mask [B, 1, s, offset+s]`` (True:
         masked) -> next-token logits ``[B, V]`` float32 on the CPU."""
-        gpt, start = self.gpt, self.ctx.sequence_len_offset
+        gpt, start = self.gpt, self.offset
         s = tokens.shape[1]
         positions = self.positions[:, start : start + s]  # (B, s)
         freqs = None if self.freqs is None else self.freqs[start : start + s]  # (s, B, 1, D)
         was_training = gpt.training
-        gpt.eval()  # Megatron's attention refuses an inference context in training mode
+        if was_training:
+            gpt.eval()  # no dropout; Megatron's attention also refuses an inference context in training mode
         try:
-            with _decode_attention(self.owner.attentions, freqs):
+            with _decode_attention(self, freqs):
                 hidden = gpt.embedding(input_ids=tokens, position_ids=positions)  # (s, B, H)
                 hidden = gpt.decoder(
                     hidden_states=hidden, attention_mask=mask, inference_context=self.ctx, rotary_pos_emb=None
@@ -169,59 +179,79 @@ class _MegatronSession:
             weight = gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else None
             logits, _ = gpt.output_layer(hidden[-1:], weight=weight, runtime_gather_output=True)  # (1, B, V)
         finally:
-            gpt.train(was_training)
-        self.ctx.increment_sequence_len_offset(s)
+            if was_training:
+                gpt.train()
+        self.offset += s
+        if self.ctx is not None:
+            self.ctx.increment_sequence_len_offset(s)
         return logits[0].float().cpu()
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        end = self.ctx.sequence_len_offset + 1
-        mask = ~self.valid[:, None, None, :end]  # (B, 1, 1, end)
+        mask = ~self.valid[:, None, None, : self.offset + 1]  # (B, 1, 1, end)
         return self.forward(tokens.to(self.layout.device)[:, None], mask)
 
     def select(self, rows: torch.Tensor) -> None:
         rows = rows.to(self.layout.device)
-        memory = self.ctx.key_value_memory_dict
-        for layer, (k, v) in memory.items():  # (S, B, groups, dim) each
-            memory[layer] = (k[:, rows].contiguous(), v[:, rows].contiguous())
-        self.ctx.max_batch_size = len(rows)
+        self.cache = [None if kv is None else kv[:, rows] for kv in self.cache]  # advanced indexing: a copy
+        if self.ctx is not None:
+            memory = self.ctx.key_value_memory_dict
+            for layer, (k, v) in memory.items():  # (S, B, groups, dim) each
+                memory[layer] = (k[:, rows].contiguous(), v[:, rows].contiguous())
+            self.ctx.max_batch_size = len(rows)
         self.positions, self.valid = self.positions[rows], self.valid[rows]
         if self.freqs is not None:
             self.freqs = self.freqs[:, rows].contiguous()
 
+    def store(self, index: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this pass's ``key, value [s, B, ng, hn]`` of layer ``index`` at slots ``offset..offset+s-1``
+        -> the cache's filled prefix, keys and values ``[B, ng, offset+s, hn]`` each (views)."""
+        s, B, ng, hn = key.shape
+        kv = self.cache[index]
+        if kv is None:
+            kv = self.cache[index] = key.new_empty((2, B, ng, self.length, hn))
+        end = self.offset + s
+        kv[0, :, :, self.offset : end] = key.permute(1, 2, 0, 3)
+        kv[1, :, :, self.offset : end] = value.permute(1, 2, 0, 3)
+        return kv[0, :, :, :end], kv[1, :, :, :end]
 
-@contextlib.contextmanager
-def _decode_attention(attentions, freqs: torch.Tensor | None):
-    """While decoding: rotate new queries and keys at their projection (``freqs [s, B, 1, D]``; None: no
-    rotary embedding) and run local core attention through ``scaled_dot_product_attention``. Each
-    override is an instance attribute, removed on exit (the training forward never sees one)."""
-    from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import (
-        _yarn_get_concentration_factor_from_config,
-    )
+
+def _plain_core_attention(core) -> bool:
+    """Whether ``core`` computes plain softmax attention that :func:`_cached_attention` can replace."""
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
     from gspo_mcore.platform.cp_attention import core_attention_class
 
+    if type(core) is core_attention_class():  # CP: whole sequences on every rank, local attention
+        return True
+    return (
+        type(core) is DotProductAttention
+        and core.softmax_offset is None
+        and core.scale_mask_softmax.scale is None
+        and core.scale_mask_softmax.window_size is None
+    )
+
+
+@contextlib.contextmanager
+def _decode_attention(session: _MegatronSession, freqs: torch.Tensor | None):
+    """While decoding: rotate new queries and keys at their projection (``freqs [s, B, 1, D]``; None: no
+    rotary embedding) and, with the session's own cache, run each core attention over it. Each override is
+    an instance attribute, removed on exit (the training forward never sees one)."""
+    from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import (
+        _yarn_get_concentration_factor_from_config,
+    )
+
     patched = []
     try:
-        for attn in attentions:
+        for index, attn in enumerate(session.owner.attentions):
             if freqs is not None:
                 mscale = _yarn_get_concentration_factor_from_config(attn.config)
                 attn.get_query_key_value_tensors = _rotating_qkv(
                     attn.get_query_key_value_tensors, freqs, attn.config, mscale
                 )
                 patched.append((attn, "get_query_key_value_tensors"))
-            core = attn.core_attention
-            if (
-                type(core) is DotProductAttention
-                and core.softmax_offset is None
-                and core.scale_mask_softmax.scale is None
-                and core.scale_mask_softmax.window_size is None
-            ):
-                core.forward = _sdpa_attention(core.softmax_scale)
-                patched.append((core, "forward"))
-            elif type(core) is core_attention_class():  # CP: whole sequences on every rank, local attention
-                core.forward = _sdpa_attention(core.softmax_scale)
-                patched.append((core, "forward"))
+            if session.ctx is None:
+                attn.core_attention.forward = _cached_attention(session, index, attn.core_attention.softmax_scale)
+                patched.append((attn.core_attention, "forward"))
         yield
     finally:
         for module, name in patched:
@@ -240,16 +270,18 @@ def _rotating_qkv(qkv_fn, freqs: torch.Tensor, config, mscale: float):
     return fn
 
 
-def _sdpa_attention(scale: float):
+def _cached_attention(session: _MegatronSession, index: int, scale: float):
     def forward(query, key, value, attention_mask, attn_mask_type=None, attention_bias=None, packed_seq_params=None):
-        # query [sq, B, np, hn]; key, value [sk, B, ng, hn]; attention_mask [B, 1, sq, sk] bool, True: masked
+        # query [sq, B, np, hn]; key, value [sq, B, ng, hn] (this pass's); attention_mask [B, 1, sq, sk] bool,
+        # True: masked, sk = the cache's filled slots after this pass
+        keys, values = session.store(index, key, value)  # (B, ng, sk, hn) each
         sq, B, nh, hn = query.shape
-        sk, ng = key.shape[0], key.shape[2]
+        ng = keys.shape[1]
         r = nh // ng  # query heads per KV group (Megatron: head h reads group h // r)
-        q = query.permute(1, 2, 0, 3).reshape(B, ng, r * sq, hn)  # (B, ng, r*sq, hn)
-        keep = ~attention_mask[:, :, None].expand(B, 1, r, sq, sk).reshape(B, 1, r * sq, sk)
+        q = query.permute(1, 2, 0, 3).reshape(B, ng, r * sq, hn)  # (B, ng, r*sq, hn): row i*sq + t is (h, t)
+        keep = ~(attention_mask if sq == 1 else attention_mask.repeat(1, 1, r, 1))  # (B, 1, r*sq, sk)
         out = torch.nn.functional.scaled_dot_product_attention(
-            q, key.permute(1, 2, 0, 3), value.permute(1, 2, 0, 3), attn_mask=keep, scale=scale
+            q, keys, values, attn_mask=keep, scale=scale
         )  # (B, ng, r*sq, hn)
         return out.reshape(B, nh, sq, hn).permute(2, 0, 1, 3).reshape(sq, B, nh * hn)  # (sq, B, np*hn)
 

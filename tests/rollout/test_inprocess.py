@@ -1,7 +1,7 @@
 """The in-process engine's sampling, on a tiny deterministic bigram 'model' (logits depend on the last token),
 and its KV-cache protocol on a one-layer torch attention model.
 
-The real model is exercised in tests/trainer (log-probs vs a learner forward pass, Megatron's KV cache).
+The real model is exercised in tests/trainer (log-probs vs a learner forward pass, with a KV cache).
 Here the logits are exact and cheap, so each property can be checked precisely.
 """
 

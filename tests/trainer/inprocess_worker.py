@@ -1,8 +1,10 @@
 """Worker (1 or 2 ranks): the in-process engine's log-probs vs the learner's forward-only log-probs.
 
-Usage: inprocess_worker.py LAYOUT TEMPERATURE   (LAYOUT: 1, dp2 or tp2). Prints one JSON line per rank.
+Usage: inprocess_worker.py LAYOUT TEMPERATURE   (LAYOUT: 1, dp2, tp2, or 1-megatron-cache: 1 rank with the
+KV cache in Megatron's StaticInferenceContext, the path taken with Transformer Engine's attention). Prints one
+JSON line per rank.
 
-The engine runs on Megatron's KV cache (prompts of different lengths, left-padded in one batch; stop
+The engine runs on a KV cache (prompts of different lengths, left-padded in one batch; stop
 tokens end rows at different steps, so finished rows are dropped from the cache mid-batch) and, for
 comparison, through full recompute of every sequence at every step.
 """
@@ -25,7 +27,8 @@ def main():
         forward_logprobs,
         init_parallel,
     )
-    from gspo_mcore.learner.inference import decode_model
+    from gspo_mcore.learner.inference import MegatronDecodeModel, decode_model
+    from gspo_mcore.learner.model import unwrap
     from gspo_mcore.learner.model_config import load_hf_config
     from gspo_mcore.rollout import InProcessEngine, SamplingParams
 
@@ -34,7 +37,13 @@ def main():
     layout = init_parallel(parallel, shape, seed=7)
     model = build_model(shape, parallel, seed=7)
     kw = {"eos_token_id": 2, "vocab_size": shape.vocab_size, "max_batch_size": 8}
-    engine = InProcessEngine(decode_model(model, layout), **kw)
+    if layout_name == "1-megatron-cache":
+        kv_model = MegatronDecodeModel(unwrap(model[0]), layout, megatron_cache=True)
+        assert not kv_model.own_cache
+    else:
+        kv_model = decode_model(model, layout)
+        assert kv_model.own_cache  # the local layer spec: the session's own cache
+    engine = InProcessEngine(kv_model, **kw)
     recompute = InProcessEngine(decode_model(model, layout, kv_cache=False), **kw)
     prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16], [17]]
     params = SamplingParams(temperature=tau, max_new_tokens=16, seed=123, stop_token_ids=tuple(range(20, 32)))

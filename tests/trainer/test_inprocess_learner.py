@@ -1,4 +1,5 @@
-"""The in-process engine on the learner's real Megatron model (1 rank and TP2), over Megatron's KV cache.
+"""The in-process engine on the learner's real Megatron model (1 rank and TP2) over its own KV cache, and at
+1 rank over Megatron's ``StaticInferenceContext`` (the path taken with Transformer Engine's attention).
 
 Prompts of different lengths share a batch (left padding) and stop tokens end rows at different steps.
 Its returned log-probs must equal a learner forward pass over the generated sequences (same weights,
@@ -21,7 +22,7 @@ def _run(nproc, layout, tau):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("nproc, layout, tau", [(1, "1", 1.0), (2, "tp2", 0.7)])
+@pytest.mark.parametrize("nproc, layout, tau", [(1, "1", 1.0), (2, "tp2", 0.7), (1, "1-megatron-cache", 0.7)])
 def test_engine_logprobs_equal_learner_forward(nproc, layout, tau):
     rows = _run(nproc, layout, tau)
     assert len(rows) == nproc
