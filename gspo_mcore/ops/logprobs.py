@@ -149,26 +149,33 @@ class _TokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
-        logits, targets, lse, entropy = ctx.saved_tensors
-        if grad_logp is None:
-            grad_logp = torch.zeros_like(lse)
-        use_entropy = entropy is not None and grad_entropy is not None
-        grad = _backend.op("token_logprob_backward")(
-            logits,
-            targets,
-            lse,
-            grad_logp.float().contiguous(),
-            entropy if use_entropy else None,
-            grad_entropy.float().contiguous() if use_entropy else None,
-            ctx.vocab_start,
-            ctx.inv_temperature,
-        )
+        grad = _backend.op("token_logprob_backward")(*_backward_args(ctx, ctx.saved_tensors, grad_logp, grad_entropy))
         return grad, None, None, None, None, None
 
 
-def _check_inplace_logits(logits: torch.Tensor) -> torch.Tensor:
-    """The tensor that owns the logits' storage, once it is clear that it may be overwritten: contiguous, not
-    a leaf, and the logits span all of it (``logits`` itself, or the base of a view spanning the whole base)."""
+def _backward_args(ctx, saved, grad_logp, grad_entropy) -> tuple:
+    """The backward ops' arguments ``(logits, targets, lse, grad_logp, entropy, grad_entropy, vocab_start,
+    inv_temperature)`` from the saved ``(logits, targets, lse, entropy)`` and the upstream gradients (``None``
+    where an output is unused: zero for logp, no entropy term)."""
+    logits, targets, lse, entropy = saved
+    if grad_logp is None:
+        grad_logp = torch.zeros_like(lse)
+    use_entropy = entropy is not None and grad_entropy is not None
+    return (
+        logits,
+        targets,
+        lse,
+        grad_logp.float().contiguous(),
+        entropy if use_entropy else None,
+        grad_entropy.float().contiguous() if use_entropy else None,
+        ctx.vocab_start,
+        ctx.inv_temperature,
+    )
+
+
+def _check_inplace_logits(logits: torch.Tensor) -> None:
+    """Refuses logits that must not be overwritten: they must be contiguous and not a leaf, and span all of
+    their storage (``logits`` itself, or a view spanning the whole of its base)."""
     if not logits.is_contiguous():
         raise ValueError(
             f"token_logprobs(inplace_backward=True) overwrites the logits, which must be contiguous "
@@ -191,7 +198,6 @@ def _check_inplace_logits(logits: torch.Tensor) -> torch.Tensor:
             "requiring grad (its .grad would be lost); pass the output of the layer that computed "
             "them, or use inplace_backward=False"
         )
-    return owner
 
 
 class _TokenLogprobsInplace(torch.autograd.Function):
@@ -217,21 +223,10 @@ class _TokenLogprobsInplace(torch.autograd.Function):
                 "token_logprobs(inplace_backward=True): the backward already ran once and wrote the "
                 "gradient over the logits; it cannot run again (retain_graph)"
             )
-        logits, targets, lse, entropy = ctx.saved_tensors  # raises if the logits were modified since
+        saved = ctx.saved_tensors  # raises if the logits were modified since the forward
         ctx.consumed = True
-        if grad_logp is None:
-            grad_logp = torch.zeros_like(lse)
-        use_entropy = entropy is not None and grad_entropy is not None
-        _backend.op("token_logprob_grad_inplace_")(
-            logits,
-            targets,
-            lse,
-            grad_logp.float().contiguous(),
-            entropy if use_entropy else None,
-            grad_entropy.float().contiguous() if use_entropy else None,
-            ctx.vocab_start,
-            ctx.inv_temperature,
-        )
+        logits = saved[0]
+        _backend.op("token_logprob_grad_inplace_")(*_backward_args(ctx, saved, grad_logp, grad_entropy))
         torch.autograd.graph.increment_version(logits)
         return logits, None, None, None, None, None
 

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 import subprocess
-import sys
 
 import pytest
 import torch
-from helpers import worker_env
+from helpers import launch, worker_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -92,12 +90,6 @@ def digest(t: torch.Tensor) -> str:
     return f"{t.dtype}:{tuple(t.shape)}:" + hashlib.sha1(raw.numpy().tobytes()).hexdigest()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(cmd: list[str], *, timeout: float, what: str) -> subprocess.CompletedProcess:
     """Run ``cmd`` (from the repository root, 1 thread per rank); fail the test with its output on error."""
     env = worker_env()
@@ -116,14 +108,4 @@ def run(cmd: list[str], *, timeout: float, what: str) -> subprocess.CompletedPro
 
 
 def torchrun(script: str, nproc: int, args: list[str]) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        str(nproc),
-        "--master_port",
-        str(free_port()),
-        script,
-        *args,
-    ]
+    return [*launch.torchrun(nproc), script, *args]
