@@ -213,12 +213,15 @@ def build_microbatch(
     pad_multiple: int = 1,
     segment_multiple: int = 1,
     device: torch.device | str = "cpu",
+    num_experts: int | None = None,
 ) -> MicroBatch:
     """Lay out ``samples[i] for i in indices`` as one micro-batch; empty ``indices`` give a masked dummy.
 
     ``pad_multiple``: the row length is padded to a multiple of it (sequence parallelism needs TP, context
     parallelism 2 * CP). ``segment_multiple`` (``"thd"`` with context parallelism: 2 * CP): every sample's
-    segment is padded to a multiple of it (masked positions after its last token).
+    segment is padded to a multiple of it (masked positions after its last token). ``num_experts``: the MoE
+    model's expert count, needed when the samples carry ``routed_experts`` (the replay target's placeholders
+    for padding are spread over all experts).
     """
     if packing not in PACKINGS:
         raise ValueError(f"packing must be one of {PACKINGS}, got {packing!r}")
@@ -290,8 +293,17 @@ def build_microbatch(
     if chosen and all(r is not None for r in routed):
         from gspo_mcore.learner.routing import microbatch_routing
 
+        if num_experts is None:
+            raise ValueError(
+                "build_microbatch: samples carry routed_experts, so num_experts (the MoE model's) is needed"
+            )
         routing = microbatch_routing(
-            routed, lengths, packing=packing, width=int(tokens.shape[-1]), topk=int(routed[0].shape[-1])
+            routed,
+            lengths,
+            packing=packing,
+            width=int(tokens.shape[-1]),
+            topk=int(routed[0].shape[-1]),
+            num_experts=num_experts,
         ).to(device)
     return MicroBatch(
         tokens=tokens.contiguous().to(device),

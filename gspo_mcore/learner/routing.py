@@ -210,31 +210,44 @@ class RoutingTape:
 
 
 def microbatch_routing(
-    seqs_routing: list[torch.Tensor | None], lengths: list[int], *, packing: str, width: int, topk: int
+    seqs_routing: list[torch.Tensor | None],
+    lengths: list[int],
+    *,
+    packing: str,
+    width: int,
+    topk: int,
+    num_experts: int,
 ) -> torch.Tensor | None:
     """A micro-batch's replay target in router order, ``[S, R, num_layers, topk]`` int64, or ``None`` when
     its samples carry no routing.
 
     Padding positions, and positions a sample leaves unrouted (``-1``: the last token of an engine's routing,
-    see :func:`check_rollout_routing`), get the placeholder experts ``0..topk-1``: Megatron's dropless
-    dispatcher sizes its buffers as ``tokens x topk``, so every position occupies ``topk`` expert slots. Their
-    outputs never reach a counted token (attention never looks at padding or at a sequence's last position,
-    and no loss, metric or recording reads them)."""
+    see :func:`check_rollout_routing`), get placeholder experts: Megatron's dropless dispatcher sizes its
+    buffers as ``tokens x topk``, so every position occupies ``topk`` expert slots. The placeholders of the
+    ``q``-th position in router order are experts ``(q * topk + j) mod num_experts``, ``j < topk``: distinct
+    within a position and spread evenly over all experts (and so over the expert-parallel ranks), not piled
+    onto the first experts of the first rank. Their outputs never reach a counted token (attention never
+    looks at padding or at a sequence's last position, and no loss, metric or recording reads them)."""
     if not seqs_routing or any(r is None for r in seqs_routing):
         return None
+    if not 1 <= topk <= num_experts:
+        raise ValueError(f"microbatch_routing: topk={topk} must be in [1, num_experts={num_experts}]")
     num_layers = seqs_routing[0].shape[1]
-    pad_value = torch.arange(topk, dtype=torch.int64).expand(num_layers, topk)
 
     def padded(r: torch.Tensor, n: int) -> torch.Tensor:
         r = r.to(torch.int64)
-        r = torch.where((r < 0).any(-1, keepdim=True), pad_value, r)  # unrouted rows (and dense layers)
-        return torch.cat([r, pad_value.expand(n, num_layers, topk)]) if n > 0 else r
+        return torch.cat([r, r.new_full((n, num_layers, topk), -1)]) if n > 0 else r
 
     if packing == "padded":
         rows = [padded(r, width - n) for r, n in zip(seqs_routing, lengths)]
-        return torch.stack(rows, dim=1).contiguous()  # (S, R, layers, k)
-    total = sum(lengths)
-    return padded(torch.cat([r.to(torch.int64) for r in seqs_routing]), width - total)[:, None].contiguous()
+        out = torch.stack(rows, dim=1)  # (S, R, layers, k)
+    else:
+        out = padded(torch.cat([r.to(torch.int64) for r in seqs_routing]), width - sum(lengths))[:, None]
+    S, R = out.shape[:2]
+    q = torch.arange(S * R, dtype=torch.int64).view(S, R, 1, 1)  # router order: sequence-major
+    fill = (q * topk + torch.arange(topk, dtype=torch.int64)) % num_experts  # (S, R, 1, k)
+    unrouted = (out < 0).any(-1, keepdim=True)  # padding, unrouted rows and dense layers
+    return torch.where(unrouted, fill, out).contiguous()
 
 
 def routing_change(before: list[torch.Tensor], after: list[torch.Tensor], samples) -> dict[str, float]:

@@ -209,6 +209,7 @@ def microbatches_for_rank(
             pad_multiple=pad_multiple,
             segment_multiple=context_parallel.pad_multiple(layout.cp_size) if layout.cp_size > 1 else 1,
             device=layout.device,
+            num_experts=getattr(config, "num_moe_experts", None) or None,
         )
         for idx in plans[layout.dp_rank]
     ]

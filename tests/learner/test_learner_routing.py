@@ -48,14 +48,16 @@ def test_routing_change_refuses_mismatched_recordings():
 def test_microbatch_routing_is_sequence_major_with_distinct_padding_experts():
     a = torch.arange(3 * 1 * 2).view(3, 1, 2)  # sample a: L=3
     b = 100 + torch.arange(2 * 1 * 2).view(2, 1, 2)  # sample b: L=2
-    padded = microbatch_routing([a, b], [3, 2], packing="padded", width=4, topk=2)
+    padded = microbatch_routing([a, b], [3, 2], packing="padded", width=4, topk=2, num_experts=4)
     assert padded.shape == (4, 2, 1, 2)  # (S, R, layers, k)
     assert torch.equal(padded[:3, 0], a) and torch.equal(padded[:2, 1], b)
-    assert torch.equal(padded[3, 0, 0], torch.tensor([0, 1])) and torch.equal(padded[2, 1, 0], torch.tensor([0, 1]))
-    packed = microbatch_routing([a, b], [3, 2], packing="block_diagonal", width=6, topk=2)
+    # placeholders of router position q = s * R + r: experts (2q, 2q + 1) mod 4
+    assert torch.equal(padded[3, 0, 0], torch.tensor([0, 1])) and torch.equal(padded[2, 1, 0], torch.tensor([2, 3]))
+    assert torch.equal(padded[3, 1, 0], torch.tensor([2, 3]))
+    packed = microbatch_routing([a, b], [3, 2], packing="block_diagonal", width=6, topk=2, num_experts=4)
     assert packed.shape == (6, 1, 1, 2)
-    assert torch.equal(packed[:5, 0], torch.cat([a, b])) and torch.equal(packed[5, 0, 0], torch.tensor([0, 1]))
-    assert microbatch_routing([a, None], [3, 2], packing="padded", width=4, topk=2) is None
+    assert torch.equal(packed[:5, 0], torch.cat([a, b])) and torch.equal(packed[5, 0, 0], torch.tensor([2, 3]))
+    assert microbatch_routing([a, None], [3, 2], packing="padded", width=4, topk=2, num_experts=4) is None
 
 
 def test_sample_routed_experts_shape_is_checked():
@@ -150,11 +152,28 @@ def test_microbatch_routing_gives_unrouted_positions_the_placeholder_experts():
     a = torch.arange(3 * 2 * 2).view(3, 2, 2) % 4
     a[-1] = -1  # the engine did not route the last position
     a[:, 1] = -1  # a dense layer
-    padded = microbatch_routing([a], [3], packing="padded", width=5, topk=2)
+    padded = microbatch_routing([a], [3], packing="padded", width=5, topk=2, num_experts=4)
     assert int(padded.min()) >= 0, "no -1 reaches a router"
     assert torch.equal(padded[:2, 0, 0], a[:2, 0].long())
-    for row in (2, 3, 4):  # the unrouted last position and the padding
-        assert torch.equal(padded[row, 0, 0], torch.tensor([0, 1]))
+    for row in (2, 3, 4):  # the unrouted last position and the padding: experts (2q, 2q + 1) mod 4
+        assert torch.equal(padded[row, 0, 0], torch.tensor([2 * row % 4, (2 * row + 1) % 4]))
+
+
+def test_padding_placeholders_are_spread_over_every_expert():
+    """A micro-batch that is mostly padding does not pile its placeholder slots onto the first experts (and so
+    onto the first expert-parallel rank): every expert gets the same count, up to one, and no position repeats
+    an expert."""
+    a = torch.zeros(2, 1, 2, dtype=torch.int64)
+    a[:, 0, 1] = 1
+    out = microbatch_routing([a, a[:1]], [2, 1], packing="padded", width=37, topk=2, num_experts=8)
+    pad = torch.ones(37, 2, dtype=torch.bool)
+    pad[:2, 0] = pad[:1, 1] = False
+    slots = out[pad][:, 0]  # (positions, k)
+    assert all(len(set(row.tolist())) == 2 for row in slots)
+    counts = torch.bincount(slots.flatten(), minlength=8)
+    assert int(counts.max() - counts.min()) <= 1, counts.tolist()
+    with pytest.raises(ValueError, match="topk=3"):
+        microbatch_routing([a], [2], packing="padded", width=3, topk=3, num_experts=2)
 
 
 def _rollout_sample(length=5):
