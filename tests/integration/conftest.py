@@ -21,7 +21,7 @@ import sys
 import time
 
 import pytest
-from sglang_cpu import HERE, ROOT, launch, server_config, sglang_missing, write_tiny_checkpoint
+from sglang_cpu import HERE, ROOT, launch, learner_env, server_config, sglang_missing, write_tiny_checkpoint
 
 _MODE = os.environ.get("GSPO_SGLANG_TESTS", "")
 
@@ -129,13 +129,7 @@ def learner(tmp_path, sglang_server, figures):
     def run(spec: dict, *, timeout: float = 900.0, what: str = "learner") -> dict:
         spec_path, out_path = tmp_path / f"{what}.spec.json", tmp_path / f"{what}.report.json"
         spec_path.write_text(json.dumps(spec))
-        env = dict(
-            os.environ,
-            OMP_NUM_THREADS="1",
-            PYTHONWARNINGS="ignore",
-            GLOO_SOCKET_IFNAME="lo",
-            PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
-        )
+        env = learner_env()
         cmd = [sys.executable, os.path.join(HERE, "learner_worker.py"), str(spec_path), str(out_path)]
         log_path = tmp_path / f"{what}.log"
         t0 = time.monotonic()

@@ -19,6 +19,19 @@ from functools import lru_cache
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def learner_env() -> dict[str, str]:
+    """The environment of a learner worker (main venv, gloo on loopback) started from a test of this tier."""
+    return dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore",
+        GLOO_SOCKET_IFNAME="lo",
+        PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+    )
+
+
 VENV = os.environ.get("GSPO_SGLANG_VENV", os.path.join(ROOT, ".venv-sglang"))
 PYTHON = os.path.join(VENV, "bin", "python")
 STANDIN_DIR = os.path.join(HERE, "sgl_kernel_cpu")

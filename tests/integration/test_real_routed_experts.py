@@ -24,7 +24,7 @@ import sys
 import time
 
 import pytest
-from sglang_cpu import CPU_ARGS, HERE, PROMPTS, ROOT, launch, server_config, write_tiny_checkpoint
+from sglang_cpu import CPU_ARGS, HERE, PROMPTS, ROOT, launch, learner_env, server_config, write_tiny_checkpoint
 
 pytestmark = pytest.mark.sglang
 
@@ -53,13 +53,7 @@ def report(moe_server, tmp_path_factory):
         "params": {"temperature": 1.0, "max_new_tokens": 24},
     }
     (out / "spec.json").write_text(json.dumps(spec))
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        PYTHONWARNINGS="ignore",
-        GLOO_SOCKET_IFNAME="lo",
-        PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
-    )
+    env = learner_env()
     t0 = time.monotonic()
     cmd = [sys.executable, os.path.join(HERE, "r3_worker.py"), str(out / "spec.json"), str(out / "report.json")]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
