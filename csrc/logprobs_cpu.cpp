@@ -209,9 +209,6 @@ at::Tensor empty_grad_buffer(int64_t T, int64_t V, const at::TensorOptions& opti
 void set_grad_buffer_cache(bool enabled) { grad_cache().set_enabled(enabled); }
 int64_t grad_buffer_cache_bytes() { return static_cast<int64_t>(grad_cache().cached_bytes()); }
 
-namespace {
-}  // namespace
-
 std::string cpu_isa() { return isa_name(g_isa); }
 
 std::vector<std::string> supported_cpu_isas() {
@@ -283,10 +280,6 @@ GSPO_INLINE void grad_row(const cpu::RowKernelsFor<typename KernelType<T_>::type
     drow[local] = static_cast<T_>(d * it);
   }
 }
-
-}  // namespace
-
-namespace {
 
 // d logits into `out` ([T, V] contiguous; may be `logits` itself).
 void write_grad(const at::Tensor& logits, const at::Tensor& out, const at::Tensor& targets, const at::Tensor& lse,
