@@ -71,11 +71,13 @@ typename KernelType<T>::type* kptr(T* p) {
   return reinterpret_cast<typename KernelType<T>::type*>(p);
 }
 
-enum class Isa { kDefault, kAvx2, kAvx512 };
+enum class Isa { kDefault, kAvx2, kAvx512, kAvx512Bf16 };
 
 bool isa_supported(Isa isa) {
 #ifdef GSPO_HAVE_X86_ISAS
   switch (isa) {
+    case Isa::kAvx512Bf16:
+      return isa_supported(Isa::kAvx512) && __builtin_cpu_supports("avx512bf16");
     case Isa::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
@@ -91,11 +93,23 @@ bool isa_supported(Isa isa) {
 }
 
 const char* isa_name(Isa isa) {
-  return isa == Isa::kAvx512 ? "avx512" : (isa == Isa::kAvx2 ? "avx2" : "default");
+  switch (isa) {
+    case Isa::kAvx512Bf16:
+      return "avx512_bf16";
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    default:
+      return "default";
+  }
 }
 
+// Every ISA, best first.
+constexpr Isa kIsas[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2, Isa::kDefault};
+
 Isa best_isa() {
-  for (Isa isa : {Isa::kAvx512, Isa::kAvx2})
+  for (Isa isa : kIsas)
     if (isa_supported(isa)) return isa;
   return Isa::kDefault;
 }
@@ -104,6 +118,7 @@ Isa g_isa = best_isa();
 
 const cpu::RowKernels& row_kernels() {
 #ifdef GSPO_HAVE_X86_ISAS
+  if (g_isa == Isa::kAvx512Bf16) return cpu::kRowKernelsAvx512Bf16;
   if (g_isa == Isa::kAvx512) return cpu::kRowKernelsAvx512;
   if (g_isa == Isa::kAvx2) return cpu::kRowKernelsAvx2;
 #endif
@@ -213,7 +228,7 @@ std::string cpu_isa() { return isa_name(g_isa); }
 
 std::vector<std::string> supported_cpu_isas() {
   std::vector<std::string> out;
-  for (Isa isa : {Isa::kAvx512, Isa::kAvx2, Isa::kDefault})
+  for (Isa isa : kIsas)
     if (isa_supported(isa)) out.emplace_back(isa_name(isa));
   return out;
 }
@@ -223,14 +238,14 @@ std::string set_cpu_isa(const std::string& name) {
     g_isa = best_isa();
     return cpu_isa();
   }
-  for (Isa isa : {Isa::kAvx512, Isa::kAvx2, Isa::kDefault}) {
+  for (Isa isa : kIsas) {
     if (name == isa_name(isa)) {
       GSPO_CHECK(isa_supported(isa), "this CPU does not support the '", name, "' kernels");
       g_isa = isa;
       return cpu_isa();
     }
   }
-  GSPO_CHECK(false, "unknown CPU ISA '", name, "' (expected auto, avx512, avx2 or default)");
+  GSPO_CHECK(false, "unknown CPU ISA '", name, "' (expected auto, avx512_bf16, avx512, avx2 or default)");
   return {};
 }
 

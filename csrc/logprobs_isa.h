@@ -41,6 +41,7 @@ struct RowKernels {
 };
 
 extern const RowKernels kRowKernelsAvx512;   // AVX-512 F/BW/VL/DQ + FMA + F16C, 16 floats per vector
+extern const RowKernels kRowKernelsAvx512Bf16;  // the same + AVX512_BF16 (the bfloat16 gradient's rounding)
 extern const RowKernels kRowKernelsAvx2;     // AVX2 + FMA + F16C, 8 floats per vector
 extern const RowKernels kRowKernelsDefault;  // baseline x86-64 (SSE2), 4 floats per vector
 

@@ -16,21 +16,26 @@ constexpr int W = 8;
 struct Vec {
   static F set1(float v) { return _mm256_set1_ps(v); }
   static F load(const float* p) { return _mm256_loadu_ps(p); }
-  static F load(const Bf16* p) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
   static F load(const F16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  // 16 bfloat16 values: a = the even elements, b = the odd ones (one AND or shift each; no shuffle).
+  static void load2(const Bf16* p, F& a, F& b) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    a = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    b = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
   static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
-  static void store(Bf16* p, F v) {
-    // round to nearest even; NaN becomes the quiet NaN 0x7FC0
+  // v rounded to bfloat16 (nearest even), the result in the upper 16 bits of each lane; NaN gives 0x7FC0.
+  static __m256i bf16_bits(F v) {
     const __m256i u = _mm256_castps_si256(v);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+    const __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb);
     const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), nan);
-    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+    return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC00000), nan);
+  }
+  // the inverse of load2: even elements from a, odd ones from b
+  static void store2(Bf16* p, F a, F b) {
+    const __m256i lo = _mm256_srli_epi32(bf16_bits(a), 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_blend_epi16(lo, bf16_bits(b), 0xAA));
   }
   static void store(F16* p, F v) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
@@ -39,7 +44,6 @@ struct Vec {
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static F max(F a, F b) { return _mm256_max_ps(a, b); }
-  static F min(F a, F b) { return _mm256_min_ps(a, b); }
   static F round(F a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   static F exp2i(F n) {
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);

@@ -16,20 +16,25 @@ constexpr int W = 16;
 struct Vec {
   static F set1(float v) { return _mm512_set1_ps(v); }
   static F load(const float* p) { return _mm512_loadu_ps(p); }
-  static F load(const Bf16* p) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
   static F load(const F16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  // 32 bfloat16 values: a = the even elements, b = the odd ones (one AND or shift each; no shuffle).
+  static void load2(const Bf16* p, F& a, F& b) {
+    const __m512i v = _mm512_loadu_si512(p);
+    a = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    b = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
   static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
-  static void store(Bf16* p, F v) {
-    // round to nearest even; NaN becomes the quiet NaN 0x7FC0
+  // v rounded to bfloat16 (nearest even), the result in the upper 16 bits of each lane; NaN gives 0x7FC0.
+  static __m512i bf16_bits(F v) {
     const __m512i u = _mm512_castps_si512(v);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
-    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
+    return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC00000));
+  }
+  // the inverse of load2: even elements from a, odd ones from b
+  static void store2(Bf16* p, F a, F b) {
+    const __m512i lo = _mm512_srli_epi32(bf16_bits(a), 16);
+    _mm512_storeu_si512(p, _mm512_mask_blend_epi16(0xAAAAAAAAu, lo, bf16_bits(b)));
   }
   static void store(F16* p, F v) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
@@ -38,7 +43,6 @@ struct Vec {
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F max(F a, F b) { return _mm512_max_ps(a, b); }
-  static F min(F a, F b) { return _mm512_min_ps(a, b); }
   static F round(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   // scalef: y * 2^n in one instruction; lanes where x < c (ordered) are zeroed by the mask.
   static F ldexp_unless_below(F y, F n, F x, F c) {
@@ -70,6 +74,40 @@ struct Vec {
 
 extern const RowKernels kRowKernelsAvx512 = {isa_avx512::kernels_for<float>(), isa_avx512::kernels_for<Bf16>(),
                                              isa_avx512::kernels_for<F16>()};
+
+// The same kernels with the bfloat16 gradient rounded by AVX512_BF16's conversion instruction (Zen 4 and
+// later, Cooper Lake and Sapphire Rapids and later): one instruction and one word permute per 32 values
+// instead of about 14 integer operations. The one difference in results: the instruction rounds a float32
+// gradient element below 2^-126 (1.2e-38) to zero instead of to a bfloat16 subnormal. Only the bfloat16
+// entries differ from kRowKernelsAvx512.
+#pragma GCC push_options
+#pragma GCC target("avx512bf16")
+
+namespace isa_avx512_bf16 {
+
+using F = __m512;
+constexpr int W = 16;
+
+struct Vec : isa_avx512::Vec {
+  // the inverse of load2 (even elements from a, odd ones from b), rounded to nearest even by the instruction
+  static void store2(Bf16* p, F a, F b) {
+    // cvtne2ps packs b's 16 values in the low half and a's in the high half; the permute interleaves them
+    const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(a, b));
+    const __m512i idx = _mm512_set_epi16(15, 31, 14, 30, 13, 29, 12, 28, 11, 27, 10, 26, 9, 25, 8, 24, 7, 23, 6, 22,
+                                         5, 21, 4, 20, 3, 19, 2, 18, 1, 17, 0, 16);
+    _mm512_storeu_si512(p, _mm512_permutexvar_epi16(idx, packed));
+  }
+};
+
+#include "logprobs_isa_impl.h"
+
+}  // namespace isa_avx512_bf16
+
+#pragma GCC pop_options
+
+extern const RowKernels kRowKernelsAvx512Bf16 = {isa_avx512::kernels_for<float>(),
+                                                 isa_avx512_bf16::kernels_for<Bf16>(),
+                                                 isa_avx512::kernels_for<F16>()};
 
 }  // namespace cpu
 }  // namespace gspo

@@ -64,13 +64,19 @@ using F = __m128;
 struct Vec {
   static F set1(float v) { return _mm_set1_ps(v); }
   static F load(const float* p) { return _mm_loadu_ps(p); }
-  static F load(const Bf16* p) {
-    const __m128i h = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-    return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), h));
-  }
   static F load(const F16* p) {
     return _mm_setr_ps(half_to_float(p[0].bits), half_to_float(p[1].bits), half_to_float(p[2].bits),
                        half_to_float(p[3].bits));
+  }
+  // 8 bfloat16 values, in order: two unpacks of one load
+  static void load2(const Bf16* p, F& a, F& b) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    a = _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), h));
+    b = _mm_castsi128_ps(_mm_unpackhi_epi16(_mm_setzero_si128(), h));
+  }
+  static void store2(Bf16* p, F a, F b) {
+    store(p, a);
+    store(p + 4, b);
   }
   static void store(float* p, F v) { _mm_storeu_ps(p, v); }
   static void store(Bf16* p, F v) {
@@ -92,7 +98,6 @@ struct Vec {
   static F mul(F a, F b) { return _mm_mul_ps(a, b); }
   static F fmadd(F a, F b, F c) { return _mm_add_ps(_mm_mul_ps(a, b), c); }
   static F max(F a, F b) { return _mm_max_ps(a, b); }
-  static F min(F a, F b) { return _mm_min_ps(a, b); }
   // nearest even under the default MXCSR rounding mode (|a| < 2^31 here)
   static F round(F a) { return _mm_cvtepi32_ps(_mm_cvtps_epi32(a)); }
   static F exp2i(F n) {
@@ -129,6 +134,14 @@ struct Vec {
     for (int k = 0; k < 4; ++k) r.v[k] = half_to_float(p[k].bits);
     return r;
   }
+  static void load2(const Bf16* p, F& a, F& b) {
+    a = load(p);
+    b = load(p + 4);
+  }
+  static void store2(Bf16* p, F a, F b) {
+    store(p, a);
+    store(p + 4, b);
+  }
   static void store(float* p, F a) {
     for (int k = 0; k < 4; ++k) p[k] = a.v[k];
   }
@@ -150,9 +163,14 @@ struct Vec {
   static F mul(F a, F b) { GSPO_LANES(a.v[k] * b.v[k]) }
   static F fmadd(F a, F b, F c) { GSPO_LANES(a.v[k] * b.v[k] + c.v[k]) }
   static F max(F a, F b) { GSPO_LANES(a.v[k] > b.v[k] ? a.v[k] : b.v[k]) }
-  static F min(F a, F b) { GSPO_LANES(a.v[k] < b.v[k] ? a.v[k] : b.v[k]) }
   static F round(F a) { GSPO_LANES((a.v[k] + 12582912.0f) - 12582912.0f) }
-  static F exp2i(F n) { GSPO_LANES(bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(n.v[k]) + 127) << 23)) }
+  // n outside [-127, 128] (or NaN) only reaches lanes that ldexp_unless_below zeroes or that are NaN: it is
+  // replaced before the conversion, which would be undefined
+  static F exp2i(F n) {
+    GSPO_LANES(bits_to_float(
+        static_cast<uint32_t>(static_cast<int32_t>(n.v[k] >= -127.0f && n.v[k] <= 128.0f ? n.v[k] : -127.0f) + 127)
+        << 23))
+  }
   static F and_not_lt(F x, F c, F y) { GSPO_LANES(x.v[k] < c.v[k] ? 0.0f : y.v[k]) }
 #undef GSPO_LANES
   static F ldexp_unless_below(F y, F n, F x, F c) { return and_not_lt(x, c, mul(y, exp2i(n))); }

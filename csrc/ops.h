@@ -37,7 +37,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gspo_sequence_terms_c
     double eps_high);
 
 // ---- CPU instruction-set selection for the vocabulary kernels ----
-std::string cpu_isa();                      // the ISA in use: "avx512", "avx2" or "default"
+std::string cpu_isa();                      // the ISA in use: "avx512_bf16", "avx512", "avx2" or "default"
 std::string set_cpu_isa(const std::string&);  // force one ("auto" = best supported); returns the ISA in use
 std::vector<std::string> supported_cpu_isas();
 

@@ -1,7 +1,8 @@
 """Shared fixtures for the ops / algo tests.
 
 - ``backend``: runs a test through the pure-torch twins (``"reference"``) and through the compiled CPU
-  kernels under every instruction set this CPU supports (``"avx512"``, ``"avx2"``, ``"default"``).
+  kernels under every instruction set this CPU supports (``"avx512_bf16"``, ``"avx512"``, ``"avx2"``,
+  ``"default"``).
 - ``cpu_isa``: the compiled kernels under each supported instruction set only.
 - ``compiled`` / ``reference``: force one side with :func:`gspo_mcore.ops.use_reference`.
 - ``error_report``: tests record measured error figures; they are printed in the terminal summary.

@@ -610,7 +610,7 @@ def main(argv=None):
         help="seconds allowed for the first (compiling) call of torch.compile'd approaches",
     )
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
-    p.add_argument("--isa", default=None, help="force gspo_mcore's CPU ISA (avx512, avx2, default)")
+    p.add_argument("--isa", default=None, help="force gspo_mcore's CPU ISA (avx512_bf16, avx512, avx2, default)")
     p.add_argument("--json", default=None, metavar="OUT", help="write all numbers to this JSON file")
     args = p.parse_args(argv)
 
