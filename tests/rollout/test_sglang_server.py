@@ -138,6 +138,11 @@ def test_process_exiting_at_start_fails_fast_with_log_tail(tmp_path):
 def test_never_healthy_times_out_and_is_killed(tmp_path):
     cfg = SGLangServerConfig(model_path="NEVER_HEALTHY", **{**STANDIN, "startup_timeout_s": 1.5})
     proc = start_server(cfg, log_dir=tmp_path)
+    # the 1.5 s start only once the stand-in answers (its start-up alone can take longer on a loaded machine,
+    # and then the last answer would be "connection refused" instead of the 503 this test is about)
+    deadline = time.monotonic() + 120
+    while "stand-in serving" not in Path(proc.log_path).read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
     with pytest.raises(ServerLaunchError, match=r"not healthy after 1.5s \(/health_generate: HTTP 503\)"):
         proc.wait_healthy(cfg.startup_timeout_s, poll_s=0.1)
     assert proc.popen.poll() is not None
