@@ -45,8 +45,9 @@ class RolloutBackend(Protocol):
     def sync_weights(self, model, shape, version: int) -> None:
         """The learner's parameters changed: serve them from now on, tagged ``version``."""
 
-    def set_version(self, version: int) -> None:
-        """A resumed run: the engine serves weight version ``version``."""
+    def restore_weights(self, model, shape, version: int) -> None:
+        """A resumed run: serve the parameters just restored from a checkpoint, tagged ``version`` (before
+        the first rollout; the engine may still hold the weights it was started with)."""
 
     def close(self) -> None:
         """Release the engine (servers this run launched are stopped)."""
@@ -132,8 +133,8 @@ class InProcessRollout:
     def sync_weights(self, model, shape, version: int) -> None:
         self.engine.set_weight_version(version)  # it reads the updated parameters directly
 
-    def set_version(self, version: int) -> None:
-        self.engine.set_weight_version(version)
+    def restore_weights(self, model, shape, version: int) -> None:
+        self.engine.set_weight_version(version)  # it reads the restored parameters directly
 
     def close(self) -> None:
         pass
@@ -234,10 +235,18 @@ class SGLangRollout:
 
     def sync_weights(self, model, shape, version: int) -> None:
         """Every rank exports; rank 0 pushes the buckets to the servers and tags them ``version``."""
-        from gspo_mcore.convert.export import hf_buckets
-
         if self.is_driver and self.cfg.colocate:
             self._run(self.engine.resume_memory())
+        self._push(model, shape, version)
+
+    def restore_weights(self, model, shape, version: int) -> None:
+        """The servers were started from (or still serve) other weights: push the restored ones. They have
+        not released their memory yet (that happens before the first training step)."""
+        self._push(model, shape, version)
+
+    def _push(self, model, shape, version: int) -> None:
+        from gspo_mcore.convert.export import hf_buckets
+
         dtype = getattr(torch, self.cfg.sync_dtype)
         if self.cfg.weight_sync in ("tensor", "distributed"):
             buckets = hf_buckets(model, shape, bucket_bytes=self.cfg.bucket_mb * 2**20, dtype=dtype, layout=self.layout)
@@ -309,9 +318,6 @@ class SGLangRollout:
         previous = os.path.join(self.output_dir, "weights", f"step_{version - 1}")
         shutil.rmtree(previous, ignore_errors=True)  # keep only the weights the servers serve
         return path
-
-    def set_version(self, version: int) -> None:
-        pass  # SGLang's version changes with each weight update
 
     def close(self) -> None:
         if self.is_driver and self.engine is not None:

@@ -101,7 +101,7 @@ def run(cfg: TrainConfig) -> list[dict]:
     resumed = checkpoints.resume(model, optimizer, scheduler)
     if resumed is not None:
         loader.load_state_dict(resumed.extra["data"])
-        engine.set_version(resumed.extra["weight_version"])
+        engine.restore_weights(model, shape, resumed.extra["weight_version"])
         start = resumed.step + 1
         if is_writer:
             _drop_metrics_after(os.path.join(cfg.log.output_dir, "metrics.jsonl"), resumed.step)
