@@ -6,7 +6,6 @@ import argparse
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
 
@@ -80,20 +79,9 @@ def preflight_launch(parallel, shape, out: str) -> int:
 
 def relaunch(script: str, argv: list[str], nproc: int) -> int:
     """Run ``script argv`` on ``nproc`` ranks with ``torch.distributed.run``; returns its exit code."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        str(nproc),
-        "--master_port",
-        str(port),
-        os.path.abspath(script),
-        *argv,
-    ]
+    from gspo_mcore.platform.launch import torchrun_prefix
+
+    cmd = [*torchrun_prefix(nproc), os.path.abspath(script), *argv]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     return subprocess.call(cmd, env=env)

@@ -1,1 +1,2 @@
-"""Adapters of third-party libraries (megatron_cpu: a CPU-only host; megatron_checkpoint: synchronous saves)."""
+"""Adapters of third-party libraries (megatron_cpu: a CPU-only host; megatron_checkpoint: synchronous saves) and
+of this host (launch: free ports, the torchrun command)."""

@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from gspo_mcore.platform.launch import free_port
 
 _TRUTHY = ("1", "true", "yes", "on")
 
@@ -177,13 +178,6 @@ class ManagedProcess:
 def _signal_group(popen: subprocess.Popen, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(popen.pid, sig)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (the usual bind-to-0 trick; racy, but fine for tests)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _url(host: str, port: int) -> str:

@@ -266,7 +266,7 @@ class SGLangRollout:
 
     def _init_group(self) -> None:
         """Create the weight-update group with every server (learner rank 0 is its rank 0)."""
-        from gspo_mcore.rollout.sglang_server import free_port
+        from gspo_mcore.platform.launch import free_port
         from gspo_mcore.rollout.weight_group import broadcast_bucket, trainer_side_group
 
         backend = "nccl" if torch.cuda.is_available() else "gloo"

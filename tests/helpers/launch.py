@@ -4,33 +4,13 @@ the child's output is shown."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from gspo_mcore.platform.launch import torchrun_prefix as torchrun
 from helpers import TESTS, worker_env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(nproc: int) -> list[str]:
-    """The command prefix that starts ``nproc`` ranks with ``torch.distributed.run`` on a free port (append
-    ``-m module ...`` or a script path and its arguments)."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        str(nproc),
-        "--master_port",
-        str(free_port()),
-    ]
 
 
 def run_ranks(script: str, nproc: int, args: list[str], *, timeout: float, env: dict[str, str] | None = None) -> str:

@@ -107,7 +107,7 @@ class Worker:
         elif method == "distributed":
             import torch.distributed as dist
 
-            from gspo_mcore.rollout.sglang_server import free_port
+            from gspo_mcore.platform.launch import free_port
 
             group_name = "gspo_it_weights"
 

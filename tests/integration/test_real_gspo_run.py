@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
@@ -111,21 +110,9 @@ def _run_tiny(server, tmp_path, figures, what, weight_sync, max_staleness=0, ste
     cfg_path.write_text(yaml.safe_dump(cfg))
 
     server.holds_base = False
-    from gspo_mcore.rollout.sglang_server import free_port
+    from gspo_mcore.platform.launch import torchrun_prefix
 
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(free_port()),
-        "-m",
-        "gspo_mcore.train",
-        "--config",
-        str(cfg_path),
-    ]
+    cmd = [*torchrun_prefix(2), "-m", "gspo_mcore.train", "--config", str(cfg_path)]
     t0 = time.monotonic()
     log_path = tmp_path / "train.log"
     with open(log_path, "wb") as log:  # a file, not a pipe (see conftest.learner)
