@@ -211,9 +211,11 @@ class _MegatronSession:
         """Embedding and decoder over ``tokens [b, s]`` (the final norm applied) -> ``[s, b, H]``; the model in
         eval mode, the attentions in decoding mode (``freqs [s, b, 1, D]`` or None: no rotary embedding)."""
         gpt = self.gpt
+        # what gpt.eval() does (no dropout; Megatron's attention also refuses an inference context in training),
+        # without its recursion over the module tree and nn.Module.__setattr__'s checks at every step
         training = [m for m in self.owner.modules if m.training]
-        for m in training:  # what gpt.eval() does, without its recursion over the module tree at every step
-            m.training = False  # no dropout; Megatron's attention also refuses an inference context in training
+        for m in training:
+            object.__setattr__(m, "training", False)
         try:
             with _decode_attention(self, freqs):
                 hidden = gpt.embedding(input_ids=tokens, position_ids=positions)  # (s, b, H)
@@ -222,7 +224,7 @@ class _MegatronSession:
                 )
         finally:
             for m in training:
-                m.training = True
+                object.__setattr__(m, "training", True)
 
     @torch.no_grad()
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
