@@ -187,29 +187,32 @@ class _MegatronSession:
         positions = (slots[None] - pad[:, None])[real]  # (T,)
         self.packed = _Packed(inverse=inverse, real=real, index=index, keep=~masked[:, None])
         freqs = None if self.table is None else self.table[positions][:, None, None]  # (T, 1, 1, D)
-        try:
-            hidden = self._run(distinct[:, 1:][real][None], positions[None], None, freqs)  # (T, 1, H)
+        last = real.sum(1).cumsum(0) - 1  # (U,): each prompt's last token in the packed sequence
+        try:  # hidden (T, 1, H) -> each prompt's last (1, U, H)
+            logits = self._run(
+                distinct[:, 1:][real][None], positions[None], None, freqs, lambda h: h[last].transpose(0, 1)
+            )
         finally:
             self.packed = None
-        last = real.sum(1).cumsum(0) - 1  # (U,): each prompt's last token in the packed sequence
         self.offset = P
-        return self._logits(hidden[last].transpose(0, 1))[inverse]  # (B, V)
+        return logits[inverse]  # (B, V)
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``tokens [B, s]`` at cache slots ``offset .. offset+s-1``, ``mask [B, 1, s, offset+s]`` (True:
         masked) -> next-token logits ``[B, V]`` float32 on the CPU."""
         start, s = self.offset, tokens.shape[1]
         freqs = None if self.freqs is None else self.freqs[start : start + s]  # (s, B, 1, D)
-        hidden = self._run(tokens, self.positions[:, start : start + s], mask, freqs)  # (s, B, H)
+        logits = self._run(tokens, self.positions[:, start : start + s], mask, freqs, lambda h: h[-1:])
         self.offset += s
         if self.ctx is not None:
             self.ctx.increment_sequence_len_offset(s)
-        return self._logits(hidden[-1:])
+        return logits
 
-    @torch.no_grad()
-    def _run(self, tokens: torch.Tensor, positions: torch.Tensor, mask, freqs) -> torch.Tensor:
-        """Embedding and decoder over ``tokens [b, s]`` (the final norm applied) -> ``[s, b, H]``; the model in
-        eval mode, the attentions in decoding mode (``freqs [s, b, 1, D]`` or None: no rotary embedding)."""
+    def _run(self, tokens: torch.Tensor, positions: torch.Tensor, mask, freqs, last) -> torch.Tensor:
+        """Embedding, decoder and output layer over ``tokens [b, s]`` -> the logits ``[b', V]`` (float32 on the CPU,
+        the vocabulary gathered over TP) of the positions ``last(hidden [s, b, H]) -> [1, b', H]`` picks. The
+        model in eval mode, the attentions in decoding mode (``freqs [s, b, 1, D]`` or None: no rotary
+        embedding), under ``torch.inference_mode`` (the cache is made of inference tensors; the logits are not)."""
         gpt = self.gpt
         # what gpt.eval() does (no dropout; Megatron's attention also refuses an inference context in training),
         # without its recursion over the module tree and nn.Module.__setattr__'s checks at every step
@@ -217,22 +220,17 @@ class _MegatronSession:
         for m in training:
             object.__setattr__(m, "training", False)
         try:
-            with _decode_attention(self, freqs):
+            with torch.inference_mode(), _decode_attention(self, freqs):
                 hidden = gpt.embedding(input_ids=tokens, position_ids=positions)  # (s, b, H)
-                return gpt.decoder(
+                hidden = gpt.decoder(
                     hidden_states=hidden, attention_mask=mask, inference_context=self.ctx, rotary_pos_emb=None
-                )
+                )  # (s, b, H), final norm applied
+                weight = gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else None
+                logits, _ = gpt.output_layer(last(hidden), weight=weight, runtime_gather_output=True)  # (1, b', V)
         finally:
             for m in training:
                 object.__setattr__(m, "training", True)
-
-    @torch.no_grad()
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``hidden [1, b, H]`` -> logits ``[b, V]`` float32 on the CPU, the vocabulary gathered over TP."""
-        gpt = self.gpt
-        weight = gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else None
-        logits, _ = gpt.output_layer(hidden, weight=weight, runtime_gather_output=True)  # (1, b, V)
-        return logits[0].float().cpu()
+        return logits[0].float().cpu().clone()  # a normal tensor: the caller may write into it
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         mask = ~self.valid[:, None, None, : self.offset + 1]  # (B, 1, 1, end)
