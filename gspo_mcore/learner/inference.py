@@ -165,6 +165,9 @@ class _MegatronSession:
             # (S, 1, 1, D), positions 0..S-1; packed_seq: the whole table, never a CP rank's slice
             self.table = self.gpt.rotary_pos_emb(S, packed_seq=True)[:, 0, 0]
             self.freqs = self.table[positions].transpose(0, 1)[:, :, None].contiguous()
+        # (id(config), mscale) -> (config, the pass's rotation), one per distinct pair: see _decode_attention
+        self.rotations: dict[tuple[int, float], tuple] = {}
+        self.overrides = _overrides(self)
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """The own cache's prefill of ``tokens [B, P]`` (left-padded, ``lengths [B]``) -> logits ``[B, V]``.
@@ -322,32 +325,41 @@ def _plain_core_attention(core) -> bool:
     )
 
 
+def _overrides(session: _MegatronSession) -> list[tuple[torch.nn.Module, str, object]]:
+    """The session's per-layer overrides, made once: ``(module, attribute, function)``. The query and key
+    projections rotate by the pass's rotation in ``session.rotations`` (none without rotary embedding)
+    and, with the session's own cache, each core attention runs over it."""
+    from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import (
+        _yarn_get_concentration_factor_from_config,
+    )
+
+    out = []
+    for index, attn in enumerate(session.owner.attentions):
+        if session.table is not None:
+            mscale = _yarn_get_concentration_factor_from_config(attn.config)
+            session.rotations[id(attn.config), mscale] = (attn.config, None)
+            out.append((attn, "get_query_key_value_tensors", _rotating_qkv(session, attn, (id(attn.config), mscale))))
+        if session.ctx is None:
+            out.append((attn.core_attention, "forward", _cached_attention(session, index, attn.core_attention)))
+    return out
+
+
 @contextlib.contextmanager
 def _decode_attention(session: _MegatronSession, freqs: torch.Tensor | None):
     """While decoding: rotate new queries and keys at their projection (``freqs [s, b, 1, D]``; None: no
     rotary embedding) and, with the session's own cache, run each core attention over it. Each override is
     an instance attribute, removed on exit (the training forward never sees one)."""
-    from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import (
-        _yarn_get_concentration_factor_from_config,
-    )
-
-    rotations: dict[float, tuple] = {}  # mscale -> the rotation's cos and sin, shared by the layers
-    patched = []
+    for key, (config, _) in session.rotations.items():
+        session.rotations[key] = (config, _rotation(freqs, config, key[1]))
     try:
-        for index, attn in enumerate(session.owner.attentions):
-            if freqs is not None:
-                mscale = _yarn_get_concentration_factor_from_config(attn.config)
-                if mscale not in rotations:
-                    rotations[mscale] = _rotation(freqs, attn.config, mscale)
-                attn.get_query_key_value_tensors = _rotating_qkv(attn.get_query_key_value_tensors, rotations[mscale])
-                patched.append((attn, "get_query_key_value_tensors"))
-            if session.ctx is None:
-                attn.core_attention.forward = _cached_attention(session, index, attn.core_attention.softmax_scale)
-                patched.append((attn.core_attention, "forward"))
+        for module, name, fn in session.overrides:
+            module.__dict__[name] = fn  # what setattr does for a plain function, without nn.Module's checks
         yield
     finally:
-        for module, name in patched:
-            delattr(module, name)
+        for module, name, _ in session.overrides:
+            module.__dict__.pop(name, None)
+        for key, (config, _) in session.rotations.items():
+            session.rotations[key] = (config, None)
 
 
 def _rotation(freqs: torch.Tensor, config, mscale: float):
@@ -369,15 +381,20 @@ def _rotation(freqs: torch.Tensor, config, mscale: float):
     return rotate
 
 
-def _rotating_qkv(qkv_fn, rotate):
+def _rotating_qkv(session: _MegatronSession, attn, key: tuple[int, float]):
+    qkv_fn = attn.get_query_key_value_tensors  # the class's method (no override is installed yet)
+
     def fn(*args, **kwargs):
         out = qkv_fn(*args, **kwargs)  # query [s, b, np, hn], key [s, b, ng, hn], value, (gate)
+        rotate = session.rotations[key][1]
         return (rotate(out[0]), rotate(out[1]), *out[2:])
 
     return fn
 
 
-def _cached_attention(session: _MegatronSession, index: int, scale: float):
+def _cached_attention(session: _MegatronSession, index: int, core):
+    scale = core.softmax_scale
+
     def forward(query, key, value, attention_mask, attn_mask_type=None, attention_bias=None, packed_seq_params=None):
         return session.attend(index, query, key, value, attention_mask, scale)
 
