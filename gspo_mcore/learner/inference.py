@@ -12,6 +12,7 @@ same tokens. Pipeline parallelism is not supported for in-process sampling (use 
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 
@@ -121,13 +122,15 @@ class MegatronDecodeModel:
             raise ValueError("in-process KV decoding does not support flash_decode or multi-latent attention")
         self.gpt, self.layout = gpt, layout
         self.attentions = [layer.self_attention for layer in gpt.decoder.layers]
+        self.modules = list(gpt.modules())
         self.own_cache = not megatron_cache and all(_plain_core_attention(a.core_attention) for a in self.attentions)
 
     def start(self, tokens: torch.Tensor, lengths: torch.Tensor, max_new_tokens: int):
         B, P = tokens.shape
         S = P + max_new_tokens - 1  # the last drawn token is never fed back
         dev = self.layout.device
-        pad = (P - lengths.long()).to(dev)  # (B,)
+        lengths = lengths.long().to(dev)
+        pad = P - lengths  # (B,)
         slots = torch.arange(S, device=dev)
         session = _MegatronSession(
             self,
@@ -136,11 +139,13 @@ class MegatronDecodeModel:
             positions=(slots[None] - pad[:, None]).clamp(min=0),  # (B, S)
             valid=slots[None] >= pad[:, None],  # (B, S): key holds a real token
         )
+        tokens = tokens.to(dev)
+        if session.ctx is None:
+            return session, session.prefill(tokens, lengths)
         causal = slots[None, :P] > slots[:P, None]  # (P, P)
         mask = causal[None] | (~session.valid[:, None, :P] & ~torch.eye(P, dtype=torch.bool, device=dev))
-        logits = session.forward(tokens.to(dev), mask[:, None])  # mask (B, 1, P, P)
-        if session.ctx is not None:
-            session.ctx.enable_decode_mode()
+        logits = session.forward(tokens, mask[:, None])  # mask (B, 1, P, P)
+        session.ctx.enable_decode_mode()
         return session, logits
 
 
@@ -153,38 +158,82 @@ class _MegatronSession:
         self.length, self.offset = S, 0  # cache slots, slots filled
         self.ctx = None if owner.own_cache else StaticInferenceContext(B, S)
         self.cache: list[torch.Tensor | None] = [None] * len(owner.attentions)  # own cache: [2, B, ng, S, hn]
+        self.packed: _Packed | None = None  # during the own cache's prefill: the distinct prompts, packed
+        self.table = None  # (S, D): the rotary angles of positions 0..S-1
         self.freqs = None  # (S, B, 1, D): each row's rotary angles at each cache slot
         if self.gpt.position_embedding_type == "rope":
             # (S, 1, 1, D), positions 0..S-1; packed_seq: the whole table, never a CP rank's slice
-            table = self.gpt.rotary_pos_emb(S, packed_seq=True)
-            self.freqs = table[:, 0, 0][positions].transpose(0, 1)[:, :, None].contiguous()
+            self.table = self.gpt.rotary_pos_emb(S, packed_seq=True)[:, 0, 0]
+            self.freqs = self.table[positions].transpose(0, 1)[:, :, None].contiguous()
+        # (id(config), mscale) -> (config, the pass's rotation), one per distinct pair: see _decode_attention
+        self.rotations: dict[tuple[int, float], tuple] = {}
+        self.overrides = _overrides(self)
 
-    @torch.no_grad()
+    def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The own cache's prefill of ``tokens [B, P]`` (left-padded, ``lengths [B]``) -> logits ``[B, V]``.
+
+        Each distinct prompt runs once (the samples of a group share theirs), and only its real tokens: the
+        prompts are packed into one sequence ``[T, 1]`` for everything but attention, which runs per prompt
+        over its left-padded keys (:meth:`_prefill_attention`); every row's keys and values are then copied
+        from its prompt's."""
+        P = tokens.shape[1]
+        distinct, inverse = torch.unique(torch.cat([lengths[:, None], tokens], 1), dim=0, return_inverse=True)
+        U = distinct.shape[0]
+        slots = torch.arange(P, device=tokens.device)
+        pad = P - distinct[:, 0]  # (U,)
+        real = slots[None] >= pad[:, None]  # (U, P)
+        T = int(real.sum())
+        index = torch.full((U, P), T, dtype=torch.long, device=tokens.device)  # T: a zero row (padding)
+        index[real] = torch.arange(T, device=tokens.device)
+        causal = slots[None] > slots[:, None]  # (P, P)
+        masked = causal[None] | (~real[:, None] & ~torch.eye(P, dtype=torch.bool, device=tokens.device))
+        positions = (slots[None] - pad[:, None])[real]  # (T,)
+        self.packed = _Packed(inverse=inverse, real=real, index=index, keep=~masked[:, None])
+        freqs = None if self.table is None else self.table[positions][:, None, None]  # (T, 1, 1, D)
+        last = real.sum(1).cumsum(0) - 1  # (U,): each prompt's last token in the packed sequence
+        try:  # hidden (T, 1, H) -> each prompt's last (1, U, H)
+            logits = self._run(
+                distinct[:, 1:][real][None], positions[None], None, freqs, lambda h: h[last].transpose(0, 1)
+            )
+        finally:
+            self.packed = None
+        self.offset = P
+        return logits[inverse]  # (B, V)
+
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``tokens [B, s]`` at cache slots ``offset .. offset+s-1``, ``mask [B, 1, s, offset+s]`` (True:
         masked) -> next-token logits ``[B, V]`` float32 on the CPU."""
-        gpt, start = self.gpt, self.offset
-        s = tokens.shape[1]
-        positions = self.positions[:, start : start + s]  # (B, s)
+        start, s = self.offset, tokens.shape[1]
         freqs = None if self.freqs is None else self.freqs[start : start + s]  # (s, B, 1, D)
-        was_training = gpt.training
-        if was_training:
-            gpt.eval()  # no dropout; Megatron's attention also refuses an inference context in training mode
-        try:
-            with _decode_attention(self, freqs):
-                hidden = gpt.embedding(input_ids=tokens, position_ids=positions)  # (s, B, H)
-                hidden = gpt.decoder(
-                    hidden_states=hidden, attention_mask=mask, inference_context=self.ctx, rotary_pos_emb=None
-                )  # (s, B, H), final norm applied
-            weight = gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else None
-            logits, _ = gpt.output_layer(hidden[-1:], weight=weight, runtime_gather_output=True)  # (1, B, V)
-        finally:
-            if was_training:
-                gpt.train()
+        logits = self._run(tokens, self.positions[:, start : start + s], mask, freqs, lambda h: h[-1:])
         self.offset += s
         if self.ctx is not None:
             self.ctx.increment_sequence_len_offset(s)
-        return logits[0].float().cpu()
+        return logits
+
+    def _run(self, tokens: torch.Tensor, positions: torch.Tensor, mask, freqs, last) -> torch.Tensor:
+        """Embedding, decoder and output layer over ``tokens [b, s]`` -> the logits ``[b', V]`` (float32 on the CPU,
+        the vocabulary gathered over TP) of the positions ``last(hidden [s, b, H]) -> [1, b', H]`` picks. The
+        model in eval mode, the attentions in decoding mode (``freqs [s, b, 1, D]`` or None: no rotary
+        embedding), under ``torch.inference_mode`` (the cache is made of inference tensors; the logits are not)."""
+        gpt = self.gpt
+        # what gpt.eval() does (no dropout; Megatron's attention also refuses an inference context in training),
+        # without its recursion over the module tree and nn.Module.__setattr__'s checks at every step
+        training = [m for m in self.owner.modules if m.training]
+        for m in training:
+            object.__setattr__(m, "training", False)
+        try:
+            with torch.inference_mode(), _decode_attention(self, freqs):
+                hidden = gpt.embedding(input_ids=tokens, position_ids=positions)  # (s, b, H)
+                hidden = gpt.decoder(
+                    hidden_states=hidden, attention_mask=mask, inference_context=self.ctx, rotary_pos_emb=None
+                )  # (s, b, H), final norm applied
+                weight = gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else None
+                logits, _ = gpt.output_layer(last(hidden), weight=weight, runtime_gather_output=True)  # (1, b', V)
+        finally:
+            for m in training:
+                object.__setattr__(m, "training", True)
+        return logits[0].float().cpu().clone()  # a normal tensor: the caller may write into it
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         mask = ~self.valid[:, None, None, : self.offset + 1]  # (B, 1, 1, end)
@@ -202,17 +251,62 @@ class _MegatronSession:
         if self.freqs is not None:
             self.freqs = self.freqs[:, rows].contiguous()
 
-    def store(self, index: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def attend(self, index: int, query, key, value, attention_mask, scale: float) -> torch.Tensor:
+        """Layer ``index``'s core attention over the own cache: ``query [sq, b, np, hn]``, this pass's ``key,
+        value [sq, b, ng, hn]``, ``attention_mask [b, 1, sq, sk]`` bool (True: masked; sk = the cache's filled
+        slots after this pass) -> ``[sq, b, np*hn]``."""
+        if self.packed is not None:
+            return self._prefill_attention(index, query, key, value, scale)
+        keys, values = self._store(index, key, value)  # (B, ng, sk, hn) each
+        sq, B, nh, hn = query.shape
+        r = nh // keys.shape[1]  # query heads per KV group (Megatron: head h reads group h // r)
+        q = query.permute(1, 2, 0, 3).reshape(B, keys.shape[1], r * sq, hn)  # row i*sq + t is (head i, t)
+        keep = ~(attention_mask if sq == 1 else attention_mask.repeat(1, 1, r, 1))  # (B, 1, r*sq, sk)
+        out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=keep, scale=scale)
+        return out.reshape(B, nh, sq, hn).permute(2, 0, 1, 3).reshape(sq, B, nh * hn)  # (sq, B, np*hn)
+
+    def _store(self, index: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this pass's ``key, value [s, B, ng, hn]`` of layer ``index`` at slots ``offset..offset+s-1``
         -> the cache's filled prefix, keys and values ``[B, ng, offset+s, hn]`` each (views)."""
-        s, B, ng, hn = key.shape
+        end = self.offset + key.shape[0]
         kv = self.cache[index]
-        if kv is None:
-            kv = self.cache[index] = key.new_empty((2, B, ng, self.length, hn))
-        end = self.offset + s
         kv[0, :, :, self.offset : end] = key.permute(1, 2, 0, 3)
         kv[1, :, :, self.offset : end] = value.permute(1, 2, 0, 3)
         return kv[0, :, :, :end], kv[1, :, :, :end]
+
+    def _prefill_attention(self, index: int, query, key, value, scale: float) -> torch.Tensor:
+        """The packed prefill's attention: ``query [T, 1, np, hn]``, ``key, value [T, 1, ng, hn]`` -> ``[T, 1,
+        np*hn]``. Each distinct prompt attends over its own keys, left-padded to ``P`` (zeros at the padding,
+        masked); the cache's first ``P`` slots of every row get its prompt's keys and values."""
+        packed = self.packed
+        U, P = packed.index.shape
+        T, _, nh, hn = query.shape
+
+        def padded(x):  # [T, 1, n, hn] -> [U, n, P, hn], zeros at the padding
+            x = torch.cat([x[:, 0], x.new_zeros((1, *x.shape[2:]))])  # (T + 1, n, hn)
+            return x[packed.index].transpose(1, 2)
+
+        keys, values = padded(key), padded(value)  # (U, ng, P, hn) each
+        ng = keys.shape[1]
+        B = packed.inverse.shape[0]
+        kv = self.cache[index] = keys.new_empty((2, B, ng, self.length, hn))
+        kv[0, :, :, :P] = keys[packed.inverse]
+        kv[1, :, :, :P] = values[packed.inverse]
+        r = nh // ng
+        q = padded(query).reshape(U, ng, r * P, hn)  # row i*P + t is (head i, t)
+        keep = packed.keep if r == 1 else packed.keep.repeat(1, 1, r, 1)  # (U, 1, r*P, P)
+        out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=keep, scale=scale)
+        out = out.reshape(U, nh, P, hn).transpose(1, 2)[packed.real]  # (T, np, hn)
+        return out.reshape(T, 1, nh * hn)
+
+
+class _Packed(NamedTuple):
+    """The own cache's prefill: ``U`` distinct prompts of the ``B`` rows, packed into ``T`` tokens."""
+
+    inverse: torch.Tensor  # (B,): each row's prompt
+    real: torch.Tensor  # (U, P) bool: a real token of the left-padded prompt (packed in row-major order)
+    index: torch.Tensor  # (U, P): the packed position of each real token, T at the padding
+    keep: torch.Tensor  # (U, 1, P, P) bool: the prompt's attention mask (True: attend)
 
 
 def _plain_core_attention(core) -> bool:
@@ -231,58 +325,77 @@ def _plain_core_attention(core) -> bool:
     )
 
 
-@contextlib.contextmanager
-def _decode_attention(session: _MegatronSession, freqs: torch.Tensor | None):
-    """While decoding: rotate new queries and keys at their projection (``freqs [s, B, 1, D]``; None: no
-    rotary embedding) and, with the session's own cache, run each core attention over it. Each override is
-    an instance attribute, removed on exit (the training forward never sees one)."""
+def _overrides(session: _MegatronSession) -> list[tuple[torch.nn.Module, str, object]]:
+    """The session's per-layer overrides, made once: ``(module, attribute, function)``. The query and key
+    projections rotate by the pass's rotation in ``session.rotations`` (none without rotary embedding)
+    and, with the session's own cache, each core attention runs over it."""
     from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import (
         _yarn_get_concentration_factor_from_config,
     )
 
-    patched = []
+    out = []
+    for index, attn in enumerate(session.owner.attentions):
+        if session.table is not None:
+            mscale = _yarn_get_concentration_factor_from_config(attn.config)
+            session.rotations[id(attn.config), mscale] = (attn.config, None)
+            out.append((attn, "get_query_key_value_tensors", _rotating_qkv(session, attn, (id(attn.config), mscale))))
+        if session.ctx is None:
+            out.append((attn.core_attention, "forward", _cached_attention(session, index, attn.core_attention)))
+    return out
+
+
+@contextlib.contextmanager
+def _decode_attention(session: _MegatronSession, freqs: torch.Tensor | None):
+    """While decoding: rotate new queries and keys at their projection (``freqs [s, b, 1, D]``; None: no
+    rotary embedding) and, with the session's own cache, run each core attention over it. Each override is
+    an instance attribute, removed on exit (the training forward never sees one)."""
+    for key, (config, _) in session.rotations.items():
+        session.rotations[key] = (config, _rotation(freqs, config, key[1]))
     try:
-        for index, attn in enumerate(session.owner.attentions):
-            if freqs is not None:
-                mscale = _yarn_get_concentration_factor_from_config(attn.config)
-                attn.get_query_key_value_tensors = _rotating_qkv(
-                    attn.get_query_key_value_tensors, freqs, attn.config, mscale
-                )
-                patched.append((attn, "get_query_key_value_tensors"))
-            if session.ctx is None:
-                attn.core_attention.forward = _cached_attention(session, index, attn.core_attention.softmax_scale)
-                patched.append((attn.core_attention, "forward"))
+        for module, name, fn in session.overrides:
+            module.__dict__[name] = fn  # what setattr does for a plain function, without nn.Module's checks
         yield
     finally:
-        for module, name in patched:
-            delattr(module, name)
+        for module, name, _ in session.overrides:
+            module.__dict__.pop(name, None)
+        for key, (config, _) in session.rotations.items():
+            session.rotations[key] = (config, None)
 
 
-def _rotating_qkv(qkv_fn, freqs: torch.Tensor, config, mscale: float):
-    from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+def _rotation(freqs: torch.Tensor, config, mscale: float):
+    """``rotate(t)``: Megatron's ``apply_rotary_pos_emb(t, freqs, config, mscale=mscale)`` for ``t [s, b, n,
+    hn]``. Unfused, it is ``t * cos + rotate_half(t) * sin`` on the first ``D`` channels: cos and sin are computed
+    here once per pass, as Megatron computes them, instead of twice in every layer."""
+    from megatron.core.models.common.embeddings.rope_utils import _rotate_half, apply_rotary_pos_emb
+
+    if config.apply_rope_fusion:
+        return lambda t: apply_rotary_pos_emb(t, freqs, config=config, mscale=mscale)
+    cos, sin = torch.cos(freqs) * mscale, torch.sin(freqs) * mscale  # (s, b, 1, D)
+    D, interleaved = freqs.shape[-1], config.rotary_interleaved
+
+    def rotate(t: torch.Tensor) -> torch.Tensor:
+        x = t[..., :D]
+        x = (x * cos.to(t.dtype)) + (_rotate_half(x, interleaved) * sin.to(t.dtype))
+        return x if D == t.shape[-1] else torch.cat((x, t[..., D:]), dim=-1)
+
+    return rotate
+
+
+def _rotating_qkv(session: _MegatronSession, attn, key: tuple[int, float]):
+    qkv_fn = attn.get_query_key_value_tensors  # the class's method (no override is installed yet)
 
     def fn(*args, **kwargs):
-        out = qkv_fn(*args, **kwargs)  # query [s, B, np, hn], key [s, B, ng, hn], value, (gate)
-        query = apply_rotary_pos_emb(out[0], freqs, config=config, mscale=mscale)
-        key = apply_rotary_pos_emb(out[1], freqs, config=config, mscale=mscale)
-        return (query, key, *out[2:])
+        out = qkv_fn(*args, **kwargs)  # query [s, b, np, hn], key [s, b, ng, hn], value, (gate)
+        rotate = session.rotations[key][1]
+        return (rotate(out[0]), rotate(out[1]), *out[2:])
 
     return fn
 
 
-def _cached_attention(session: _MegatronSession, index: int, scale: float):
+def _cached_attention(session: _MegatronSession, index: int, core):
+    scale = core.softmax_scale
+
     def forward(query, key, value, attention_mask, attn_mask_type=None, attention_bias=None, packed_seq_params=None):
-        # query [sq, B, np, hn]; key, value [sq, B, ng, hn] (this pass's); attention_mask [B, 1, sq, sk] bool,
-        # True: masked, sk = the cache's filled slots after this pass
-        keys, values = session.store(index, key, value)  # (B, ng, sk, hn) each
-        sq, B, nh, hn = query.shape
-        ng = keys.shape[1]
-        r = nh // ng  # query heads per KV group (Megatron: head h reads group h // r)
-        q = query.permute(1, 2, 0, 3).reshape(B, ng, r * sq, hn)  # (B, ng, r*sq, hn): row i*sq + t is (h, t)
-        keep = ~(attention_mask if sq == 1 else attention_mask.repeat(1, 1, r, 1))  # (B, 1, r*sq, sk)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q, keys, values, attn_mask=keep, scale=scale
-        )  # (B, ng, r*sq, hn)
-        return out.reshape(B, nh, sq, hn).permute(2, 0, 1, 3).reshape(sq, B, nh * hn)  # (sq, B, np*hn)
+        return session.attend(index, query, key, value, attention_mask, scale)
 
     return forward

@@ -283,9 +283,12 @@ def draw_tokens(last: torch.Tensor, params: SamplingParams, u: torch.Tensor) -> 
     cdf = probs.cumsum(-1)  # (B, V); flat over excluded tokens, so they are never the first above u
     target = (u.double() * cdf[:, -1])[:, None]  # (B, 1)
     idx = torch.searchsorted(cdf, target, right=True).squeeze(1)  # first index with cdf > target
-    # target rounded up to the total mass: the last token with a positive probability
-    last_kept = last.shape[1] - 1 - (probs > 0).flip(-1).to(torch.uint8).argmax(-1)
-    return torch.minimum(idx, last_kept)
+    # cdf rises only at tokens with a positive probability, so idx is one of them, or V where the target rounded
+    # up to the total mass: there, the last token with a positive probability
+    over = torch.nonzero(idx == last.shape[1]).squeeze(1)
+    if len(over):
+        idx[over] = last.shape[1] - 1 - (probs[over] > 0).flip(-1).to(torch.uint8).argmax(-1)
+    return idx
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

@@ -179,6 +179,16 @@ def test_inverse_cdf_draws_follow_the_truncated_distribution():
     assert bool(((counts - n * p).abs() <= 5 * sigma + 1).all()), (counts / n, p)
 
 
+def test_a_target_at_the_total_mass_draws_the_last_kept_token_not_past_the_vocabulary():
+    # u rounded up to 1: the target equals the cdf's total and no cdf value exceeds it (searchsorted gives V); the
+    # draw is then the last token with a positive probability, even with excluded tokens after it
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.5, -4.0, -5.0], [1.0, 0.0, 2.0, -1.0, 0.5, 3.0]])  # (2, 6)
+    params = SamplingParams(temperature=1.0, top_k=3)  # row 0 keeps 1, 2, 3; row 1 keeps 0, 2, 5
+    u = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    assert draw_tokens(logits, params, u).tolist() == [3, 5]
+    assert draw_tokens(logits, params, torch.zeros(2, dtype=torch.float64)).tolist() == [1, 0]
+
+
 class TinyAttention(torch.nn.Module):
     """One causal attention layer with learned positions: a real full forward, and a KV-cache
     :class:`DecodeModel` over left-padded prompts (positions from each row's first real token)."""

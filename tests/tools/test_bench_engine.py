@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_bench_engine_quick_writes_the_table_and_json(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "tools/bench_engine.py", "--quick", "--threads", "1", "--json", str(out)],
+        [sys.executable, "tools/bench_engine.py", "--quick", "--threads", "1", "--repeat", "2", "--json", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -34,5 +34,19 @@ def test_bench_engine_quick_writes_the_table_and_json(tmp_path):
     assert header["kv_vs_transformers_max_abs_logprob_diff"] < 1e-4  # the same weights in both
     runs = {(r["engine"], r["new_tokens"]) for r in data["results"]}
     assert runs == {(e, n) for e in ("kv", "recompute", "transformers") for n in (4, 8)}
+    assert header["repeat"] == 2
     for r in data["results"]:
         assert r["tokens_per_s"] > 0 and r["seconds"] > 0 and r["ms_per_step"] > 0
+        assert len(r["seconds_all"]) == 2 and r["seconds"] == min(r["seconds_all"])  # the fastest of the runs
+
+
+def test_bench_engine_refuses_a_repeat_below_one():
+    proc = subprocess.run(
+        [sys.executable, "tools/bench_engine.py", "--quick", "--repeat", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2 and "--repeat must be >= 1, got 0" in proc.stderr

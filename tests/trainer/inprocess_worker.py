@@ -44,11 +44,19 @@ def main():
         kv_model = decode_model(model, layout)
         assert kv_model.own_cache  # the local layer spec: the session's own cache
     engine = InProcessEngine(kv_model, **kw)
+    prefills = []  # the token ids' shape of every multi-token embedding call: the prefills ([B, s] steps are s = 1)
+    kv_model.gpt.embedding.register_forward_hook(
+        lambda module, args, kwargs, out: (
+            prefills.append(list(kwargs["input_ids"].shape)) if kwargs["input_ids"].shape[1] > 1 else None
+        ),
+        with_kwargs=True,
+    )
     recompute = InProcessEngine(decode_model(model, layout, kv_cache=False), **kw)
     prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16], [17]]
     params = SamplingParams(temperature=tau, max_new_tokens=16, seed=123, stop_token_ids=tuple(range(20, 32)))
     groups = engine.generate_sync(prompts, 3, params)
     again = engine.generate_sync(prompts, 3, params)
+    engine_prefills = list(prefills)
     baseline = recompute.generate_sync(prompts, 3, params)
     samples, engine_lp = [], []
     for g in groups:
@@ -75,6 +83,7 @@ def main():
                 "num_stop": reasons.count("stop"),
                 "num_length": reasons.count("length"),
                 "num_tokens": sum(len(e) for e in engine_lp),
+                "prefills": engine_prefills,
             }
         )
         + "\n"

@@ -7,7 +7,8 @@ same temperature): both are ``log softmax(logits / T)`` of one fp32 forward, the
 vocabulary, the learner's through the vocabulary-parallel kernel; the documented tolerance is 2e-5
 (fp32 rounding of different reduction orders over a few thousand logits). TP peers must draw the same
 tokens, a fixed seed must reproduce the samples, and the KV-cache engine must draw the same tokens as
-the engine that recomputes every sequence at every step.
+the engine that recomputes every sequence at every step. With its own cache, the engine prefills each
+distinct prompt of a batch once (a group's samples share it), packed without padding.
 """
 
 import json
@@ -33,3 +34,8 @@ def test_engine_logprobs_equal_learner_forward(nproc, layout, tau):
         assert r["same_as_recompute"], "KV-cache and recompute engines drew different tokens"
         assert r["num_stop"] > 0 and r["num_length"] > 0, r  # rows finished mid-batch and rows ran to the cap
     assert all(r["ids"] == rows[0]["ids"] for r in rows), "TP peers drew different tokens"
+    # 4 prompts x 3 samples in batches of 8 rows: prompts 0, 1, 2 (4 + 2 + 6 tokens), then 2, 3 (6 + 1), twice.
+    # The own cache prefills each distinct prompt once, packed without padding; Megatron's cache the padded batch
+    per_call = [[8, 6], [4, 6]] if layout == "1-megatron-cache" else [[1, 12], [1, 7]]
+    for r in rows:
+        assert r["prefills"] == per_call * 2, r["prefills"]
