@@ -2,16 +2,20 @@
 
 Tolerances. Steps 0-2 (``TIGHT_STEPS``): step 0 samples from the initial weights with fixed seeds, so its
 rewards are exact and its loss differs only by fp32 summation order; after 1-2 updates the weights differ by
-rounding (~1e-7 relative) and a sampled token flips only if a uniform draw lands that close to a CDF
-boundary. Measured (AMD EPYC, AVX2 kernels): the pure-torch twins of the compiled kernels
-(``GSPO_MCORE_REFERENCE_OPS=1``, another summation order, a stand-in for another CPU) gave the same 20
-rewards exactly and losses within 1.3e-8 (losses here are 4e-3 to 1e-2). Hence ``reward_mean`` to 1e-6 and
+rounding (~1e-7 relative) and a sampled token flips only if a uniform draw lands that close to a CDF boundary.
+Measured (AMD EPYC, AVX2 kernels, an earlier config of the job): the pure-torch twins of the compiled kernels
+(``GSPO_MCORE_REFERENCE_OPS=1``, another summation order, a stand-in for another CPU) gave the same 20 rewards
+exactly and losses within 1.3e-8. With today's config (32 x 16, entropy bonus 0.06), on the AMD EPYC with
+AVX-512 kernels that made the trace, they give the same rewards on steps 0-13 and losses within 2e-8 on steps
+0-9; then the weights drift apart (3e-7 at step 10, 3e-5 at step 13) and a token flips: from step 14 the
+rewards differ by up to 8.1e-3 and the losses by up to 5.6e-3 (step 19). Hence ``reward_mean`` to 1e-6 and
 ``loss`` to 1e-6 on steps 0-2: any change of what the job computes (sampling, rewards, advantages, loss,
 optimizer, seeds) moves step 1 or 2 by far more. After step 2 a token flipped by another CPU's rounding
-would change the trajectory from then on; one flipped sample moves ``reward_mean`` by at most 1/256. The
-band there, ``REWARD_ATOL`` (about 5 fully flipped samples) and ``LOSS_LOOSE_ATOL`` (a fifth to a half of
-the loss), tolerates a few flips and still catches a change that only acts later (the end of the 4-step
-warm-up, a schedule, a drift).
+changes the trajectory from then on; one flipped sample moves ``reward_mean`` by at most 1/512 (32 prompts x
+16 samples). The band there, ``REWARD_ATOL`` (about 10 fully flipped samples) and ``LOSS_LOOSE_ATOL`` (about
+6% of the loss, which is mostly the entropy bonus, -0.06 x ~4 nats: a flip moves it through the entropy),
+tolerates a few flips and still catches a change that only acts later (the end of the 4-step warm-up, a
+schedule, a drift).
 """
 
 from __future__ import annotations
@@ -27,9 +31,9 @@ LOSS_ATOL = 1e-6
 REWARD_ATOL_TIGHT = 1e-6
 """Steps 0-2: |reward_mean - golden| (measured 0)."""
 REWARD_ATOL = 0.02
-"""Steps 3-19: |reward_mean - golden| (rewards here are 0.05 to 0.1)."""
-LOSS_LOOSE_ATOL = 2e-3
-"""Steps 3-19: |loss - golden| (losses here are 4e-3 to 1e-2)."""
+"""Steps 3-19: |reward_mean - golden| (rewards here are 0.02 to 0.13)."""
+LOSS_LOOSE_ATOL = 1.5e-2
+"""Steps 3-19: |loss - golden| (losses here are -0.24 to -0.22; the reference kernels differed by up to 5.6e-3)."""
 
 
 @pytest.mark.distributed

@@ -96,7 +96,15 @@ def _run_tiny(server, tmp_path, figures, what, weight_sync, max_staleness=0, ste
     cfg["model"] = {"hf_dir": server.base_dir, "load_hf_weights": True}
     cfg["data"]["paths"] = [str(data)]
     cfg["log"] = {"output_dir": str(out), "progress_bar": False}
-    cfg["rollout"].update(prompts_per_step=8, group_size=4, old_logprobs="recompute", max_staleness=max_staleness)
+    # every step updates (the demo's drop_zero_advantage_groups could leave a step of 8 groups with none):
+    # the checks read each step's learner figures (logprob_mismatch)
+    cfg["rollout"].update(
+        prompts_per_step=8,
+        group_size=4,
+        old_logprobs="recompute",
+        max_staleness=max_staleness,
+        drop_zero_advantage_groups=False,
+    )
     cfg["rollout"]["engine"] = "sglang"
     cfg["rollout"]["sglang"] = {
         "urls": [server.url],
