@@ -56,21 +56,16 @@ struct NarrowGrad<float> {
   static constexpr bool value = false;
 };
 
-// 2W values of each storage type as two vectors (bfloat16: in the ISA's own lane order, undone by store2).
-static inline __attribute__((always_inline)) void load2(const float* p, F& a, F& b) {
-  a = Vec::load(p);
-  b = Vec::load(p + W);
-}
-static inline __attribute__((always_inline)) void load2(const F16* p, F& a, F& b) {
+// 2W values of each storage type as two vectors: float32 and float16 in order, bfloat16 in the ISA's own lane
+// order (Vec::load2), undone by store2 (the non-template overloads win for Bf16).
+template <typename T>
+static inline __attribute__((always_inline)) void load2(const T* p, F& a, F& b) {
   a = Vec::load(p);
   b = Vec::load(p + W);
 }
 static inline __attribute__((always_inline)) void load2(const Bf16* p, F& a, F& b) { Vec::load2(p, a, b); }
-static inline __attribute__((always_inline)) void store2(float* p, F a, F b) {
-  Vec::store(p, a);
-  Vec::store(p + W, b);
-}
-static inline __attribute__((always_inline)) void store2(F16* p, F a, F b) {
+template <typename T>
+static inline __attribute__((always_inline)) void store2(T* p, F a, F b) {
   Vec::store(p, a);
   Vec::store(p + W, b);
 }
