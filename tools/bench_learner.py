@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -137,17 +136,10 @@ def worker(args):
 
 def launch(args, name, out):
     world = LAYOUTS[name][0]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from gspo_mcore.platform.launch import torchrun_prefix
+
     cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        str(world),
-        "--master_port",
-        str(port),
+        *torchrun_prefix(world),
         os.path.abspath(__file__),
         "--worker",
         "--layout",

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from gspo_mcore.learner.model_config import ModelShape
+from gspo_mcore.platform.launch import free_port
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,7 +183,7 @@ def init_parallel(cfg: ParallelConfig, shape: ModelShape, *, seed: int = 1234, t
     if not dist.is_initialized():
         if "MASTER_ADDR" not in os.environ:  # a single process without torchrun
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            os.environ.setdefault("MASTER_PORT", str(free_port()))
             os.environ.setdefault("RANK", "0")
             os.environ.setdefault("WORLD_SIZE", "1")
         if on_gpu:
@@ -251,11 +252,3 @@ def destroy_parallel() -> None:
         ps.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -14,22 +14,17 @@ import argparse
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
+
+from gspo_mcore.platform.launch import torchrun_prefix
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_trace.json")
 CONFIG = "examples/tiny/config.yaml"
 STEPS = 20
 KEYS = ("loss", "reward_mean")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_trace(work_dir: str, *, steps: int = STEPS, timeout: float = 600) -> list[dict]:
@@ -43,13 +38,7 @@ def run_trace(work_dir: str, *, steps: int = STEPS, timeout: float = 600) -> lis
     commands = [
         [sys.executable, "-m", "examples.tiny.prepare", "--out", data],
         [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(_free_port()),
+            *torchrun_prefix(2),
             "-m",
             "gspo_mcore.train",
             "--config",
