@@ -259,11 +259,8 @@ class _MegatronSession:
             return self._prefill_attention(index, query, key, value, scale)
         keys, values = self._store(index, key, value)  # (B, ng, sk, hn) each
         sq, B, nh, hn = query.shape
-        r = nh // keys.shape[1]  # query heads per KV group (Megatron: head h reads group h // r)
-        q = query.permute(1, 2, 0, 3).reshape(B, keys.shape[1], r * sq, hn)  # row i*sq + t is (head i, t)
-        keep = ~(attention_mask if sq == 1 else attention_mask.repeat(1, 1, r, 1))  # (B, 1, r*sq, sk)
-        out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=keep, scale=scale)
-        return out.reshape(B, nh, sq, hn).permute(2, 0, 1, 3).reshape(sq, B, nh * hn)  # (sq, B, np*hn)
+        out = _grouped_attention(query.permute(1, 2, 0, 3), keys, values, ~attention_mask, scale)  # (B, np, sq, hn)
+        return out.permute(2, 0, 1, 3).reshape(sq, B, nh * hn)  # (sq, B, np*hn)
 
     def _store(self, index: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this pass's ``key, value [s, B, ng, hn]`` of layer ``index`` at slots ``offset..offset+s-1``
@@ -279,7 +276,7 @@ class _MegatronSession:
         np*hn]``. Each distinct prompt attends over its own keys, left-padded to ``P`` (zeros at the padding,
         masked); the cache's first ``P`` slots of every row get its prompt's keys and values."""
         packed = self.packed
-        U, P = packed.index.shape
+        P = packed.index.shape[1]
         T, _, nh, hn = query.shape
 
         def padded(x):  # [T, 1, n, hn] -> [U, n, P, hn], zeros at the padding
@@ -292,12 +289,21 @@ class _MegatronSession:
         kv = self.cache[index] = keys.new_empty((2, B, ng, self.length, hn))
         kv[0, :, :, :P] = keys[packed.inverse]
         kv[1, :, :, :P] = values[packed.inverse]
-        r = nh // ng
-        q = padded(query).reshape(U, ng, r * P, hn)  # row i*P + t is (head i, t)
-        keep = packed.keep if r == 1 else packed.keep.repeat(1, 1, r, 1)  # (U, 1, r*P, P)
-        out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=keep, scale=scale)
-        out = out.reshape(U, nh, P, hn).transpose(1, 2)[packed.real]  # (T, np, hn)
-        return out.reshape(T, 1, nh * hn)
+        out = _grouped_attention(padded(query), keys, values, packed.keep, scale)  # (U, np, P, hn)
+        return out.transpose(1, 2)[packed.real].reshape(T, 1, nh * hn)
+
+
+def _grouped_attention(query, keys, values, keep, scale: float) -> torch.Tensor:
+    """Softmax attention with grouped KV heads: ``query [N, np, s, hn]`` over ``keys, values [N, ng, sk, hn]``,
+    ``keep [N, 1, s, sk]`` bool (True: attend) -> ``[N, np, s, hn]``. Megatron's query head h reads KV group
+    h // r (r = np / ng): each group's r heads are stacked along the query rows, so SDPA sees ng heads."""
+    N, nh, s, hn = query.shape
+    r = nh // keys.shape[1]
+    q = query.reshape(N, keys.shape[1], r * s, hn)  # row i*s + t is (head i of the group, t)
+    if r > 1 and s > 1:
+        keep = keep.repeat(1, 1, r, 1)  # (N, 1, r*s, sk); a single row broadcasts as it is
+    out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=keep, scale=scale)
+    return out.reshape(N, nh, s, hn)
 
 
 class _Packed(NamedTuple):
