@@ -117,4 +117,7 @@ def load_model(model, ckpt_dir: str) -> None:
 
     chunk = model_chunks(model)[0]
     state = dist_checkpointing.load(_sharded_state_dict(model), ckpt_dir)
+    # a training checkpoint (step_<N>/megatron) also holds the optimizer, whose common (non-tensor) state the
+    # load hands back beside the model's tensors
+    state.pop("optimizer", None)
     chunk.load_state_dict(state, strict=True)

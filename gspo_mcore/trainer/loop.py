@@ -41,6 +41,7 @@ from gspo_mcore.learner import (
 from gspo_mcore.learner.checkpoint import Checkpointer
 from gspo_mcore.metrics import MetricsLogger, step_metrics
 from gspo_mcore.rewards import check_reward_setup
+from gspo_mcore.trainer import distill
 from gspo_mcore.trainer.asynchronous import Prefetcher, fresh_groups
 from gspo_mcore.trainer.backends import InProcessRollout, RolloutBackend, SGLangRollout
 from gspo_mcore.trainer.batch import decode_responses, learner_samples, overlong_penalties, staleness_metrics
@@ -67,6 +68,7 @@ def run(cfg: TrainConfig) -> list[dict]:
     _check_lengths(cfg, shape, dataset, template, eval_sets)  # before anything is built
     loader = PromptLoader(dataset, PromptSampler(len(dataset), cfg.sampler), template)
     rewards = check_reward_setup(cfg.reward, dataset)  # names, sandbox, every row's fields: before any model
+    distill_plan = distill.plan(cfg, shape, tokenizer)  # the teacher's tokenizer and fit: before any model
 
     layout = init_parallel(cfg.parallel, shape, seed=cfg.seed)
     is_writer = layout.rank == 0
@@ -86,6 +88,7 @@ def run(cfg: TrainConfig) -> list[dict]:
         load_hf_weights(model, cfg.model.hf_dir, shape, progress=is_writer, layout=layout)
     cfg.loss.head(model)  # loss.fused_lm_head: refuses, naming the key, a model it cannot serve (None if off)
     optimizer, scheduler = build_optimizer(model, cfg.optim)
+    distiller = distill_plan.build(cfg.parallel, layout, cfg.model.options) if distill_plan else None
     # the KL reference is the initial policy: snapshot it before a checkpoint is restored
     reference = ReferencePolicy(model) if cfg.loss.uses_reference else None
     if reference is not None and is_writer:
@@ -138,6 +141,7 @@ def run(cfg: TrainConfig) -> list[dict]:
                 shape,
                 reference,
                 prefetch,
+                distiller,
             )
             if record is None:  # the prompts ran out (a finite number of epochs)
                 break
@@ -174,6 +178,7 @@ def _train_one_step(
     shape,
     reference,
     prefetch,
+    distiller=None,
 ) -> dict | None:
     """One GSPO step; its metrics record, or ``None`` when no prompts are left. With ``prefetch``
     (asynchronous rollouts) the first round was generated during the previous step, and this step starts
@@ -242,6 +247,7 @@ def _train_one_step(
             dense_layers=[i for i, m in enumerate(shape.moe_layer_pattern()) if not m] if shape.is_moe else (),
         )
         engine.before_train()  # colocated SGLang frees its GPU memory
+        samples, distilled = distiller.apply(samples, cfg.batch) if distiller else (samples, {})
         skipped = len(samples) < cfg.batch.num_minibatches
         if skipped:
             logger.warning(
@@ -289,6 +295,7 @@ def _train_one_step(
         update_skipped=skipped,
     ) | _sampling_metrics(cfg, batch, step)
     record.update(staleness_metrics(groups, step))  # the learner trains weight version `step`
+    record.update(distill.step_metrics(distilled, record))
     # the engine's generation time for this step's batch (in the background, for a prefetched one); not a
     # phase of the learner's step, so not part of time_step_s
     record["time_generation_s"] = generation_s
