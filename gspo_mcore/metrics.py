@@ -24,6 +24,7 @@ class LogConfig:
     wandb_project: str | None = None
     """Log to this wandb project when wandb is installed (``None``: off)."""
     progress_bar: bool = True
+    """Show a tqdm progress bar of the steps on rank 0."""
 
     def __post_init__(self):
         if not self.output_dir:
