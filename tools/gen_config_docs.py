@@ -152,7 +152,9 @@ def render() -> str:
     for path, cls in sections:
         title = path or "top level"
         doc = inspect.cleandoc(cls.__doc__ or "")
-        out.append(f"## {title}\n\n`{cls.__module__}.{cls.__qualname__}`: {_markdown(doc)}\n")
+        if doc.startswith(f"{cls.__name__}("):  # no docstring: dataclass() wrote the signature there
+            doc = ""
+        out.append(f"## {title}\n\n`{cls.__module__}.{cls.__qualname__}`{': ' + _markdown(doc) if doc else ''}\n")
         out.append("| key | type | default | meaning |\n|---|---|---|---|")
         hints = typing.get_type_hints(cls)
         docs = field_docs(cls)
