@@ -185,7 +185,7 @@ def get_json(url: str, timeout: float = 30.0):
 # ``--dtype float32``, which also makes its KV cache float32). They differ only in kernels and summation
 # order (torch-native SDPA vs Megatron's local attention, SGLang's RMSNorm and RoPE vs Megatron's), which on
 # this 2-layer model moves a log-prob by a few 1e-6 (measured: max 3.8e-6, mean 8e-7 over ~500 tokens per
-# sampling setting; 5.2e-6 at worst over the tier's tests, the figure in docs/results/sglang.md; the tier's summary prints the
+# sampling setting; 5.2e-6 at worst over the tier's tests, docs/results/sglang.md; the tier's summary prints the
 # figures of each run). The bound is 1.5e-5 nats, about 3 x the worst measured case (tightened from 1e-4
 # without a rerun: the SGLang environment was not available when it was changed), and far below what a wrong
 # weight (a transposed or mis-split tensor, a missing norm) does: the negative control in
