@@ -1,10 +1,10 @@
 """Export from real training checkpoints: every layout the trainer saves, default and distributed optimizer.
 
 The checkpoints are written by the trainer's own ``Checkpointer`` after one GSPO batch from a tiny Hugging
-Face model (``conftest.trained_runs``: TP2, PP2 and DP2 with the distributed optimizer, MoE EP2, MoE
-MoE EP2 with the fully reshardable distributed optimizer; expert-TP does not train on CPU). Each is exported on one process
-(resharded at load) by ``tools/convert_mcore_to_hf.py``, reached the three ways a user names it: the run
-folder (``--run``), the checkpoint directory and the ``step_<N>`` folder (``--mcore``).
+Face model (``conftest.trained_runs``: TP2, PP2 and DP2 with the distributed optimizer, MoE EP2, MoE EP2
+with the fully reshardable distributed optimizer; expert-TP does not train on CPU). Each is exported on one
+process (resharded at load) by ``tools/convert_mcore_to_hf.py``, reached the three ways a user names it: the
+run folder (``--run``), the checkpoint directory and the ``step_<N>`` folder (``--mcore``).
 
 Then transformers loads the exported folder, and its logits for the reference tokens must equal the
 learner's at the saved step, computed by Megatron at the training layout, within the bound of the
@@ -22,7 +22,7 @@ import sys
 import pytest
 import torch
 from conftest import TRAINED
-from convert_models import HERE, run
+from convert_models import HERE, ROOT, run
 from test_convert_layouts import LOGITS_ATOL
 
 pytestmark = pytest.mark.distributed
@@ -42,14 +42,34 @@ def _source_args(result: dict, how: str) -> list[str]:
     return ["--mcore", result["checkpoint"]]
 
 
+CLI_CASE = "moe-ep2"
+"""Exported by the command line itself (sharded safetensors, progress bar); the others by one process running
+the tool's ``main`` for each (megatron imported once)."""
+
+
 @pytest.fixture(scope="module")
 def exported(trained_runs, tmp_path_factory) -> dict[str, str]:
-    """``{case: exported Hugging Face folder}``, all exported by one process running the tool's ``main``."""
+    """``{case: exported Hugging Face folder}``."""
     root = tmp_path_factory.mktemp("exported")
     outs, argvs = {}, []
     for i, name in enumerate(NAMES):
         outs[name] = str(root / name)
-        argvs.append([*_source_args(trained_runs[name], HOW[i % len(HOW)]), "--out", outs[name]])
+        args = [*_source_args(trained_runs[name], HOW[i % len(HOW)]), "--out", outs[name]]
+        if name == CLI_CASE:
+            run(
+                [
+                    sys.executable,
+                    os.path.join(ROOT, "tools", "convert_mcore_to_hf.py"),
+                    *args,
+                    "--max-shard-size",
+                    "100KB",
+                    "--progress",
+                ],
+                timeout=180,
+                what=f"convert_mcore_to_hf.py {' '.join(args)}",
+            )
+        else:
+            argvs.append(args)
     run(
         [sys.executable, os.path.join(HERE, "export_many.py"), json.dumps(argvs)],
         timeout=300,
@@ -77,3 +97,19 @@ def test_export_of_a_training_checkpoint_computes_the_learners_logits(name, trai
     shift = result["trained_vs_initial"]
     print(f"{name}: max|exported - learner| {diff:.2e}; training moved the logits by {shift:.2e}")
     assert diff <= LOGITS_ATOL
+
+
+def test_export_carries_the_runs_tokenizer_and_shards(trained_runs, exported):
+    """The command-line export of a training checkpoint: config.json and the tokenizer files come from the run's
+    model.hf_dir (byte for byte), the weights are split at --max-shard-size, and the tokenizer loads."""
+    import filecmp
+
+    from transformers import AutoTokenizer
+
+    src, out = trained_runs[CLI_CASE]["hf"], exported[CLI_CASE]
+    for f in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert filecmp.cmp(os.path.join(src, f), os.path.join(out, f), shallow=False), f
+    index = json.loads(open(os.path.join(out, "model.safetensors.index.json")).read())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 2 and all(os.path.getsize(os.path.join(out, f)) < 150_000 for f in files)
+    assert AutoTokenizer.from_pretrained(out)("w3 w7")["input_ids"] == [5, 9]
