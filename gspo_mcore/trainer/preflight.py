@@ -24,13 +24,14 @@ from gspo_mcore.data.template import PromptTemplate, load_tokenizer
 from gspo_mcore.learner import load_hf_config
 from gspo_mcore.learner.checkpoint import CheckpointError
 from gspo_mcore.rewards import check_reward_setup
-from gspo_mcore.rewards.resolve import RewardError
+from gspo_mcore.rewards.resolve import RewardSetupError
 from gspo_mcore.trainer import run_dir
 from gspo_mcore.trainer.config import TrainConfig
 from gspo_mcore.trainer.evaluation import EvalSet
 
-INPUT_KINDS = {ConfigError: "config", CheckpointError: "checkpoint", RewardError: "reward"}
-"""Exception types that are input errors wherever they are raised, and their kind."""
+INPUT_KINDS = {ConfigError: "config", CheckpointError: "checkpoint", RewardSetupError: "reward"}
+"""Exception types that are input errors wherever they are raised, and their kind. (A reward that fails while
+the run trains, ``RewardFailure``, is not one: it keeps its traceback.)"""
 
 
 class InputError(ValueError):
