@@ -44,13 +44,14 @@ def _ids(items):
 
 def _script(argv: list[str]) -> list[str] | None:
     """``[python, script.py | -m module, args...]`` of a ``python tools/x.py ...`` / ``python -m pkg ...`` line
-    (after any ``VAR=value`` prefixes), as a command to run here; None for other lines."""
+    (after any ``VAR=value`` prefixes) whose script is in this repository, as a command to run here; None for
+    other lines (``python -m sglang...``, ``torchrun``, ``pip``)."""
     while argv and re.match(r"^[A-Z_]+=", argv[0]):
         argv = argv[1:]
     if not argv or not os.path.basename(argv[0]).startswith("python"):
         return None
     rest = argv[1:]
-    if rest[:1] == ["-m"] and not rest[1].startswith(("torch", "pip", "pytest")):
+    if rest[:1] == ["-m"] and rest[1].split(".")[0] in ("gspo_mcore", "examples", "tools", "tests"):
         return [sys.executable, "-m", rest[1], *rest[2:]]
     if rest and rest[0].endswith(".py"):
         return [sys.executable, rest[0], *rest[1:]]
