@@ -77,7 +77,7 @@ class Teacher:
     def logprobs(self, samples, layout: Layout, *, max_tokens: int, packing: str, temperature: float = 1.0):
         """The teacher's log-probs of ``tokens[1:]`` for every sample (``[L-1]`` float32 on the CPU, every
         rank), under ``softmax(logits / temperature)``; ``samples`` is the same list on every rank."""
-        from gspo_mcore.learner.step import forward_logprobs
+        from gspo_mcore.learner.logprobs import forward_logprobs
 
         return forward_logprobs(
             self.model, samples, layout, max_tokens=max_tokens, packing=packing, temperature=temperature
