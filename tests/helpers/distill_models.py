@@ -36,7 +36,7 @@ def hf_logprobs(model_dir: str, tokens: list[list[int]], temperature: float = 1.
     """transformers' own float64 log-probs of ``tokens[1:]`` for each sequence (the independent check)."""
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float64).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
     out = []
     with torch.no_grad():
         for ids in tokens:
