@@ -38,8 +38,8 @@ def test_teacher_logprobs_tp2_pp2_equal_one_rank_and_transformers(teacher_dir, t
         a, b, c = (torch.tensor(x, dtype=torch.float64) for x in (a, b, c))
         worst_layout = max(worst_layout, float((a - b).abs().max()), float((a - c).abs().max()))
         worst_hf = max(worst_hf, float((a - r).abs().max()))
-    # fp32 models: TP2 splits the vocabulary's softmax and the matmuls' sums (measured 5.5e-6); PP2 (2 stages of 1 layer) measured
-    # equal to 1 rank exactly
+    # fp32 models: TP2 splits the vocabulary's softmax and the matmuls' sums (measured 5.5e-6); PP2 (2 stages
+    # of 1 layer) measured equal to 1 rank exactly
     assert worst_layout < 2e-5, worst_layout
     # the weights were loaded (without the load: 9.2 nats off): fp32 vs transformers' fp64, measured 4.1e-6
     assert worst_hf < 5e-5, worst_hf
