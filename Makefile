@@ -8,6 +8,9 @@ EXT_SOURCES := setup.py pyproject.toml $(shell find csrc -name '*.cpp' -o -name 
 .PHONY: install test test-fast lint bench demo clean
 
 DEMO_OUT ?= runs/tiny
+# the demo saves a checkpoint every DEMO_SAVE_EVERY steps and after the last one (docs/export.md exports it);
+# a second `make demo` replaces the first run in DEMO_OUT (log.overwrite=true)
+DEMO_SAVE_EVERY ?= 100
 NPROC    ?= 2
 
 install: $(VENV)/.ext-stamp
@@ -44,6 +47,7 @@ demo: install
 	$(PY) -m examples.tiny.prepare --out $(DEMO_OUT)
 	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) \
 	  -m gspo_mcore.train --config examples/tiny/config.yaml log.output_dir=$(DEMO_OUT) \
+	  checkpoint.save_every=$(DEMO_SAVE_EVERY) log.overwrite=true \
 	  model.hf_dir=$(DEMO_OUT)/model 'data.paths=[$(DEMO_OUT)/prompts.jsonl]' \
 	  'eval.datasets=[{name: heldout, data: {paths: [$(DEMO_OUT)/heldout.jsonl]}}]'
 	$(PY) tools/plot_metrics.py $(DEMO_OUT)/metrics.jsonl --title "tiny GSPO job (2 CPU ranks)"

@@ -26,20 +26,19 @@ from dataclasses import dataclass
 import torch
 
 from gspo_mcore.algo import group_advantages
-from gspo_mcore.config import save_yaml, to_dict
-from gspo_mcore.data.dataset import PromptDataset
+from gspo_mcore.config import to_dict
 from gspo_mcore.data.loader import PromptLoader
 from gspo_mcore.data.sampler import PromptSampler
-from gspo_mcore.data.template import PromptTemplate, load_tokenizer
-from gspo_mcore.learner import Learner, load_hf_config
+from gspo_mcore.learner import Learner
 from gspo_mcore.learner.checkpoint import Checkpointer
 from gspo_mcore.metrics import MetricsLogger, step_metrics
-from gspo_mcore.rewards import RewardRunner, check_reward_setup
+from gspo_mcore.rewards import RewardRunner
+from gspo_mcore.trainer import preflight, run_dir
 from gspo_mcore.trainer.asynchronous import Prefetcher, fresh_groups
 from gspo_mcore.trainer.backends import InProcessRollout, RolloutBackend, SGLangRollout
 from gspo_mcore.trainer.batch import decode_responses, learner_samples, overlong_penalties, staleness_metrics
 from gspo_mcore.trainer.config import TrainConfig, resolve
-from gspo_mcore.trainer.evaluation import EvalSet, Evaluator
+from gspo_mcore.trainer.evaluation import Evaluator
 from gspo_mcore.trainer.sampling import RolloutBatch, collect, rollout_seed
 
 logger = logging.getLogger(__name__)
@@ -62,19 +61,10 @@ class Run:
 def run(cfg: TrainConfig) -> list[dict]:
     """Train; returns the per-step metrics (on every rank)."""
     cfg = resolve(cfg)
-    arch = load_hf_config(os.path.join(cfg.model.hf_dir, "config.json"))
-    if cfg.routing.replay == "rollout" and not arch.is_moe:
-        raise ValueError(
-            f"routing.replay=rollout needs a MoE model, and {cfg.model.hf_dir}/config.json describes a dense "
-            f"{arch.model_type!r} model (no router to replay)"
-        )
-    tokenizer = load_tokenizer(cfg.template.tokenizer_dir)
-    template = PromptTemplate(cfg.template, tokenizer)
-    dataset = PromptDataset(cfg.data)
-    eval_sets = [_eval_set(s, template) for s in cfg.eval.datasets]
-    _check_lengths(cfg, arch, dataset, template, eval_sets)  # before anything is built
+    inputs = preflight.check(cfg)  # every input (and the run folder) checked; nothing built or written yet
+    arch, tokenizer, template, dataset = inputs.arch, inputs.tokenizer, inputs.template, inputs.dataset
+    eval_sets, rewards = inputs.eval_sets, inputs.rewards
     loader = PromptLoader(dataset, PromptSampler(len(dataset), cfg.sampler), template)
-    rewards = check_reward_setup(cfg.reward, dataset)  # names, sandbox, every row's fields: before any model
 
     learner = Learner.build(
         arch,
@@ -93,8 +83,7 @@ def run(cfg: TrainConfig) -> list[dict]:
     )
     is_writer = learner.is_writer
     if is_writer:
-        os.makedirs(cfg.log.output_dir, exist_ok=True)
-        save_yaml(cfg, os.path.join(cfg.log.output_dir, "config.yaml"))
+        run_dir.prepare(inputs.run_dir, to_dict(cfg))  # the run's first write: config.yaml (after log.overwrite)
         if learner.reference is not None:
             logger.info("KL reference policy: %.1f MiB of CPU memory per rank", learner.reference.nbytes / 2**20)
     rollout = _rollout_backend(cfg, learner, tokenizer)
@@ -334,38 +323,6 @@ def _rollout_backend(cfg: TrainConfig, learner: Learner, tokenizer) -> RolloutBa
             else None,
         )
     return InProcessRollout(learner, tokenizer, max_batch_size=cfg.rollout.max_batch_size)
-
-
-def _eval_set(cfg, template: PromptTemplate) -> EvalSet:
-    dataset = PromptDataset(cfg.data)
-    rows = list(dataset)[: cfg.max_prompts] if cfg.max_prompts else list(dataset)
-    return EvalSet(
-        name=cfg.name,
-        prompts=[template.encode(r) for r in rows],
-        metadata=[r.metadata for r in rows],
-        rewards=check_reward_setup(cfg.reward, rows),
-    )
-
-
-def _check_lengths(cfg: TrainConfig, arch, dataset, template, eval_sets) -> None:
-    """Refuse prompts that cannot fit ``max_position_embeddings`` with their ``max_new_tokens``."""
-    limit = arch.max_position_embeddings
-    checks = [("data", cfg.rollout.sampling.max_new_tokens, ((r.source, template.encode(r)) for r in dataset))]
-    checks += [
-        (
-            f"eval.datasets[{s.name}]",
-            cfg.eval.sampling.max_new_tokens,
-            ((f"prompt {i}", p) for i, p in enumerate(s.prompts)),
-        )
-        for s in eval_sets
-    ]
-    for what, new_tokens, rows in checks:
-        for where, ids in rows:
-            if len(ids) + new_tokens > limit:
-                raise ValueError(
-                    f"{what}: {where}: the prompt has {len(ids)} tokens; with max_new_tokens "
-                    f"{new_tokens} that exceeds the model's max_position_embeddings {limit}"
-                )
 
 
 def _log_eval(metrics: MetricsLogger, step: int, record: dict) -> None:
