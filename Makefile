@@ -101,15 +101,16 @@ example-real-grpo: install
 bench-engine: install
 	mkdir -p runs && $(PY) tools/bench_engine.py --json runs/bench_engine.json
 
-# What tools/gpu_check.sh installs offline on the GPU machine (Python 3.12, preinstalled torch, no network):
-# the megatron-core wheel, into the git-ignored .carry/wheels (name .carry in the device call's carry list).
-.PHONY: gpu-carry
-gpu-carry: | $(PY)
-	mkdir -p .carry/wheels
+# For a GPU machine without network access (tools/gpu_check.sh): download, where there is network, the
+# megatron-core wheel that the script installs offline there (Python 3.12, a preinstalled CUDA torch) into the
+# git-ignored .gpu-wheels/; copy that folder along with the repository to the GPU machine.
+.PHONY: gpu-wheels
+gpu-wheels: | $(PY)
+	mkdir -p .gpu-wheels
 	$(PY) -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
-	  -d .carry/wheels megatron-core==0.16.1
-	ls -l .carry/wheels
+	  -d .gpu-wheels megatron-core==0.16.1
+	ls -l .gpu-wheels
 
 clean:
 	rm -rf build *.egg-info gspo_mcore/*.so $(VENV)/.ext-stamp

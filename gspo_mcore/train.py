@@ -20,19 +20,46 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from gspo_mcore.config import apply_overrides, from_dict, load_yaml
+from gspo_mcore.config import apply_overrides, defaults_tree, from_dict, load_yaml, to_yaml
 
 INPUT_ERROR_STATUS = 2
 
 
 def parse_config(argv: list[str] | None = None):
-    parser = argparse.ArgumentParser(prog="gspo-train", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="YAML file (see examples/)")
+    parser = argparse.ArgumentParser(
+        prog="gspo-train",
+        description=__doc__.splitlines()[0],
+        epilog="Every configuration key, its type, default and meaning: docs/config.md. "
+        "`gspo-train --print-config [--config X] [overrides]` prints the resolved configuration, every default "
+        "filled in, as YAML.",
+    )
+    parser.add_argument("--config", help="YAML file (see examples/); required unless --print-config")
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the fully resolved configuration (every default filled in) as YAML and exit; without "
+        "--config, the defaults, with the required keys null",
+    )
     parser.add_argument("overrides", nargs="*", help="key.path=value overrides")
     args = parser.parse_args(argv)
     from gspo_mcore.trainer import TrainConfig
 
+    if args.config is None and (args.overrides or not args.print_config):
+        parser.error("the following arguments are required: --config")
+    if args.print_config:
+        print(_resolved_yaml(TrainConfig, args.config, args.overrides), end="")
+        parser.exit(0)
     return from_dict(TrainConfig, apply_overrides(load_yaml(args.config), args.overrides))
+
+
+def _resolved_yaml(cls, path: str | None, overrides: list[str]) -> str:
+    """``--print-config``: the resolved run configuration as YAML; without a file, every default."""
+    if path is None:
+        tree, required = defaults_tree(cls)
+        return f"# every default; required (null here): {', '.join(required)}\n" + to_yaml(tree)
+    from gspo_mcore.trainer import resolve
+
+    return to_yaml(resolve(from_dict(cls, apply_overrides(load_yaml(path), overrides))))
 
 
 @record
