@@ -51,6 +51,7 @@ class LossConfig:
     (``eps_low`` <= 1; default 1: no lower bound, as the paper); GMPO: log-ratios in ``[-eps_low, eps_high]``
     (default 0.4 each); SAPO: must stay unset (no clip)."""
     eps_high: float | None = None
+    """The upper side of the clip range (see ``eps_low``); ``None``: the variant's paper default."""
     sapo_tau_pos: float = 1.0
     """SAPO's gate temperature for tokens of sequences with ``A > 0`` (> 0; the paper's 1.0)."""
     sapo_tau_neg: float = 1.05

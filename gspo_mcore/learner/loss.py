@@ -98,7 +98,8 @@ def policy_loss_func(layout, loss_cfg, temperature, num_sequences, scale, head, 
     loss = loss + extra
     weight = m["num_tokens"] if algo.RATIO_LEVEL[loss_cfg.variant] == "token" else m["num_sequences"]
     none = weight == 0
-    entropy_sum = (entropy.detach() * mb.loss_mask).sum() if entropy is not None else zero
+    # masked (environment, prompt) tokens add nothing, even a non-finite entropy
+    entropy_sum = torch.where(mb.loss_mask.bool(), entropy.detach(), 0.0).sum() if entropy is not None else zero
     sums = torch.stack(
         [
             loss.detach(),
