@@ -38,6 +38,12 @@ def test_bad_values_are_refused_by_key(override, message):
         parse_config(["--config", DISTILL, override])
 
 
+@pytest.mark.parametrize("variant", ["sapo", "cispo", "gmpo", "grpo"])
+def test_the_variants_without_per_token_advantages_are_refused(variant):
+    with pytest.raises(ValueError, match=rf"distill needs a loss.variant .*; loss.variant is '{variant}'"):
+        parse_config(["--config", DISTILL, f"loss.variant={variant}", "loss.eps_low=null", "loss.eps_high=null"])
+
+
 def test_reward_mixing_may_keep_dropping_groups():
     cfg = parse_config(["--config", DISTILL, "distill.reward_weight=0.5", "rollout.drop_zero_advantage_groups=true"])
     assert cfg.distill.reward_weight == 0.5
