@@ -8,6 +8,9 @@ EXT_SOURCES := setup.py pyproject.toml $(shell find csrc -name '*.cpp' -o -name 
 .PHONY: install test test-fast lint bench demo clean
 
 DEMO_OUT ?= runs/tiny
+# the demo saves a checkpoint every DEMO_SAVE_EVERY steps and after the last one (docs/export.md exports it);
+# a second `make demo` replaces the first run in DEMO_OUT (log.overwrite=true)
+DEMO_SAVE_EVERY ?= 100
 NPROC    ?= 2
 
 install: $(VENV)/.ext-stamp
@@ -44,6 +47,7 @@ demo: install
 	$(PY) -m examples.tiny.prepare --out $(DEMO_OUT)
 	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) \
 	  -m gspo_mcore.train --config examples/tiny/config.yaml log.output_dir=$(DEMO_OUT) \
+	  checkpoint.save_every=$(DEMO_SAVE_EVERY) log.overwrite=true \
 	  model.hf_dir=$(DEMO_OUT)/model 'data.paths=[$(DEMO_OUT)/prompts.jsonl]' \
 	  'eval.datasets=[{name: heldout, data: {paths: [$(DEMO_OUT)/heldout.jsonl]}}]'
 	$(PY) tools/plot_metrics.py $(DEMO_OUT)/metrics.jsonl --title "tiny GSPO job (2 CPU ranks)"
@@ -97,15 +101,16 @@ example-real-grpo: install
 bench-engine: install
 	mkdir -p runs && $(PY) tools/bench_engine.py --json runs/bench_engine.json
 
-# What tools/gpu_check.sh installs offline on the GPU machine (Python 3.12, preinstalled torch, no network):
-# the megatron-core wheel, into the git-ignored .carry/wheels (name .carry in the device call's carry list).
-.PHONY: gpu-carry
-gpu-carry: | $(PY)
-	mkdir -p .carry/wheels
+# For a GPU machine without network access (tools/gpu_check.sh): download, where there is network, the
+# megatron-core wheel that the script installs offline there (Python 3.12, a preinstalled CUDA torch) into the
+# git-ignored .gpu-wheels/; copy that folder along with the repository to the GPU machine.
+.PHONY: gpu-wheels
+gpu-wheels: | $(PY)
+	mkdir -p .gpu-wheels
 	$(PY) -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
-	  -d .carry/wheels megatron-core==0.16.1
-	ls -l .carry/wheels
+	  -d .gpu-wheels megatron-core==0.16.1
+	ls -l .gpu-wheels
 
 clean:
 	rm -rf build *.egg-info gspo_mcore/*.so $(VENV)/.ext-stamp

@@ -111,11 +111,38 @@ def to_dict(obj) -> Any:
     return obj
 
 
+def to_yaml(obj) -> str:
+    """A dataclass tree (or plain data) as YAML, keys in field order; :func:`from_dict` reads it back."""
+    return yaml.safe_dump(to_dict(obj), sort_keys=False)
+
+
 def save_yaml(obj, path: str | os.PathLike) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        yaml.safe_dump(to_dict(obj), f, sort_keys=False)
+        f.write(to_yaml(obj))
     os.replace(tmp, path)
+
+
+def defaults_tree(cls: type, path: str = "") -> tuple[dict, list[str]]:
+    """Every default of dataclass ``cls`` as plain data, and the dotted keys that have none (``None`` in the
+    tree; a required section is expanded to its own defaults)."""
+    hints = typing.get_type_hints(cls)
+    tree, required = {}, []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        key = _join(path, f.name)
+        if f.default is not dataclasses.MISSING:
+            tree[f.name] = to_dict(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            tree[f.name] = to_dict(f.default_factory())
+        elif dataclasses.is_dataclass(hints[f.name]):
+            tree[f.name], inner = defaults_tree(hints[f.name], key)
+            required += inner
+        else:
+            tree[f.name] = None
+            required.append(key)
+    return tree, required
 
 
 def _convert(hint, value, path):

@@ -24,10 +24,16 @@ class LogConfig:
     wandb_project: str | None = None
     """Log to this wandb project when wandb is installed (``None``: off)."""
     progress_bar: bool = True
+    """Show a tqdm progress bar of the steps on rank 0."""
+    overwrite: bool = False
+    """A fresh run in an ``output_dir`` that holds another run's files (config, metrics, checkpoints, ...) is
+    refused; ``true`` deletes those files first (see :mod:`gspo_mcore.trainer.run_dir`)."""
 
     def __post_init__(self):
         if not self.output_dir:
             raise ValueError("LogConfig.output_dir must be set")
+        if not isinstance(self.overwrite, bool):
+            raise ValueError(f"LogConfig.overwrite must be true or false, got {self.overwrite!r}")
 
 
 class MetricsLogger:

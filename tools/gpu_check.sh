@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-shot check on a GPU machine with no network, a preinstalled CUDA torch and Python 3.12 (written for
 # one H200), in under 8 minutes. Stages, each timed:
-#   0. megatron-core: used if it imports (0.16.x), else installed offline from the carried wheels into
+#   0. megatron-core: used if it imports (0.16.x), else installed offline from the wheel in .gpu-wheels/ into
 #      /tmp/gspo_site (pip --no-index --no-deps --target; nothing touches the preinstalled packages),
 #   1. builds gspo_mcore._C in place with the CUDA kernels (this GPU's arch only),
 #   2. runs tests/ops/test_cuda_ops.py (fused LM head included), then every other test marked `gpu`,
@@ -11,21 +11,22 @@
 #   4. a 20-step tiny GSPO job (examples/tiny) on the GPU, 1 rank, the in-process engine, the local layer
 #      spec when Transformer Engine is absent, loss.fused_lm_head=true (GPU_CHECK_FUSED=0: the logits path).
 #
-# What it needs carried (prepare once on a machine with network, in the repo root: `make gpu-carry`):
-#   .carry/wheels/megatron_core-0.16.1-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl
+# What it needs besides this repository (prepare once on a machine with network, in the repo root:
+# `make gpu-wheels`, then copy the git-ignored .gpu-wheels/ folder to the GPU machine with the repository):
+#   .gpu-wheels/megatron_core-0.16.1-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl
 # megatron-core needs only torch, numpy and packaging, and the tiny job pyyaml, safetensors, tokenizers,
-# transformers, tqdm, psutil, pytest for the tests: all preinstalled on the device image (KINDS.md). The
-# compiled extension (*.so, git-ignored) is built there, not carried.
-# The device tool's call, from the repo root (the ignored folder must be named in carry):
-#   run(command="bash tools/gpu_check.sh", carry=[".carry"], timeout_s=560)
+# transformers, tqdm, psutil, pytest for the tests: the GPU machine must have these installed. The compiled
+# extension (*.so, git-ignored) is built there, not copied. Run it from the repo root: `bash tools/gpu_check.sh`
+# (about 8 minutes on one H200).
 #
 # Usage: tools/gpu_check.sh [--dry-run]
-#   --dry-run  on a machine without a GPU: checks the carry, skips the build (uses the extension already
+#   --dry-run  on a machine without a GPU: checks the wheel, skips the build (uses the extension already
 #              built), runs the CUDA tests (they skip), the benchmarks at tiny sizes on the CPU and a 2-step
 #              tiny job on the CPU: every stage's command is exercised except the CUDA code itself.
 # Environment: PYTHON (default python3), TORCH_CUDA_ARCH_LIST (default: this GPU's arch), BENCH_T / BENCH_V
 #              (default 16384 / 151936), GPU_CHECK_FUSED (default 1), GPU_CHECK_OUT (default /tmp/gspo_gpu_check),
-#              GPU_CHECK_LIMIT_SCALE (stage time limits x this; default 1, 5 with --dry-run).
+#              GPU_CHECK_LIMIT_SCALE (stage time limits x this; default 1, 5 with --dry-run),
+#              GPU_CHECK_WHEELS (the folder holding the megatron-core wheel; default .gpu-wheels).
 # Exit status: non-zero if a stage failed (stages after a failed build are not run; the others all run).
 set -euo pipefail
 
@@ -37,7 +38,7 @@ DRY=0
 LIMIT_SCALE="${GPU_CHECK_LIMIT_SCALE:-$(( DRY ? 5 : 1 ))}"
 OUTDIR="${GPU_CHECK_OUT:-/tmp/gspo_gpu_check}"
 mkdir -p "$OUTDIR"
-WHEELS=.carry/wheels
+WHEELS="${GPU_CHECK_WHEELS:-.gpu-wheels}"
 MCORE_VERSION=0.16.1
 status=0
 t_all=$(date +%s)
@@ -82,12 +83,12 @@ else
   shopt -u nullglob
   if [[ ${#wheels[@]} -ne 1 ]]; then
     say "megatron-core is not importable (found '${have:-none}') and $WHEELS holds ${#wheels[@]} megatron_core-$MCORE_VERSION wheel(s), not 1:"
-    say "run 'make gpu-carry' in the repo root beforehand and name .carry in the device call's carry list"
+    say "run 'make gpu-wheels' in the repo root where there is network, and copy $WHEELS/ to this machine"
     exit 1
   fi
   pyver=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
   if [[ "${wheels[0]}" != *"-$pyver-"* ]]; then
-    say "the carried wheel ${wheels[0]} is not for this Python ($pyver)"
+    say "the wheel ${wheels[0]} is not for this Python ($pyver)"
     exit 1
   fi
   if [[ $DRY -eq 1 ]]; then
@@ -99,7 +100,7 @@ else
     export PYTHONPATH="/tmp/gspo_site${PYTHONPATH:+:$PYTHONPATH}"
     have=$(mcore_version)
     [[ "$have" == "$MCORE_VERSION" ]] || { say "megatron-core still does not import after installing the wheel"; exit 1; }
-    say "megatron-core $have installed from the carry in $(( $(date +%s) - t0 )) s"
+    say "megatron-core $have installed from $WHEELS in $(( $(date +%s) - t0 )) s"
   fi
 fi
 "$PY" -c 'import transformer_engine' 2>/dev/null && say "Transformer Engine imports" \

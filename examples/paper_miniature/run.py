@@ -90,6 +90,7 @@ def build_matrix(
                     f"sampler.seed={k}",
                     f"log.output_dir={run_dir}",
                     "log.progress_bar=false",
+                    "log.overwrite=true",  # an unfinished run starts again from scratch in its folder
                 ]
                 if steps is not None:
                     ov.append(f"steps={steps}")

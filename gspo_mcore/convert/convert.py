@@ -14,10 +14,11 @@ import torch
 import torch.distributed as dist
 
 from gspo_mcore.convert.export import DEFAULT_BUCKET_BYTES, export_plan, hf_buckets
+from gspo_mcore.convert.export_source import ExportSource, locate
 from gspo_mcore.convert.hf_import import check_checkpoint, load_hf_weights
-from gspo_mcore.convert.hf_io import HFCheckpoint, copy_files, read_config, write_safetensors
+from gspo_mcore.convert.hf_io import HFCheckpoint, copy_files, read_config, side_files, write_safetensors
 from gspo_mcore.convert.hf_mapping import check_architecture
-from gspo_mcore.convert.mcore_checkpoint import find_checkpoint, hf_side_files, load_model, save_model
+from gspo_mcore.convert.mcore_checkpoint import hf_side_files, load_model, save_model
 
 PROGRESS_MIN_BYTES = 1 << 30
 """Show progress bars for models at least this large (``progress=None``)."""
@@ -119,7 +120,7 @@ def hf_to_mcore(
 
 
 def mcore_to_hf(
-    mcore_dir: str,
+    mcore_dir: str | ExportSource,
     out_dir: str,
     parallel=None,
     *,
@@ -128,20 +129,26 @@ def mcore_to_hf(
     max_shard_bytes: int = 5 * 2**30,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     progress: bool | None = None,
+    verify: str = "sha256",
 ) -> list[str]:
     """Convert a Megatron checkpoint (converted or trained) into a Hugging Face folder at ``out_dir``.
 
-    ``config_dir``: where ``config.json`` and the tokenizer files are, if not beside the checkpoint;
-    ``dtype``: the written dtype (default: ``config.json``'s, else the parameters'). Rank 0 writes.
-    Returns the safetensors files written.
+    ``mcore_dir``: anything :func:`~gspo_mcore.convert.export_source.locate` accepts (a run folder, a
+    training checkpoint directory or ``step_<N>``, a converted folder), or its result; ``config_dir``:
+    where ``config.json`` and the tokenizer files are, if not found from the checkpoint; ``verify``: how a
+    training checkpoint is checked before use (``sha256``, ``size``, ``none``); ``dtype``: the written
+    dtype (default: ``config.json``'s, else the parameters'). Rank 0 writes. Returns the safetensors
+    files written.
     """
     from gspo_mcore.learner.model import build_model
     from gspo_mcore.learner.model_config import load_hf_config
     from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
 
     parallel = parallel or ParallelConfig()
-    ckpt, side = find_checkpoint(mcore_dir, config_dir)
-    config = read_config(side)
+    source = mcore_dir
+    if not isinstance(source, ExportSource):
+        source = locate(mcore_dir, config_dir=config_dir, verify=verify)
+    config = read_config(source.side_dir)
     check_architecture(config)
     shape = load_hf_config(config)
     declared = config_dtype(config)
@@ -150,7 +157,7 @@ def mcore_to_hf(
     layout = init_parallel(parallel, shape)
     try:
         model = build_model(shape, parallel, seed=None, wrap_ddp=False)
-        load_model(model, ckpt)
+        load_model(model, source)
         plan = export_plan(model, shape, dtype=dtype, layout=layout)
         total = sum(it.nbytes for it in plan)
         buckets = hf_buckets(model, shape, bucket_bytes=bucket_bytes, dtype=dtype, plan=plan, layout=layout)
@@ -167,7 +174,7 @@ def mcore_to_hf(
             )
             if bar is not None:
                 bar.close()
-            copy_files(side, out_dir, hf_side_files(side))
+            _write_side_files(source, out_dir)
             if dtype is not None and dtype != declared:  # keep config.json truthful about the weights
                 config["dtype"] = str(dtype).removeprefix("torch.")
                 config.pop("torch_dtype", None)
@@ -182,3 +189,30 @@ def mcore_to_hf(
         return files
     finally:
         _teardown(owned)
+
+
+EXPORT_META_FILE = "gspo_mcore_export.json"
+"""Written into a folder exported from a training checkpoint: which checkpoint (path, step, config hash)."""
+_NOT_TOKENIZER = ("config.json", "generation_config.json")
+
+
+def _write_side_files(source: ExportSource, out_dir: str) -> None:
+    """config.json and the other side files; the tokenizer's from its own folder when the run had one; the
+    provenance of a training checkpoint."""
+    copy_files(source.side_dir, out_dir, hf_side_files(source.side_dir))
+    if source.tokenizer_dir is not None:
+        files = [f for f in side_files(source.tokenizer_dir) if f not in _NOT_TOKENIZER]
+        copy_files(source.tokenizer_dir, out_dir, files)
+    ckpt = source.training
+    if ckpt is not None:
+        meta = dict(
+            checkpoint=ckpt.path,
+            step=ckpt.step,
+            config_sha256=ckpt.config_sha256,
+            hf_dir=source.side_dir,
+            tokenizer_dir=source.tokenizer_dir or source.side_dir,
+            saved_layout=ckpt.trainer_state.get("layout"),
+        )
+        with open(os.path.join(out_dir, EXPORT_META_FILE), "w") as f:
+            json.dump(meta, f, indent=2)
+            f.write("\n")

@@ -67,38 +67,6 @@ def save_model(model, out_dir: str, *, hf_dir: str | None = None, meta: dict | N
     return ckpt
 
 
-TRAINING_MODEL_DIR = "megatron"
-"""Where a training checkpoint (``gspo_mcore.learner.checkpoint``: ``step_<N>/megatron``) keeps its tensors."""
-
-
-def find_checkpoint(path: str, config_dir: str | None = None) -> tuple[str, str]:
-    """(distributed checkpoint folder, folder of config.json and the side files).
-
-    ``path``: a converted checkpoint folder, a training checkpoint ``step_<N>`` folder or the folder
-    holding ``latest``, or a distributed checkpoint itself. ``config.json`` is looked for in
-    ``config_dir``, else in ``path`` and beside the distributed checkpoint.
-    """
-    path = os.path.abspath(path)
-    latest = os.path.join(path, "latest")
-    if os.path.isfile(latest):
-        with open(latest) as f:
-            path = os.path.join(path, f.read().strip())
-    candidates = (os.path.join(path, MODEL_DIR), os.path.join(path, TRAINING_MODEL_DIR), path)
-    for ckpt in candidates:
-        if os.path.isfile(os.path.join(ckpt, "metadata.json")):
-            break
-    else:
-        raise FileNotFoundError(f"no Megatron distributed checkpoint (metadata.json) in any of {list(candidates)}")
-    for side in [config_dir] if config_dir else [path, os.path.dirname(ckpt)]:
-        if os.path.isfile(os.path.join(side, "config.json")):
-            return ckpt, side
-    raise FileNotFoundError(
-        f"no config.json in {config_dir}"
-        if config_dir
-        else f"no config.json next to the checkpoint {ckpt} (pass the Hugging Face folder as --config)"
-    )
-
-
 def hf_side_files(side_dir: str) -> list[str]:
     """The files to copy into a Hugging Face folder: those the metadata lists, else every side file."""
     meta = os.path.join(side_dir, META_FILE)
@@ -111,10 +79,31 @@ def hf_side_files(side_dir: str) -> list[str]:
 
 
 @torch.no_grad()
-def load_model(model, ckpt_dir: str) -> None:
-    """Load a distributed checkpoint's model weights into ``model`` (any layout; all ranks call this)."""
+def load_model(model, source) -> None:
+    """Load a checkpoint's model weights into ``model`` (any layout; all ranks call this).
+
+    ``source``: an :class:`~gspo_mcore.convert.export_source.ExportSource` or a converted checkpoint's
+    distributed checkpoint folder. A training checkpoint's model part is read through the trainer's own
+    loader (:func:`~gspo_mcore.learner.checkpoint.load_model_and_optimizer` without an optimizer: the
+    optimizer state beside it is left on disk), so every layout it saves reads back here.
+    """
     from megatron.core import dist_checkpointing
 
+    training = getattr(source, "training", None)
+    if training is not None:
+        from gspo_mcore.learner.checkpoint import load_model_and_optimizer
+
+        state = training.trainer_state
+        load_model_and_optimizer(
+            training.megatron_dir,
+            model_chunks(model),
+            None,
+            saved_optimizer=state["optimizer"],
+            saved_layout=state["layout"],
+            layout=state["layout"],
+        )
+        return
+    ckpt_dir = getattr(source, "ckpt_dir", source)
     chunk = model_chunks(model)[0]
     state = dist_checkpointing.load(_sharded_state_dict(model), ckpt_dir)
     chunk.load_state_dict(state, strict=True)

@@ -20,9 +20,13 @@ class OptimConfig:
     min_lr: float = 0.0
     """Learning rate at the end of the decay."""
     weight_decay: float = 0.01
+    """Decoupled (AdamW) weight decay."""
     adam_beta1: float = 0.9
+    """Adam's first-moment decay, in [0, 1)."""
     adam_beta2: float = 0.999
+    """Adam's second-moment decay, in [0, 1)."""
     adam_eps: float = 1e-8
+    """Adam's denominator term."""
     clip_grad: float = 1.0
     """Clip the global gradient norm to this (0: no clipping)."""
     lr_warmup_steps: int = 0
@@ -30,6 +34,7 @@ class OptimConfig:
     lr_decay_steps: int | None = None
     """Step at which the decay reaches ``min_lr`` (``None``: constant after warm-up)."""
     lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate shape after the warm-up; ``linear`` and ``cosine`` decay to ``min_lr`` at ``lr_decay_steps``."""
     use_distributed_optimizer: bool = False
     """Shard the optimizer state over data-parallel ranks (build the model with the same flag)."""
 

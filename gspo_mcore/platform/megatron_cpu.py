@@ -126,7 +126,7 @@ def apply() -> bool:
     return True
 
 
-# Warnings megatron-core 0.16.1 prints on every CPU-only host, whose content the README states once: no
+# Warnings megatron-core 0.16.1 prints on every CPU-only host, whose content is stated here once: no
 # Transformer Engine or Apex (the local layer spec and torch's norms and optimizers are used), a CUDA graph
 # option default, and torch's note that it found no CUDA runtime. Silenced only on such a host.
 _BENIGN_CPU_WARNINGS = (

@@ -35,6 +35,7 @@ class SGLangClientConfig:
     request_timeout_s: float = 900.0
     """Wall-clock limit for one ``/generate`` request (a hung server is detected after this)."""
     connect_timeout_s: float = 10.0
+    """Limit for opening a connection to a server."""
     control_timeout_s: float = 120.0
     """Limit for pause/continue/flush/session/health/server-info calls."""
     weight_update_timeout_s: float = 1800.0
@@ -50,7 +51,9 @@ class SGLangClientConfig:
     in the running batch, and SGLang 0.5.23 then refuses the ``/flush_cache`` that every weight update sends
     after pausing (HTTP 400), so the update would fail after ``flush_timeout_s``."""
     flush_timeout_s: float = 300.0
+    """Limit for a weight update's ``/flush_cache`` to succeed (retried while requests are still running)."""
     flush_poll_s: float = 0.5
+    """Wait between ``/flush_cache`` retries."""
     initial_weight_version: int = 0
     """The version SGLang's start-up value ``"default"`` stands for."""
     probe_path: str = api.HEALTH_GENERATE

@@ -193,6 +193,7 @@ class TrainConfig:
     steps: int = 100
     """Rollout steps (each makes ``batch.num_minibatches`` optimizer steps)."""
     seed: int = 1234
+    """Seed of the run: the learner's random state, and every rollout's sampling seed (derived from it and the step)."""
     model: ModelConfig
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -1,5 +1,5 @@
 """policy_loss (GSPO, GSPO-token, GRPO) against the literal reference, hand computations of the spec
-(../shared/notes/gspo.md) and the invariants the spec calls out: GSPO-token == GSPO for per-sequence
+(docs/gspo.md) and the invariants the spec calls out: GSPO-token == GSPO for per-sequence
 advantages, a global normaliser (micro-batch splits sum to the whole batch), a mean over sequences."""
 
 from __future__ import annotations

@@ -66,3 +66,44 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line(f"{'model':<12} {'layout':<8} {'max|diff|':>10} {'max|logit|':>10}")
     for (model, layout), (diff, scale) in sorted(store.items()):
         terminalreporter.write_line(f"{model:<12} {layout:<8} {diff:>10.2e} {scale:>10.2f}")
+
+
+# Real training checkpoints (tests/convert/train_export_worker.py): (model, layout, options). Each is a run
+# folder <root>/<model>-<layout> whose checkpoints/step_0 the trainer's Checkpointer wrote after one GSPO batch.
+# Expert-TP is absent: MoE with TP > 1 needs sequence parallelism (a GPU), and expert-TP alone fails in the
+# token dispatcher's sequence-parallel gather over gloo on this CPU setup.
+TRAINED = [
+    ("dense", "tp2", dict(tp=2)),
+    ("dense", "pp2-distopt", dict(pp=2, distopt=True)),
+    ("dense", "dp2-distopt", dict(distopt=True)),
+    ("moe", "ep2", dict(ep=2)),
+    ("moe", "ep2-distopt-full", dict(ep=2, distopt=True, format="fully_reshardable")),
+]
+
+
+@pytest.fixture(scope="session")
+def trained_runs(hf_models, tmp_path_factory) -> dict[str, dict]:
+    """``{name: result}`` of the training worker (one 2-rank launch for every layout of ``TRAINED``); each
+    result has ``run_dir`` (with ``checkpoints/`` and the learner's logits at the saved step,
+    ``learner_logits.pt``), ``checkpoint`` (the step directory) and ``hf`` (the model it started from)."""
+    import json
+
+    from convert_models import HERE, run, torchrun
+
+    root = tmp_path_factory.mktemp("trained")
+    cases = [dict(name=f"{m}-{lay}", hf=hf_models[m], **extra) for m, lay, extra in TRAINED]
+    out = str(root / "results.jsonl")
+    run(
+        torchrun(
+            os.path.join(HERE, "train_export_worker.py"),
+            2,
+            ["--cases", json.dumps(cases), "--root", str(root), "--out", out],
+        ),
+        timeout=420,
+        what="train_export_worker.py on 2 ranks",
+    )
+    with open(out) as f:
+        results = {r["case"]: r for r in map(json.loads, f)}
+    for case in cases:
+        results[case["name"]].update(run_dir=str(root / case["name"]), hf=case["hf"])
+    return results

@@ -293,9 +293,10 @@ def test_missing_and_unexpected_tensors_are_named(hf_models, tmp_path):
         preflight_hf(path)
 
 
-def test_find_checkpoint_layouts(tmp_path):
-    """Converted (OUT/model + config), training (root/latest -> step_N/megatron, config elsewhere), bare."""
-    from gspo_mcore.convert.mcore_checkpoint import find_checkpoint
+def test_locate_converted_and_bare_checkpoints(tmp_path):
+    """Converted (OUT/model + config.json), bare (metadata.json, config.json beside it or --config); a folder
+    that holds neither is refused by name. (Training checkpoints: test_export_training.py, real ones.)"""
+    from gspo_mcore.convert.export_source import ExportSourceError, locate
 
     def ckpt(path):
         path.mkdir(parents=True)
@@ -305,14 +306,14 @@ def test_find_checkpoint_layouts(tmp_path):
     conv = tmp_path / "conv"
     model = ckpt(conv / "model")
     (conv / "config.json").write_text("{}")
-    assert find_checkpoint(str(conv)) == (model, str(conv)) == find_checkpoint(model)
-    megatron = ckpt(tmp_path / "train" / "step_7" / "megatron")
-    (tmp_path / "train" / "latest").write_text("step_7\n")
-    assert find_checkpoint(str(tmp_path / "train"), str(conv)) == (megatron, str(conv))
-    with pytest.raises(FileNotFoundError, match="pass the Hugging Face folder as --config"):
-        find_checkpoint(str(tmp_path / "train"))
-    with pytest.raises(FileNotFoundError, match="no Megatron distributed checkpoint"):
-        find_checkpoint(str(tmp_path))
+    a, b = locate(str(conv)), locate(model)
+    assert (a.ckpt_dir, a.side_dir, a.training) == (model, str(conv), None) == (b.ckpt_dir, b.side_dir, b.training)
+    bare = ckpt(tmp_path / "bare")
+    assert locate(bare, config_dir=str(conv)).side_dir == str(conv)
+    with pytest.raises(ExportSourceError, match="pass the Hugging Face folder as --config"):
+        locate(bare)
+    with pytest.raises(ExportSourceError, match="no Megatron distributed checkpoint"):
+        locate(str(tmp_path))
 
 
 def _tool(name):

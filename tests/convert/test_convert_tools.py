@@ -1,6 +1,6 @@
 """The command-line converters end to end: HF -> Megatron on 2 ranks (the tool relaunches itself under
-torch.distributed.run) -> HF on 1 process (resharded at load) from a training checkpoint's layout, split
-into several safetensors files.
+torch.distributed.run) -> HF on 1 process (resharded at load), split into several safetensors files. (Export
+from real training checkpoints: test_export_training.py.)
 
 The round trip only moves bytes, so every tensor comes back bit for bit, and config.json and the
 tokenizer files are copied verbatim; transformers loads the result and computes the original logits.
@@ -38,24 +38,8 @@ def test_round_trip_through_the_tools(hf_models, tmp_path):
     assert meta["saved_with"] == dict(tensor=1, pipeline=1, expert=2, world_size=2)
     assert os.path.isfile(os.path.join(mcore, "model", "metadata.json"))
 
-    # laid out as a training checkpoint (gspo_mcore.learner.checkpoint): root/latest -> step_3/megatron
-    train = tmp_path / "train"
-    (train / "step_3").mkdir(parents=True)
-    os.rename(os.path.join(mcore, "model"), train / "step_3" / "megatron")
-    (train / "latest").write_text("step_3\n")
     run(
-        tool(
-            "convert_mcore_to_hf",
-            "--mcore",
-            str(train),
-            "--config",
-            mcore,
-            "--out",
-            back,
-            "--max-shard-size",
-            "100KB",
-            "--progress",
-        ),
+        tool("convert_mcore_to_hf", "--mcore", mcore, "--out", back, "--max-shard-size", "100KB", "--progress"),
         timeout=120,
         what="convert_mcore_to_hf.py",
     )

@@ -21,6 +21,8 @@ spec's ``steps`` in order, recording what it saw in the report (the tests assert
   until ``at_least`` requests are decoding, then wait ``then_s`` seconds (tokens are being made);
 - ``{"op": "snapshot", "name": str}`` / ``{"op": "restore", "name": str}``: keep a copy of the learner's
   parameters / put it back (to score one set of samples under two weight versions);
+- ``{"op": "load_checkpoint", "path": str}``: load a training checkpoint's model part (a run folder, its
+  checkpoint directory or one ``step_<N>``) into the learner, through the exporter's loader (the trainer's);
 - ``{"op": "score", "name": str, "label"?: str}``: the learner's log-probs (:func:`gspo_mcore.learner.forward_logprobs`
   at the request's log-prob temperature) of those samples' response tokens, next to SGLang's, in
   ``report["score"][label or name]``.
@@ -186,6 +188,14 @@ class Worker:
         saved = self.snapshots[name]
         for k, p in self.model[0].named_parameters():
             p.copy_(saved[k])
+
+    def op_load_checkpoint(self, path: str):
+        from gspo_mcore.convert.export_source import locate
+        from gspo_mcore.convert.mcore_checkpoint import load_model
+
+        source = locate(path, config_dir=self.hf_dir)
+        load_model(self.model, source)
+        self.report.setdefault("loaded", []).append({"path": source.training.path, "step": source.training.step})
 
     def op_score(self, name: str, label: str | None = None):
         gen = self.report["generate"][name]

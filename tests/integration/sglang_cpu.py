@@ -1,7 +1,7 @@
 """Test support for the real-SGLang tier (not shipped): where the SGLang venv is, how a server is launched on a
 CPU-only machine, and the tiny checkpoint the tests write.
 
-The recipe (see ``shared/notes/sglang.md``): SGLang 0.5.23 in its own virtual environment (``.venv-sglang``,
+The recipe (see ``README.md`` beside this file): SGLang 0.5.23 in its own virtual environment (``.venv-sglang``,
 made by ``setup_sglang_env.sh``), ``SGLANG_USE_CPU_ENGINE=1``, the test stand-in ``sgl_kernel`` package
 (``sgl_kernel_cpu/``) on ``PYTHONPATH``, torch-native attention, no overlap scheduler, no CUDA graphs; the trainer
 side shares CPU tensors with torch's ``file_system`` strategy. The server is launched through the project's
@@ -36,7 +36,7 @@ VENV = os.environ.get("GSPO_SGLANG_VENV", os.path.join(ROOT, ".venv-sglang"))
 PYTHON = os.path.join(VENV, "bin", "python")
 STANDIN_DIR = os.path.join(HERE, "sgl_kernel_cpu")
 
-# Server arguments that make SGLang 0.5.23 run on a CPU without SGLang's own CPU kernels (shared/notes/sglang.md).
+# Server arguments that make SGLang 0.5.23 run on a CPU without SGLang's own CPU kernels.
 # ``--dtype float32`` (the KV cache follows it): the learner runs in float32 on the CPU, and the tier's parity
 # bound (LOGPROB_TOL below) relies on it; a float16 KV cache, what SGLang picked by default here, agreed with a
 # float32 forward only to ~2e-4. A KV pool and context large enough for the multi-thousand-token generations
@@ -185,12 +185,12 @@ def get_json(url: str, timeout: float = 30.0):
 # ``--dtype float32``, which also makes its KV cache float32). They differ only in kernels and summation
 # order (torch-native SDPA vs Megatron's local attention, SGLang's RMSNorm and RoPE vs Megatron's), which on
 # this 2-layer model moves a log-prob by a few 1e-6 (measured: max 3.8e-6, mean 8e-7 over ~500 tokens per
-# sampling setting; 5.2e-6 at worst over the tier's tests, the README's figure; the tier's summary prints the
+# sampling setting; 5.2e-6 at worst over the tier's tests, docs/results/sglang.md; the tier's summary prints the
 # figures of each run). The bound is 1.5e-5 nats, about 3 x the worst measured case (tightened from 1e-4
 # without a rerun: the SGLang environment was not available when it was changed), and far below what a wrong
 # weight (a transposed or mis-split tensor, a missing norm) does: the negative control in
 # ``test_real_weight_sync.py`` shows differences of order 1. With
-# SGLang's default float16 KV cache the agreement is only about 2e-4 (shared/notes/sglang.md), hence
+# SGLang's default float16 KV cache the agreement is only about 2e-4, hence
 # ``--dtype float32``.
 LOGPROB_TOL = 1.5e-5
 EOS = 2

@@ -1,7 +1,7 @@
 """A TEST STAND-IN for an SGLang server. It is NOT SGLang and runs no model.
 
 A small real HTTP server (stdlib ``ThreadingHTTPServer`` on 127.0.0.1) that answers SGLang 0.5.23's
-native endpoints with the *shapes* documented in ``shared/notes/sglang.md`` (its output objects are
+native endpoints with the *shapes* described in ``data/README.md`` (its output objects are
 copies of the hand-written ``data/generate_single_n1.json``), so the client can be tested over real
 sockets with real timeouts. Its tokens are a deterministic function of the prompt and the sample index
 (:func:`expected_response`), so a test can tell whether any sample was dropped, duplicated or given to

@@ -1,0 +1,105 @@
+"""Input errors under the real ``torchrun`` launch (2 gloo ranks): one line, ``gspo-train: <kind> error: ...``,
+printed once (rank 0 only), a non-zero exit, no traceback, and nothing written, because each is found by the
+start-up checks (gspo_mcore.trainer.preflight) before any model is built.
+
+The checkpoint cases use a real training checkpoint: the tiny job runs one step and saves it.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import re
+
+import pytest
+from helpers.checkpoint_launch import run_tiny
+
+pytestmark = pytest.mark.distributed
+
+LINE = re.compile(r"^gspo-train: (?P<kind>[a-z ]+) error: (?P<what>.*)$", re.MULTILINE)
+SMALL = ("rollout.prompts_per_step=4", "rollout.group_size=4", "batch.num_minibatches=1")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny job's inputs and a run folder holding one real checkpoint (step_0)."""
+    from examples.tiny.task import prepare
+
+    d = tmp_path_factory.mktemp("inputs")
+    prepare(str(d), num_prompts=32)
+    out = str(d / "run")
+    run_tiny(str(d), out, "steps=1", "checkpoint.save_every=1", *SMALL)
+    assert os.path.isdir(os.path.join(out, "checkpoints", "step_0"))
+    return str(d), out
+
+
+def one_error(output: str) -> tuple[str, str]:
+    """The one ``gspo-train: <kind> error`` line of ``output`` (exactly one, and no traceback from the ranks:
+    torchrun's own summary of a failed launch follows it)."""
+    lines = LINE.findall(output)
+    assert len(lines) == 1, output[-6000:]
+    assert "gspo_mcore/" not in output and "[rank0]:" not in output and "[rank1]:" not in output, output[-6000:]
+    return lines[0]
+
+
+def fingerprint(folder: str) -> dict[str, str]:
+    out = {}
+    for path in sorted(glob.glob(os.path.join(folder, "**"), recursive=True)):
+        if os.path.isfile(path) and not path.endswith(".log"):
+            with open(path, "rb") as f:
+                out[path] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def failing(data: str, out: str, *overrides: str) -> str:
+    """Run the tiny job expecting an input error; its output."""
+    log = run_tiny(data, out, *SMALL, *overrides, check=False, timeout=180)
+    return log
+
+
+def test_model_folder_without_weights(tiny, tmp_path):
+    data, _ = tiny
+    out = str(tmp_path / "run")
+    kind, what = one_error(failing(data, out, "model.load_hf_weights=true"))
+    assert kind == "model"
+    assert f"model.hf_dir={data}/model with model.load_hf_weights=true: no *.safetensors weights in" in what
+    assert os.listdir(out) == [n for n in os.listdir(out) if n.endswith(".log")]  # only the launcher's log
+
+
+def test_eval_file_that_does_not_exist(tiny, tmp_path):
+    data, _ = tiny
+    out = str(tmp_path / "run")
+    missing = str(tmp_path / "nowhere.jsonl")
+    log = failing(
+        data,
+        out,
+        f"eval.datasets=[{{name: h0, data: {{paths: [{data}/heldout.jsonl]}}}}, "
+        f"{{name: h1, data: {{paths: [{missing}]}}}}]",
+    )
+    kind, what = one_error(log)
+    assert (kind, what) == ("eval", f"eval.datasets[1] (h1): data.paths: {missing} does not exist")
+    assert os.listdir(out) == [n for n in os.listdir(out) if n.endswith(".log")]
+
+
+def test_resume_with_a_changed_configuration(tiny):
+    data, run = tiny
+    before = fingerprint(run)
+    kind, what = one_error(failing(data, run, "steps=1", "checkpoint.resume=true", "optim.lr=0.001"))
+    assert kind == "run folder"
+    assert "1 key(s) that define the run: optim.lr: 0.003 -> 0.001" in what
+    assert os.path.join(run, "checkpoints", "step_0", "config.yaml") in what
+    assert fingerprint(run) == before
+
+
+def test_resume_with_every_checkpoint_damaged(tiny):
+    data, run = tiny
+    shard = sorted(glob.glob(os.path.join(run, "checkpoints", "step_0", "megatron", "*.distcp")))[0]
+    with open(shard, "r+b") as f:
+        f.truncate(os.path.getsize(shard) // 2)
+    before = fingerprint(run)
+    kind, what = one_error(failing(data, run, "steps=2", "checkpoint.resume=true"))
+    assert kind == "checkpoint"
+    assert what.startswith(f"no usable checkpoint to resume in {run}/checkpoints: every one is damaged (step_0: ")
+    assert f"megatron/{os.path.basename(shard)} truncated" in what
+    assert fingerprint(run) == before

@@ -1,0 +1,131 @@
+"""One run per folder (gspo_mcore.trainer.run_dir): what a fresh run and a resumed one may find in the folder.
+
+Configurations here are plain data as ``to_dict`` makes them; ``config.yaml`` is written by :func:`prepare`
+(the trainer's own first write). The checkpoint side (a resume's candidate, damaged checkpoints) runs on a
+real training checkpoint in tests/trainer/test_input_errors.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gspo_mcore.trainer import run_dir
+from gspo_mcore.trainer.run_dir import RESUME_MAY_DIFFER, RunDirError, check, prepare
+
+CONFIG = {
+    "steps": 10,
+    "seed": 1,
+    "optim": {"lr": 1e-3, "clip_grad": 1.0},
+    "parallel": {"tensor": 1},
+    "eval": {"every": 5, "datasets": [{"name": "h", "data": {"paths": ["h.jsonl"]}}]},
+    "log": {"output_dir": "x", "progress_bar": True, "overwrite": False},
+    "checkpoint": {"resume": False, "save_every": 0},
+    "data": {"paths": ["a.jsonl"]},
+}
+
+
+def edit(config: dict, key: str, value) -> dict:
+    import copy
+
+    out = copy.deepcopy(config)
+    node = out
+    *parents, last = key.split(".")
+    for p in parents:
+        node = node[p]
+    node[last] = value
+    return out
+
+
+def _check(tmp_path, config=CONFIG, *, resume=False, overwrite=False):
+    return check(
+        config,
+        output_dir=str(tmp_path),
+        checkpoint_dir=str(tmp_path / "checkpoints"),
+        resume=resume,
+        overwrite=overwrite,
+    )
+
+
+def test_a_fresh_folder_is_not_created_by_the_check(tmp_path):
+    plan = _check(tmp_path / "new")
+    assert plan.clear == () and not (tmp_path / "new").exists()
+    prepare(plan, CONFIG)
+    assert (tmp_path / "new" / "config.yaml").exists()
+
+
+@pytest.mark.parametrize("trace", ["metrics.jsonl", "config.yaml", "tensorboard", "checkpoints/step_3"])
+def test_a_fresh_run_is_refused_in_a_folder_holding_another_run(tmp_path, trace):
+    path = tmp_path / trace
+    if "." in trace:
+        path.write_text("{}\n")
+    else:
+        path.mkdir(parents=True)
+    with pytest.raises(RunDirError) as exc:
+        _check(tmp_path)
+    message = str(exc.value)
+    assert f"{tmp_path} already holds a run ({trace.split('/')[0]})" in message
+    assert "checkpoint.resume=true" in message and "log.overwrite=true" in message
+
+
+def test_overwrite_deletes_the_previous_runs_traces_only(tmp_path):
+    for f in ("metrics.jsonl", "metrics.jsonl.previous", "config.yaml", "prompts.jsonl"):
+        (tmp_path / f).write_text("old\n")
+    (tmp_path / "checkpoints" / "step_0").mkdir(parents=True)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    plan = _check(tmp_path, overwrite=True)
+    prepare(plan, CONFIG)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["config.yaml", "model", "prompts.jsonl"]
+    assert "old" not in (tmp_path / "config.yaml").read_text()
+
+
+def test_overwrite_and_resume_contradict(tmp_path):
+    with pytest.raises(RunDirError, match="log.overwrite=true .* checkpoint.resume=True .*: set one of them"):
+        _check(tmp_path, resume=True, overwrite=True)
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("steps", 20),
+        ("eval.every", 2),
+        ("parallel.tensor", 2),
+        ("log.progress_bar", False),
+        ("checkpoint.resume", True),
+    ],
+)
+def test_a_resume_may_change_what_does_not_define_the_run(tmp_path, key, value):
+    prepare(_check(tmp_path), CONFIG)
+    plan = _check(tmp_path, edit(CONFIG, key, value), resume=True)
+    assert plan.compared_with == str(tmp_path / "config.yaml")
+
+
+def test_a_resume_with_another_configuration_is_refused_naming_the_keys(tmp_path):
+    prepare(_check(tmp_path), CONFIG)
+    changed = edit(edit(edit(CONFIG, "optim.lr", 2e-3), "seed", 7), "steps", 30)
+    with pytest.raises(RunDirError) as exc:
+        _check(tmp_path, changed, resume=True)
+    message = str(exc.value)
+    assert "2 key(s) that define the run: optim.lr: 0.001 -> 0.002; seed: 1 -> 7" in message
+    assert "steps" not in message.split("define the run:")[1]
+    assert str(tmp_path / "config.yaml") in message
+
+
+def test_resume_may_differ_names_real_keys():
+    """Every key of RESUME_MAY_DIFFER is a field of the trainer's configuration (a rename must follow here)."""
+    from gspo_mcore.config import to_dict
+    from gspo_mcore.data.dataset import DataConfig
+    from gspo_mcore.trainer import TrainConfig
+    from gspo_mcore.trainer.config import ModelConfig
+
+    tree = to_dict(TrainConfig(model=ModelConfig(hf_dir="m"), data=DataConfig(paths=("a.jsonl",))))
+    for key in RESUME_MAY_DIFFER:
+        node = tree
+        for part in key.split("."):
+            assert isinstance(node, dict) and part in node, key
+            node = node[part]
+
+
+def test_diff_treats_tuples_as_saved_lists():
+    assert run_dir.diff({"a": [1, 2], "b": {"c": 1}}, {"a": (1, 2), "b": {"c": 2}}) == {"b.c": (1, 2)}
