@@ -19,7 +19,9 @@ from gspo_mcore.trainer.backends import InProcessRollout, dp_share
 
 class AgentRollout(InProcessRollout):
     """:class:`InProcessRollout` whose ``generate`` runs episodes of ``rollout.env`` (prompts: the loader's
-    items, whose dataset rows the environment resets from)."""
+    items or the dataset's rows, which the environment resets from; evaluation runs the same environment)."""
+
+    runs_episodes = True
 
     def __init__(self, learner, tokenizer, rollout_cfg):
         super().__init__(learner, tokenizer, max_batch_size=rollout_cfg.max_batch_size)
@@ -57,5 +59,5 @@ class AgentRollout(InProcessRollout):
 
 
 def _row(item) -> dict:
-    sample = item.sample
+    sample = getattr(item, "sample", item)  # a loader's PromptItem, or a PromptSample (evaluation)
     return {"prompt": sample.prompt, "messages": sample.messages, "metadata": sample.metadata}

@@ -56,9 +56,13 @@ def test_tiny_job_with_two_turn_episodes(prepared):
         "rollout.env_kwargs={hint: ' ok ', bonus: 0.25}",
         "rollout.episode.max_turns=3",
         "rollout.episode.max_total_tokens=96",
+        # evaluation runs the same environment (the evaluator hands it the dataset rows)
+        f"eval.datasets=[{{name: held, max_prompts: 4, data: {{paths: [{prepared}/prompts.jsonl]}}}}]",
     )
     assert proc.returncode == 0, proc.stderr[-6000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sum("eval/held/pass@1" in r for r in records) == 2  # before the first step and after the last
+    rows = [r for r in records if "loss" in r]
     assert [r["step"] for r in rows] == [0, 1]
     for r in rows:
         assert r["episode_turns_mean"] == 2.0 and r["episode_end_done"] == 1.0, r
