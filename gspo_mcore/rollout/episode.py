@@ -26,12 +26,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gspo_mcore.envs.base import TOOL_CALLS, TOOL_ERRORS, Reset, Step
-from gspo_mcore.envs.config import EpisodeConfig
 from gspo_mcore.rollout.turns import EpisodeStats, TurnEnd
 from gspo_mcore.rollout.types import RolloutError, Sample, SamplingParams, derive_sample_seed
 
 Share = Callable[[Any], Any]
+# the info keys summed into the episode's stats (gspo_mcore.envs.base; rollout does not import envs, so the
+# environment's answers are read by their attributes: Reset(observation, state, tools), Step(observation, done,
+# reward, info))
+TOOL_CALLS, TOOL_ERRORS = "tool_calls", "tool_errors"
 
 
 @dataclass
@@ -59,10 +61,10 @@ class EpisodeDriver:
         env: an environment (``reset(row)``, ``step(state, action)``).
         renderer: observations -> ids (:class:`gspo_mcore.envs.ChatRenderer` or the same two methods, ``first``
             and ``after_turn``, plus ``decode``).
-        config: the limits.
+        config: the limits: ``max_turns``, ``max_total_tokens``, ``step_timeout_s`` (``gspo_mcore.envs.EpisodeConfig``).
     """
 
-    def __init__(self, env, renderer, config: EpisodeConfig, *, runs_env: bool = True, share: Share | None = None):
+    def __init__(self, env, renderer, config, *, runs_env: bool = True, share: Share | None = None):
         if not runs_env and share is None:
             raise ValueError("EpisodeDriver: a rank that does not run the environment needs share")
         self.env, self.renderer, self.config = env, renderer, config
@@ -105,7 +107,7 @@ class EpisodeDriver:
         ok, value, _ = _timed(lambda: self.env.reset(row), self.config.step_timeout_s)
         if not ok:
             raise RolloutError(f"rollout.env: reset of row {index} failed: {value}")
-        if not isinstance(value, Reset):
+        if not all(hasattr(value, a) for a in ("observation", "state", "tools")):
             raise RolloutError(f"rollout.env: reset of row {index} returned {type(value).__name__}, not envs.Reset")
         return self.renderer.first(value.observation, value.tools), value.state
 
@@ -169,7 +171,7 @@ class EpisodeDriver:
             if not ok:
                 out.append(("error", value, 0, 0, 0.0, seconds))
                 continue
-            if not isinstance(value, Step):
+            if not all(hasattr(value, a) for a in ("observation", "done", "reward", "info")):
                 out.append(("error", f"step returned {type(value).__name__}, not envs.Step", 0, 0, 0.0, seconds))
                 continue
             calls, errors = int(value.info.get(TOOL_CALLS, 0)), int(value.info.get(TOOL_ERRORS, 0))
