@@ -52,6 +52,25 @@ demo: install
 	  'eval.datasets=[{name: heldout, data: {paths: [$(DEMO_OUT)/heldout.jsonl]}}]'
 	$(PY) tools/plot_metrics.py $(DEMO_OUT)/metrics.jsonl --title "tiny GSPO job (2 CPU ranks)"
 
+# On-policy distillation (docs/distill.md, docs/results/distill.md): the tiny GSPO job trains the teacher (make
+# demo's run, plus a final checkpoint and an evaluation every 10 steps), its checkpoint becomes a Hugging Face
+# folder, then a fresh student (the same random start) learns from it with examples/tiny/distill.yaml.
+DISTILL_OUT ?= runs/tiny
+.PHONY: distill-demo
+distill-demo: install
+	$(PY) -m examples.tiny.prepare --out $(DISTILL_OUT)
+	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) \
+	  -m gspo_mcore.train --config examples/tiny/config.yaml log.output_dir=$(DISTILL_OUT) \
+	  model.hf_dir=$(DISTILL_OUT)/model 'data.paths=[$(DISTILL_OUT)/prompts.jsonl]' \
+	  'eval.datasets=[{name: heldout, data: {paths: [$(DISTILL_OUT)/heldout.jsonl]}}]' eval.every=10 \
+	  checkpoint.save_every=400 log.overwrite=true
+	rm -rf $(DISTILL_OUT)/teacher
+	$(PY) tools/convert_mcore_to_hf.py --run $(DISTILL_OUT) --out $(DISTILL_OUT)/teacher
+	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) \
+	  -m gspo_mcore.train --config examples/tiny/distill.yaml log.output_dir=$(DISTILL_OUT)_distill \
+	  model.hf_dir=$(DISTILL_OUT)/model distill.teacher_dir=$(DISTILL_OUT)/teacher 'data.paths=[$(DISTILL_OUT)/prompts.jsonl]' \
+	  'eval.datasets=[{name: heldout, data: {paths: [$(DISTILL_OUT)/heldout.jsonl]}}]' log.overwrite=true
+
 # The real-SGLang integration tier (tests/integration/README.md): makes .venv-sglang (SGLang 0.5.23 for the
 # CPU, several GB, a few minutes) on first use, then starts real servers on loopback. Not part of `make test`
 # on its own (the tier skips itself there, having no .venv-sglang); `.ci/run` calls both.

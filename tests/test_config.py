@@ -52,7 +52,7 @@ def test_unknown_key_is_refused_with_the_closest_valid_key():
     [
         ("optim.lr=fast", r"optim.lr: expected a number"),
         ("rollout.group_size=1.5", r"rollout.group_size: expected an integer"),
-        ("loss.variant=ppo", r"loss.variant: must be one of \(.gspo., .gspo_token., .grpo.\)"),
+        ("loss.variant=ppo", r"loss.variant: must be one of \(.gspo., .gspo_token., .grpo., .sapo., .cispo., .gmpo.\)"),
         ("rollout.sampling.top_p=2", r"top_p must be in \(0, 1\]"),
         (
             "loss.temperature=0.5",

@@ -18,10 +18,26 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-ALGO_ORDER = ("gspo", "gspo_token", "grpo", "grpo_rr")
+ALGO_ORDER = ("gspo", "gspo_token", "sapo", "cispo", "gmpo", "grpo", "grpo_rr")
 MODEL_ORDER = ("dense", "moe")
-LABELS = {"gspo": "GSPO", "gspo_token": "GSPO-token", "grpo": "GRPO", "grpo_rr": "GRPO + Routing Replay"}
-COLORS = {"gspo": "tab:blue", "gspo_token": "tab:cyan", "grpo": "tab:red", "grpo_rr": "tab:orange"}
+LABELS = {
+    "gspo": "GSPO",
+    "gspo_token": "GSPO-token",
+    "sapo": "SAPO",
+    "cispo": "CISPO",
+    "gmpo": "GMPO",
+    "grpo": "GRPO",
+    "grpo_rr": "GRPO + Routing Replay",
+}
+COLORS = {
+    "gspo": "tab:blue",
+    "gspo_token": "tab:cyan",
+    "sapo": "tab:green",
+    "cispo": "tab:purple",
+    "gmpo": "tab:brown",
+    "grpo": "tab:red",
+    "grpo_rr": "tab:orange",
+}
 SMOOTH = 10  # plotted curves: trailing moving average over this many steps
 COLLAPSE_DROP = 0.15  # reward collapse: final-window mean this far (absolute) below the best window
 STALLED = 0.95  # stall: in the final window at least this fraction of groups has all-equal rewards ...
@@ -359,14 +375,23 @@ def _setup_lines(runs: list[RunData], matrix: dict) -> list[str]:
             "algorithms differ only in the loss and (GRPO + RR) Routing Replay."
         )
         loss = cfg.get("loss", {})
-        eps = {v: (loss.get("eps_low") or d[0], loss.get("eps_high") or d[1]) for v, d in DEFAULT_EPS.items()}
+        eps = {
+            v: (loss.get("eps_low") or d[0], loss.get("eps_high") or d[1])
+            for v, d in DEFAULT_EPS.items()
+            if d[0] is not None  # SAPO has no clip range (its temperatures are below)
+        }
         default = loss.get("eps_low") is None and loss.get("eps_high") is None
         lines.append(
             "- Clip ranges"
-            + (" (each variant's paper default)" if default else "")
+            + (
+                " (each variant's paper default; CISPO's bound the importance weight, GMPO's are in log space)"
+                if default
+                else ""
+            )
             + ": "
             + "; ".join(f"{LABELS[v]} eps_low/eps_high {lo:g}/{hi:g}" for v, (lo, hi) in eps.items())
-            + "."
+            + f"; SAPO's gate temperatures tau_pos/tau_neg {loss.get('sapo_tau_pos', 1.0):g}/"
+            + f"{loss.get('sapo_tau_neg', 1.05):g}."
         )
     lines.append(
         "- Seed k sets `seed`, `model.init_seed` and `sampler.seed`; the algorithms share seeds, so seed k "

@@ -1,8 +1,8 @@
-"""The GSPO paper in miniature: one command trains GSPO, GSPO-token, GRPO and GRPO + Routing Replay on the
-tiny digit-reversal task with a dense and a MoE model over several seeds, then writes the report.
+"""The GSPO paper in miniature: one command trains GSPO, GSPO-token, SAPO, CISPO, GMPO, GRPO and GRPO + Routing
+Replay on the tiny digit-reversal task with a dense and a MoE model over several seeds, then writes the report.
 
     python -m examples.paper_miniature.run --out runs/paper_miniature [--seeds 3] [--steps N] [--jobs 2]
-        [--models dense moe] [--algos gspo gspo_token grpo grpo_rr] [key.path=value ...]
+        [--models dense moe] [--algos gspo gspo_token sapo cispo gmpo grpo grpo_rr] [key.path=value ...]
 
 Each run is one single-process ``python -m gspo_mcore.train`` (OMP_NUM_THREADS=1), ``--jobs`` at a time,
 writing ``<out>/<model>/<algo>/seed<k>/`` (metrics.jsonl, config.yaml, train.log, run.json). A run whose
@@ -29,6 +29,9 @@ MODELS = ("dense", "moe")
 ALGOS = {  # name -> (loss.variant, Routing Replay)
     "gspo": ("gspo", False),
     "gspo_token": ("gspo_token", False),
+    "sapo": ("sapo", False),
+    "cispo": ("cispo", False),
+    "gmpo": ("gmpo", False),
     "grpo": ("grpo", False),
     "grpo_rr": ("grpo", True),
 }

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from gspo_mcore.algo.policy import VARIANTS, check_clip_range, check_sapo_tau
 from gspo_mcore.config import check_literals
 
 
@@ -40,11 +41,21 @@ class LossConfig:
         "recompute_old_logprobs": "set rollout.old_logprobs (recompute or rollout)",
     }
 
-    variant: Literal["gspo", "gspo_token", "grpo"] = "gspo"
-    """``"gspo"`` (sequence ratio), ``"gspo_token"`` (GSPO-token) or ``"grpo"`` (token ratios)."""
+    variant: Literal["gspo", "gspo_token", "grpo", "sapo", "cispo", "gmpo"] = "gspo"
+    """``"gspo"`` (sequence ratio), ``"gspo_token"`` (GSPO-token), ``"grpo"`` (token ratios), ``"sapo"`` (soft
+    gate on token ratios), ``"cispo"`` (clipped stop-gradient token weights) or ``"gmpo"`` (geometric mean of
+    log-space-clipped token ratios); docs/gspo.md."""
     eps_low: float | None = None
-    """Clip range ``[1 - eps_low, 1 + eps_high]``; ``None``: the variant's paper default."""
+    """Clip range; ``None``: the variant's paper default (``algo.DEFAULT_EPS``). GSPO, GSPO-token, GRPO: ratios in
+    ``[1 - eps_low, 1 + eps_high]``; CISPO: the importance weight's bounds ``[1 - eps_low, 1 + eps_high]``
+    (``eps_low`` <= 1; default 1: no lower bound, as the paper); GMPO: log-ratios in ``[-eps_low, eps_high]``
+    (default 0.4 each); SAPO: must stay unset (no clip)."""
     eps_high: float | None = None
+    """The upper side of the clip range (see ``eps_low``); ``None``: the variant's paper default."""
+    sapo_tau_pos: float = 1.0
+    """SAPO's gate temperature for tokens of sequences with ``A > 0`` (> 0; the paper's 1.0)."""
+    sapo_tau_neg: float = 1.05
+    """SAPO's gate temperature for ``A <= 0`` (> 0; the paper's 1.05: negative-advantage gradients fade faster)."""
     compute_entropy: bool = True
     """Report the mean entropy of the counted tokens."""
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
@@ -67,7 +78,11 @@ class LossConfig:
     def __post_init__(self):
         if self.fused_lm_head_chunk < 1:
             raise ValueError(f"loss.fused_lm_head_chunk must be >= 1, got {self.fused_lm_head_chunk}")
+        if self.variant not in VARIANTS:  # before check_literals: name the valid variants by the YAML key
+            raise ValueError(f"loss.variant must be one of {VARIANTS}, got {self.variant!r}")
         check_literals(self)
+        check_clip_range(self.variant, self.eps_low, self.eps_high, prefix="loss.")
+        check_sapo_tau(self.sapo_tau_pos, self.sapo_tau_neg, prefix="loss.")
         for key in ("kl_coef", "entropy_coef"):
             v = getattr(self, key)
             if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):

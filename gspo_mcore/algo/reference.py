@@ -1,11 +1,15 @@
 """An independent, literal implementation of the policy losses (the formulas of docs/gspo.md).
 
 It loops over sequences and writes each formula as printed (``torch.minimum`` of the unclipped and
-clipped terms), so tests can hold :func:`gspo_mcore.algo.policy_loss` (compiled segment ops, fused
-sequence terms) against it, value and gradient. Not for production: it is slow and syncs with the host.
+clipped terms; GMPO as the paper's product of token terms raised to ``1/|y_i|``; CISPO as the paper's
+``sg[r_hat] A log pi``), so tests can hold :func:`gspo_mcore.algo.policy_loss` (compiled segment ops, fused
+sequence terms, log-space means) against it, value and gradient. Not for production: it is slow and
+syncs with the host.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -31,6 +35,9 @@ def policy_loss_reference(
     eps_low,
     eps_high,
     num_sequences=None,
+    num_tokens=None,
+    tau_pos=1.0,
+    tau_neg=1.05,
     behaviour_logp=None,
     off_policy="none",
     cap=2.0,
@@ -47,9 +54,11 @@ def policy_loss_reference(
     ``entropy_coef``: the entropy bonus (``entropy`` differentiable if its gradient is wanted).
     """
     n = num_sequences if num_sequences is not None else cu_seqlens.numel() - 1
+    m_tokens = num_tokens if num_tokens is not None else max(int(loss_mask.bool().sum()), 1)
     total = logp.new_zeros((), dtype=torch.float64)
+    token_total = logp.new_zeros((), dtype=torch.float64)  # CISPO: a sum over tokens, divided by M
     penalty = logp.new_zeros((), dtype=torch.float64)
-    lo, hi = 1.0 - eps_low, 1.0 + eps_high
+    lo, hi = (1.0 - eps_low, 1.0 + eps_high) if eps_low is not None else (None, None)
     for i in range(cu_seqlens.numel() - 1):
         a, b = int(cu_seqlens[i]), int(cu_seqlens[i + 1])
         m = loss_mask[a:b].bool()
@@ -84,6 +93,32 @@ def policy_loss_reference(
             r = torch.exp(lp - olp)
             w = _is_weight(olp - mu, off_policy, cap)
             total = total + (w * torch.minimum(r * A, r.clamp(lo, hi) * A)).mean()
+        elif variant == "sapo":
+            # J_i = (1/|y_i|) sum_t f(r_t) A_i, f(r) = sigmoid(tau (r - 1)) * 4 / tau, tau by the sign of A_i
+            A = advantages[i].double()
+            tau = tau_pos if float(A) > 0 else tau_neg
+            r = torch.exp(lp - olp)
+            w = _is_weight(olp - mu, off_policy, cap)
+            total = total + (w * torch.sigmoid(tau * (r - 1.0)) * (4.0 / tau) * A).mean()
+        elif variant == "cispo":
+            # (1/M) sum_t sg[clip(r_t, 1 - eps_low, 1 + eps_high)] A_i log pi_t: the paper's surrogate, plus the
+            # constant sg[r_hat] A (1 - sg[log pi]) so that its value is the weighted advantage r_hat A
+            A = advantages[i].double()
+            r_hat = torch.exp(lp - olp).clamp(lo, hi).detach()
+            w = _is_weight(olp - mu, off_policy, cap)
+            surrogate = r_hat * A * lp
+            total_shift = (r_hat * A * (1.0 - lp.detach())).detach()
+            token_total = token_total + (w * (surrogate + total_shift)).sum()
+        elif variant == "gmpo":
+            # J_i = sgn(A_i) * (prod_t |min(rho_t A_i, clip(rho_t, e^-eps_low, e^eps_high) A_i)|) ** (1/|y_i|)
+            A = advantages[i].double()
+            if float(A) == 0.0:
+                continue  # a zero term (and |0| ** (1/n) has no gradient at 0)
+            rho = torch.exp(lp - olp)
+            clipped = rho.clamp(math.exp(-eps_low), math.exp(eps_high))
+            prod = torch.minimum(rho * A, clipped * A).abs().prod()
+            w = _is_weight((olp - mu).mean(), off_policy, cap)
+            total = total + w * torch.sign(A) * prod ** (1.0 / lp.numel())
         else:
             raise ValueError(variant)
-    return ((penalty - total) / n).float()
+    return ((penalty - total) / n - token_total / m_tokens).float()

@@ -55,7 +55,8 @@ def regularizer_loss(
     entropy_coef: float = 0.0,
     cp_group=None,
 ):
-    """``(loss, metrics)``: the KL penalty plus the entropy bonus of one (micro-)batch.
+    """``(loss, metrics)``: the KL penalty plus the entropy bonus of one (micro-)batch. Masked-out tokens never
+    matter, not even through a NaN log-prob, reference log-prob or entropy there.
 
     ``num_sequences``: the global ``N`` (as for :func:`~gspo_mcore.algo.policy_loss`). ``ref_logp`` ``[T]``:
     reference log-probs (``None``: no KL term and no KL metric); ``entropy`` ``[T]``: per-token entropy
@@ -66,7 +67,12 @@ def regularizer_loss(
     loss = logp.new_zeros((), dtype=torch.float32)
     metrics = {}
     if ref_logp is not None:
-        kl = sequence_mean_sum(kl_per_token(logp, ref_logp, kl_estimator), cu_seqlens, loss_mask, cp_group=cp_group)
+        # masked-out tokens (prompt, environment spans) are zeroed BEFORE the per-token estimator: its terms
+        # there are dropped by the sums, but a NaN log-prob would still make their gradient 0 * NaN = NaN
+        counted = loss_mask != 0
+        lp = torch.where(counted, logp.float(), 0.0)
+        ref = torch.where(counted, ref_logp.detach().float(), 0.0)
+        kl = sequence_mean_sum(kl_per_token(lp, ref, kl_estimator), cu_seqlens, loss_mask, cp_group=cp_group)
         metrics["kl_sum"] = kl.detach()
         if kl_coef:
             loss = loss + kl_coef * kl * inv_n

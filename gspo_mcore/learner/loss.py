@@ -38,11 +38,13 @@ _SUMS = (
     "is_masked",
     "mu_kl_sum",
     "mu_kl_count",
+    "gate_sum",
+    "gate_near_zero",
 )
 _MAXES = ("neg_ratio_min", "ratio_max", "neg_is_weight_min", "is_weight_max")
 
 
-def policy_loss_func(layout, loss_cfg, temperature, num_sequences, scale, head, mb, logits):
+def policy_loss_func(layout, loss_cfg, temperature, num_sequences, scale, head, mb, logits, *, num_tokens=None):
     """Megatron's loss function of one micro-batch (bind every argument but ``mb`` and ``logits`` with
     ``functools.partial``): the policy loss plus the regularisers, scaled by ``scale``, and the statistics
     :func:`reduce_metrics` sums over micro-batches and ranks."""
@@ -52,7 +54,7 @@ def policy_loss_func(layout, loss_cfg, temperature, num_sequences, scale, head, 
     weights, off = None, {}
     cp_group = layout.cp_group if layout.cp_size > 1 else None
     if mb.behaviour_logprobs is not None:
-        level = "token" if loss_cfg.variant == "grpo" else "sequence"
+        level = algo.RATIO_LEVEL[loss_cfg.variant]
         w, off = algo.off_policy_weights(
             mb.old_logprobs,
             mb.behaviour_logprobs,
@@ -75,6 +77,9 @@ def policy_loss_func(layout, loss_cfg, temperature, num_sequences, scale, head, 
         eps_low=loss_cfg.eps_low,
         eps_high=loss_cfg.eps_high,
         num_sequences=num_sequences,
+        num_tokens=num_tokens,
+        tau_pos=loss_cfg.sapo_tau_pos,
+        tau_neg=loss_cfg.sapo_tau_neg,
         weights=weights,
         cp_group=cp_group,
     )
@@ -91,9 +96,10 @@ def policy_loss_func(layout, loss_cfg, temperature, num_sequences, scale, head, 
         cp_group=cp_group,
     )
     loss = loss + extra
-    weight = m["num_tokens"] if loss_cfg.variant == "grpo" else m["num_sequences"]
+    weight = m["num_tokens"] if algo.RATIO_LEVEL[loss_cfg.variant] == "token" else m["num_sequences"]
     none = weight == 0
-    entropy_sum = (entropy.detach() * mb.loss_mask).sum() if entropy is not None else zero
+    # masked (environment, prompt) tokens add nothing, even a non-finite entropy
+    entropy_sum = torch.where(mb.loss_mask.bool(), entropy.detach(), 0.0).sum() if entropy is not None else zero
     sums = torch.stack(
         [
             loss.detach(),
@@ -107,6 +113,7 @@ def policy_loss_func(layout, loss_cfg, temperature, num_sequences, scale, head, 
             entropy_sum,
             r.get("kl_sum", zero),
             *(off.get(k, zero) for k in ("is_weight_sum", "is_weight_count", "is_masked", "mu_kl_sum", "mu_kl_count")),
+            *(m.get(k, zero) * m["num_tokens"] for k in ("gate_mean", "gate_near_zero_fraction")),
         ]
     )
     no_w = off.get("is_weight_count", zero) == 0
@@ -121,7 +128,9 @@ def policy_loss_func(layout, loss_cfg, temperature, num_sequences, scale, head, 
     return loss * scale, {"sums": sums, "maxes": maxes}
 
 
-def reduce_metrics(store, layout: Layout, *, with_kl: bool = False, with_off_policy: bool = False) -> dict[str, float]:
+def reduce_metrics(
+    store, layout: Layout, *, with_kl: bool = False, with_off_policy: bool = False, with_gate: bool = False
+) -> dict[str, float]:
     """The step's metrics from the loss functions' statistics (``store``: the schedule's output), reduced over
     CP, PP and DP; every rank returns them."""
     sums = torch.zeros(len(_SUMS), dtype=torch.float32, device=layout.device)
@@ -162,4 +171,7 @@ def reduce_metrics(store, layout: Layout, *, with_kl: bool = False, with_off_pol
         )
     if with_kl:
         out["kl"] = s["kl_sum"] / max(s["num_sequences"], 1.0)
+    if with_gate:  # SAPO: its soft gate's mean and how many tokens it nearly shuts (docs/gspo.md)
+        out["gate_mean"] = s["gate_sum"] / s["num_tokens"] if s["num_tokens"] > 0 else 1.0
+        out["gate_near_zero_fraction"] = s["gate_near_zero"] / max(s["num_tokens"], 1.0)
     return out

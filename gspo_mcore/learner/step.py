@@ -57,6 +57,7 @@ def forward_backward(
     max_tokens: int,
     packing: str = "padded",
     num_sequences: int | None = None,
+    num_tokens: int | None = None,
     temperature: float = 1.0,
     replay_routing: bool = False,
 ) -> dict[str, float]:
@@ -64,6 +65,7 @@ def forward_backward(
 
     ``samples``: the whole mini-batch, identical on all ranks, each with ``old_logprobs``.
     ``num_sequences``: the normaliser ``N`` (default: the samples with at least one counted token).
+    ``num_tokens``: CISPO's normaliser ``M`` (default: the counted tokens of ``samples``).
     ``temperature``: the policy is ``softmax(logits / temperature)``, the rollout's sampling temperature.
     ``replay_routing``: force every token through the experts in its sample's ``routed_experts`` (MoE).
     Returns the metrics of :func:`train_minibatch` except the optimizer's.
@@ -93,7 +95,17 @@ def forward_backward(
     mbs = microbatches_for_rank(samples, layout, max_tokens, model=model, packing=packing)
     scale = float(len(mbs) * layout.dp_size)
     head = lm_head.fused_head(model, loss_cfg)
-    loss_func = partial(policy_loss_func, layout, loss_cfg, check_temperature(temperature), max(n, 1), scale, head)
+    m_tok = sum(s.num_response_tokens for s in samples) if num_tokens is None else num_tokens
+    loss_func = partial(
+        policy_loss_func,
+        layout,
+        loss_cfg,
+        check_temperature(temperature),
+        max(n, 1),
+        scale,
+        head,
+        num_tokens=max(m_tok, 1),
+    )
     store = run_schedule(
         model,
         mbs,
@@ -107,6 +119,7 @@ def forward_backward(
         layout,
         with_kl=all(s.ref_logprobs is not None for s in samples),
         with_off_policy=all(s.behaviour_logprobs is not None for s in samples),
+        with_gate=loss_cfg.variant == "sapo",
     )
     metrics["num_microbatches"] = float(len(mbs))
     return metrics

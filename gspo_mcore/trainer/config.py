@@ -29,6 +29,7 @@ from gspo_mcore.metrics import LogConfig
 from gspo_mcore.rewards.runner import RewardRunnerConfig
 from gspo_mcore.rollout.types import SamplingParams
 from gspo_mcore.trainer.backends import SGLangConfig
+from gspo_mcore.trainer.distill import DistillConfig, check_distill
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,6 +229,8 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    distill: DistillConfig | None = None
+    """On-policy distillation from a teacher (docs/distill.md); ``None``: none."""
 
     def __post_init__(self):
         if self.steps < 1:
@@ -265,6 +268,7 @@ class TrainConfig:
                 "the engine's log-probs (mu); with rollout.old_logprobs=rollout there is no pi_prox"
             )
         self._check_context_parallel()
+        check_distill(self)
         total = self.rollout.prompts_per_step * self.rollout.group_size
         if self.batch.num_minibatches > total:
             raise ValueError(

@@ -33,7 +33,7 @@ from gspo_mcore.learner import Learner
 from gspo_mcore.learner.checkpoint import Checkpointer
 from gspo_mcore.metrics import MetricsLogger, step_metrics
 from gspo_mcore.rewards import RewardRunner
-from gspo_mcore.trainer import preflight, run_dir
+from gspo_mcore.trainer import distill, preflight, run_dir
 from gspo_mcore.trainer.agent import AgentRollout
 from gspo_mcore.trainer.asynchronous import Prefetcher, fresh_groups
 from gspo_mcore.trainer.backends import InProcessRollout, RolloutBackend, SGLangRollout
@@ -64,6 +64,7 @@ class Run:
     rewards: RewardRunner
     tokenizer: object
     prefetch: Prefetcher | None = None
+    distiller: distill.Distiller | None = None
 
 
 def run(cfg: TrainConfig) -> list[dict]:
@@ -73,6 +74,7 @@ def run(cfg: TrainConfig) -> list[dict]:
     arch, tokenizer, template, dataset = inputs.arch, inputs.tokenizer, inputs.template, inputs.dataset
     eval_sets, rewards = inputs.eval_sets, inputs.rewards
     loader = PromptLoader(dataset, PromptSampler(len(dataset), cfg.sampler), template)
+    distill_plan = distill.plan(cfg, arch, tokenizer)  # the teacher's tokenizer and fit: before any model
 
     learner = Learner.build(
         arch,
@@ -89,6 +91,7 @@ def run(cfg: TrainConfig) -> list[dict]:
         recompute_old_logprobs=cfg.rollout.old_logprobs == "recompute",
         progress=True,
     )
+    distiller = distill_plan.build(cfg.parallel, learner.layout, cfg.model.options) if distill_plan else None
     is_writer = learner.is_writer
     if is_writer:
         run_dir.prepare(inputs.run_dir, to_dict(cfg))  # the run's first write: config.yaml (after log.overwrite)
@@ -121,7 +124,7 @@ def run(cfg: TrainConfig) -> list[dict]:
         if cfg.rollout.max_staleness > 0
         else None
     )
-    state = Run(cfg, learner, rollout, loader, rewards, tokenizer, prefetch)
+    state = Run(cfg, learner, rollout, loader, rewards, tokenizer, prefetch, distiller)
     history, evaluated = [], set()
     try:
         step = start
@@ -171,6 +174,7 @@ def gspo_step(run: Run, step: int) -> dict | None:
             dense_layers=learner.arch.dense_layer_indices(),
         )
         rollout.before_train()  # colocated SGLang frees its GPU memory
+        samples, distilled = run.distiller.apply(samples, cfg.batch) if run.distiller else (samples, {})
         skipped = _too_few_samples(samples, cfg.batch.num_minibatches, step)
         measure = cfg.routing.measure_every > 0 and step % cfg.routing.measure_every == 0
         updates = [] if skipped else learner.train(samples, measure_routing=measure)
@@ -194,6 +198,7 @@ def gspo_step(run: Run, step: int) -> dict | None:
         update_skipped=skipped,
     ) | _sampling_metrics(cfg, batch, step)
     record.update(staleness_metrics(batch.groups, step))  # the learner trains weight version `step`
+    record.update(distill.step_metrics(distilled, record))
     record.update(episode_metrics(batch.groups, max_error_fraction=cfg.reward.max_error_fraction))
     # the engine's generation time for this step's batch (in the background, for a prefetched one); not a
     # phase of the learner's step, so not part of time_step_s

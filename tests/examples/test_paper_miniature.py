@@ -25,7 +25,7 @@ from helpers import ROOT
 from examples.paper_miniature import report, run
 from gspo_mcore.train import parse_config
 
-ALL_ALGOS = ["gspo", "gspo_token", "grpo", "grpo_rr"]
+ALL_ALGOS = ["gspo", "gspo_token", "sapo", "cispo", "gmpo", "grpo", "grpo_rr"]
 
 
 def _matrix(tmp_path, routing=True, **kw):
@@ -37,13 +37,13 @@ def _matrix(tmp_path, routing=True, **kw):
 def test_matrix_covers_models_algos_seeds_without_dense_routing_replay(tmp_path):
     runs = _matrix(tmp_path)
     names = {r.name for r in runs}
-    assert len(runs) == len(names) == (3 + 4) * 3
+    assert len(runs) == len(names) == (6 + 7) * 3
     assert not any(r.model == "dense" and r.algo == "grpo_rr" for r in runs)
     assert {f"moe/grpo_rr/seed{k}" for k in range(3)} <= names
     assert len({r.out_dir for r in runs}) == len(runs)
     assert runs[0].out_dir == os.path.join(str(tmp_path), "dense", "gspo", "seed0")
     without = _matrix(tmp_path, routing=False)  # a trainer without the routing section: no GRPO + RR at all
-    assert len(without) == 6 * 3 and not any(r.algo == "grpo_rr" for r in without)
+    assert len(without) == 12 * 3 and not any(r.algo == "grpo_rr" for r in without)
 
 
 @pytest.mark.skipif(not run.routing_supported(), reason="the trainer has no `routing` config section yet")

@@ -117,6 +117,7 @@ def _tp_out_of_range(rank, world):
 # ---------------------------------------------------------------------------------------------------
 
 CP_LENGTHS = [5, 3, 1, 0, 6, 4, 7]  # B = 7, T = 26; a one-token and an empty sequence
+CP_EPS = {"cispo": (0.1, 0.2), "gmpo": (0.1, 0.1)}
 
 
 def cp_inputs():
@@ -175,13 +176,17 @@ def _cp_compute(batch, cu, idx, group, use_reference):
             ("gspo_token", batch["adv"]),
             ("gspo_token", None),
             ("grpo", batch["adv"]),
+            ("sapo", batch["adv"]),
+            ("cispo", batch["adv"]),
+            ("gmpo", batch["adv"]),
         ):
             if adv is None:
                 adv, key = batch["adv_tok"][idx], "gspo_token-per-token"
             else:
                 key = variant
             lp = batch["logp"][idx].clone().requires_grad_(True)
-            eps_low, eps_high = DEFAULT_EPS[variant]
+            # CISPO and GMPO with ranges this batch's ratios reach (their paper defaults would not clip here)
+            eps_low, eps_high = CP_EPS.get(variant, DEFAULT_EPS[variant])
             loss, metrics = policy_loss(
                 lp,
                 batch["old"][idx],

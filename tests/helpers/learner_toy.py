@@ -47,16 +47,34 @@ MODELS = {"dense": DENSE, "dense_tied": DENSE_TIED, "moe": MOE, "llama": LLAMA, 
 # Per-sequence offsets added to the recomputed old log-probs: the first update then sees sequence ratios
 # exp(-offset) far from every clip boundary (0.99/1.01 for GSPO, 0.74/1.35 for GRPO), so the clipping
 # decisions, and hence the gradient, cannot flip between layouts on rounding noise.
-OFFSETS = {"gspo": (-0.01, 0.0, 0.01), "gspo_token": (-0.01, 0.0, 0.01), "grpo": (-0.3, 0.0, 0.3)}
+OFFSETS = {
+    "gspo": (-0.01, 0.0, 0.01),
+    "gspo_token": (-0.01, 0.0, 0.01),
+    "grpo": (-0.3, 0.0, 0.3),
+    # SAPO has no boundary: ratio e^2 = 7.4 puts the gate at 0.007 (near 0), e^-0.5 at 0.95
+    "sapo": (-2.0, 0.0, 0.5),
+    # CISPO caps the weight at 4: e^1.6 = 4.95 is clipped, e^-1.6 = 0.2 is not (no lower bound)
+    "cispo": (-1.6, 0.0, 1.6),
+    # GMPO clips log-ratios at +-0.4: +-0.6 clips where the sign matches the advantage's
+    "gmpo": (-0.6, 0.0, 0.6),
+}
 
 
 def toy_samples(
-    *, num_samples: int = 12, vocab: int = 128, seed: int = 0, group_size: int = 4, prompt_only: tuple[int, ...] = ()
+    *,
+    num_samples: int = 12,
+    vocab: int = 128,
+    seed: int = 0,
+    group_size: int = 4,
+    prompt_only: tuple[int, ...] = (),
+    env_spans: bool = False,
 ):
     """A rollout batch: prompt + response of varied lengths, group-relative advantages.
 
     ``prompt_only``: indices of samples with no counted token (loss mask all 0: they add nothing to the loss
     and are not counted in the normaliser ``N``).
+    ``env_spans``: multi-turn episodes: every response of 5 or more tokens gets environment (tool) spans inside
+    it (:func:`env_holes`), loss mask 0 between policy spans; the tokens drawn are the same.
     ``num_samples`` need not be a multiple of ``group_size`` (the last group is cut short); the defaults
     draw the same batch as before these options existed.
     """
@@ -74,8 +92,23 @@ def toy_samples(
         mask = torch.zeros(prompt + response, dtype=torch.int64)
         if i not in prompt_only:
             mask[prompt:] = 1
+            if env_spans:
+                for a, b in env_holes(response):
+                    mask[prompt + a : prompt + b] = 0
         samples.append(Sample(tokens=tokens, loss_mask=mask, advantage=float(adv[i])))
     return samples
+
+
+def env_holes(response: int) -> list[tuple[int, int]]:
+    """Environment spans ``[a, b)`` (offsets into a response of ``response`` tokens), each with policy tokens on
+    both sides: policy, tool, policy (5+ tokens), and a second tool span for 10+ (policy, tool, policy, tool,
+    policy), as a multi-turn episode gives."""
+    if response < 5:
+        return []
+    first = (response // 3, response // 3 + 2)
+    if response < 10:
+        return [first]
+    return [first, (2 * response // 3 + 1, 2 * response // 3 + 3)]
 
 
 def with_offset_old_logprobs(samples, logprobs, variant: str):

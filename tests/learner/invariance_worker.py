@@ -171,7 +171,7 @@ def run_case(case, args):
     max_tokens = case.get("max_tokens", MAX_TOKENS)
     packing = case.get("packing", "padded")
     initial = toy.local_shards(model)
-    samples = toy.toy_samples(vocab=shape.vocab_size, **BATCH)
+    samples = toy.toy_samples(vocab=shape.vocab_size, env_spans=case.get("env_spans", False), **BATCH)
 
     # a fused-LM-head case compares with the logits path's reference (chunks of 48 < the toy vocabulary's 128)
     head = dict(fused_lm_head=True, fused_lm_head_chunk=case.get("chunk", 48)) if case.get("fused") else {}
@@ -216,9 +216,17 @@ def run_case(case, args):
             # The reference's own check: its gradient is the sum of per-sample gradients, each sample run
             # alone with N = the mini-batch's counted samples (counted here, from the masks).
             n_first = sum(map(counted, first))
+            m_first = sum(int(s.loss_mask[1:].count_nonzero()) for s in first)  # CISPO's token normaliser M
             for s in first:
                 forward_backward(
-                    model, [s], layout, loss_cfg, max_tokens=max_tokens, packing=packing, num_sequences=n_first
+                    model,
+                    [s],
+                    layout,
+                    loss_cfg,
+                    max_tokens=max_tokens,
+                    packing=packing,
+                    num_sequences=n_first,
+                    num_tokens=m_first,
                 )
             summed = toy.assemble(toy.local_grad_shards(model))
             zero_grads(model, optimizer)
@@ -234,6 +242,7 @@ def run_case(case, args):
         )
     result = dict(
         case=case["name"],
+        variant=variant,
         world=layout.world_size,
         dp=layout.dp_size,
         losses=[m["loss"] for m in metrics],
@@ -245,7 +254,19 @@ def run_case(case, args):
         fwd_vs_train_logp=fwd_vs_train,
         swap_restored=swap_restored,
         extra_metrics=[
-            {k: m[k] for k in ("kl", "is_weight_mean", "is_weight_max", "is_masked_fraction", "entropy") if k in m}
+            {
+                k: m[k]
+                for k in (
+                    "kl",
+                    "is_weight_mean",
+                    "is_weight_max",
+                    "is_masked_fraction",
+                    "entropy",
+                    "gate_mean",
+                    "gate_near_zero_fraction",
+                )
+                if k in m
+            }
             for m in metrics
         ],
         **plan_figures(parts, batch, layout.dp_size, max_tokens, packing),

@@ -76,17 +76,31 @@ def option_case(prefix, tag, **kw):
     return case(f"{prefix}-{variant}-{tag}", variant=variant, tag=tag, **options, **kw)
 
 
-REFERENCE = [
-    case(f"ref-{m}-{v}", m, v, save=True)
-    for m, v in (
-        ("dense", "gspo"),
-        ("dense", "gspo_token"),
-        ("dense", "grpo"),
-        ("moe", "gspo"),
-        ("moe", "grpo"),
-        ("dense_tied", "gspo"),
-    )
-] + [option_case("ref-dense", tag, save=True) for tag in LOSS_OPTIONS]
+# Multi-turn episodes (issue 26): the same batch with environment spans inside the responses (loss mask 0
+# between policy spans, learner_toy.env_holes). GSPO, and the family variants SAPO, CISPO and GMPO, run only on
+# this batch (which keeps every awkward property of the plain one), each with its own 1-rank reference.
+MULTI_TURN = ("gspo", "sapo", "cispo", "gmpo")
+
+
+def mt_case(prefix, variant, **kw):
+    return case(f"{prefix}-{variant}-mt", variant=variant, tag="mt", env_spans=True, **kw)
+
+
+REFERENCE = (
+    [
+        case(f"ref-{m}-{v}", m, v, save=True)
+        for m, v in (
+            ("dense", "gspo"),
+            ("dense", "gspo_token"),
+            ("dense", "grpo"),
+            ("moe", "gspo"),
+            ("moe", "grpo"),
+            ("dense_tied", "gspo"),
+        )
+    ]
+    + [option_case("ref-dense", tag, save=True) for tag in LOSS_OPTIONS]
+    + [mt_case("ref-dense", v, save=True) for v in MULTI_TURN]
+)
 BD = "block_diagonal"  # the default packing on CPU is "padded" (a row per sample)
 ONE_RANK = [
     case("1rank-mb60", max_tokens=60),
@@ -131,6 +145,9 @@ TWO_RANKS = (
     + [option_case("tp2", tag, tp=2) for tag in LOSS_OPTIONS]
     + [option_case("pp2-mb30", "kl", pp=2, max_tokens=30), option_case("dp2-distopt", "kl", distopt=True)]
     + FUSED_TWO_RANKS
+    + [mt_case("dp2", v) for v in MULTI_TURN]
+    + [mt_case("tp2", v, tp=2) for v in MULTI_TURN]
+    + [mt_case("pp2-mb30", v, pp=2, max_tokens=30) for v in MULTI_TURN]
 )
 # Test-only faults, each must be caught: N + 1 on DP rank 0 only; 2N on both ranks (every gradient halved)
 WRONG_N = [
@@ -157,6 +174,7 @@ CP_TWO_RANKS = (
         case("cp2-moe", "moe", cp=2),
     ]
     + [option_case("cp2", tag, cp=2) for tag in LOSS_OPTIONS]
+    + [mt_case("cp2", v, cp=2) for v in MULTI_TURN]
 )  # their per-token inputs split like the rest
 CP_FOUR_RANKS = [
     case("cp2dp2-gspo", cp=2),
@@ -257,7 +275,16 @@ def _check(result, request):
     assert result["param_diff"] < PARAM_ATOL, f"updated parameters differ by {result['param_diff']:.3g}"
     assert result["logp_diff"] < LOGP_ATOL, f"forward-only log-probs differ from 1 rank by {result['logp_diff']:.3g}"
     assert result["fwd_vs_train_logp"] < LOGP_ATOL
-    assert max(result["clip_fraction"]) > 0, "the test batch must exercise clipping"
+    _assert_exercised(result)
+
+
+def _assert_exercised(result):
+    """The test batch exercises the variant's clip (for SAPO: its gate, which has none)."""
+    if result["variant"] == "sapo":
+        gates = [m["gate_near_zero_fraction"] for m in result["extra_metrics"]]
+        assert max(gates) > 0 and min(m["gate_mean"] for m in result["extra_metrics"]) < 0.99, gates
+    else:
+        assert max(result["clip_fraction"]) > 0, "the test batch must exercise clipping"
 
 
 def test_reference_runs(reference):
@@ -272,13 +299,14 @@ def test_reference_runs(reference):
         assert r["num_sequences"] == r["expected_num_sequences"] == NUM_SEQUENCES, r["case"]
         assert r["per_sample_grad_diff"] <= (GRAD_RTOL + GRAD_ATOL) * r["grad_scale"], r["case"]
         assert r["fwd_vs_train_logp"] < LOGP_ATOL
-        assert max(r["clip_fraction"]) > 0
+        _assert_exercised(r)
 
 
 def test_the_loss_options_do_what_they_say(reference):
     """The option references: the KL reference swap leaves the weights as they were; the off-policy batch
     reaches beyond the cap (TIS truncates, MIS masks); per-token advantages make GSPO-token's gradient differ
-    from GSPO-token with one advantage per sequence (i.e. from GSPO)."""
+    from GSPO-token with one advantage per sequence (i.e. from GSPO); the multi-turn batch's environment spans
+    change GSPO's gradient."""
     ref_dir, results = reference
     kl = results["ref-dense-gspo-kl"]
     assert kl["swap_restored"] is True
@@ -298,6 +326,10 @@ def test_the_loss_options_do_what_they_say(reference):
         opt = torch.load(os.path.join(ref_dir, f"{plain_name}-{tag}.pt"))["grads"]
         base = torch.load(os.path.join(ref_dir, f"{plain_name}.pt"))["grads"]
         assert any(not torch.allclose(opt[k], base[k], rtol=1e-4, atol=0) for k in base), f"{tag} changed nothing"
+    # the environment spans matter: the multi-turn GSPO gradient is not the single-turn one (measured: 44% apart)
+    mt = torch.load(os.path.join(ref_dir, "dense-gspo-mt.pt"))["grads"]
+    plain = torch.load(os.path.join(ref_dir, "dense-gspo.pt"))["grads"]
+    assert max(float((mt[k] - plain[k]).abs().max() / plain[k].abs().max().clamp(min=1e-12)) for k in plain) > 0.05
 
 
 def test_the_batch_covers_uneven_shares_empty_and_prompt_only_microbatches(two_ranks):

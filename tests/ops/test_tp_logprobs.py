@@ -89,7 +89,9 @@ def test_target_outside_global_vocab_raises_on_every_rank(ranks, use_ref):
 
 
 @pytest.mark.parametrize("use_ref", BACKENDS)
-@pytest.mark.parametrize("key", ["segment_mean", "gspo", "gspo_token", "gspo_token-per-token", "grpo"])
+@pytest.mark.parametrize(
+    "key", ["segment_mean", "gspo", "gspo_token", "gspo_token-per-token", "grpo", "sapo", "cispo", "gmpo"]
+)
 def test_context_parallel_equals_single_rank(ranks, key, use_ref):
     """segment_mean and policy_loss (each variant) with cp_group, each rank holding an uneven part of every
     sequence: the mean / loss and all metrics equal the single-rank values on every rank, and each rank's
@@ -109,5 +111,7 @@ def test_context_parallel_equals_single_rank(ranks, key, use_ref):
         grad[idx] = g
     assert not torch.isnan(grad).any()  # the ranks' tokens cover the batch
     torch.testing.assert_close(grad, full[3], rtol=1e-5, atol=1e-8)
-    if key != "segment_mean":
+    if key == "sapo":  # no clip: its gate must be away from 1 somewhere
+        assert float(full[2]["gate_mean"]) < 0.999
+    elif key != "segment_mean":
         assert float(full[2]["clip_fraction"]) > 0  # the batch clips: the test is not vacuous

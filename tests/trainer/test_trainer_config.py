@@ -61,6 +61,8 @@ def test_greedy_sampling_trains_the_untempered_policy():
         "variant",
         "eps_low",
         "eps_high",
+        "sapo_tau_pos",
+        "sapo_tau_neg",
         "compute_entropy",
         "off_policy",
         "kl_coef",
