@@ -27,11 +27,9 @@ class EpisodeConfig:
     tool_format: Literal["auto", "template", "fallback"] = "auto"
     """How tool schemas and results are rendered: the chat template's own tool format when it takes
     ``tools`` (``auto``), always (``template``: refuse a template without), or the documented fallback."""
-    env_threads: int = 8
-    """Environment steps of one decoding pass run in this many threads."""
 
     def __post_init__(self):
-        for name in ("max_turns", "max_total_tokens", "env_threads"):
+        for name in ("max_turns", "max_total_tokens"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"EpisodeConfig.{name} must be an integer >= 1, got {v!r}")
