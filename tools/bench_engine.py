@@ -16,7 +16,13 @@ alternating). The engines also return per-token log-probs; transformers
 is asked for none. Before timing, one short untimed call of each warms them up, and the KV engine's
 log-probs are checked against a transformers forward over the same sequences (same weights).
 
+Multi-turn (``--turns K``, the KV engine only): per length N, K-turn episodes (``generate_turns``: K policy turns
+of N/K sampled tokens, each of the K-1 environment spans of ``--env-tokens`` E tokens prefilled onto the KV
+cache with the turn's last token) against one single-turn generation of the same total, N + (K-1) E new
+tokens; the table gives both times and their ratio (the issue's target: at most 1.3x).
+
 Example:
+  python tools/bench_engine.py --turns 4 --env-tokens 16 --engines kv --new-tokens 128 512 --threads 2
   python tools/bench_engine.py --new-tokens 32 128 512 --batch 64 --threads 2 --json bench_engine.json
   python tools/bench_engine.py --quick --json /tmp/quick.json     # a few seconds of work, for tests
 """
@@ -113,6 +119,31 @@ def run_engine(engine, prompts, n_new: int) -> float:
     return dt
 
 
+def run_turns(engine, prompts, n_new: int, turns: int, env_tokens: int) -> float:
+    """K-turn episodes of ``n_new // turns`` policy tokens per turn and ``env_tokens`` environment tokens between
+    turns; the seconds."""
+    from gspo_mcore.rollout import SamplingParams
+
+    per_turn = n_new // turns
+    params = SamplingParams(temperature=1.0, max_new_tokens=per_turn, ignore_eos=True, seed=0)
+    done = [0] * len(prompts)
+
+    def on_turns(ends):
+        out = []
+        for e in ends:
+            done[e.row] += 1
+            out.append(None if done[e.row] == turns else [3 + (e.row + i) % 50 for i in range(env_tokens)])
+        return out
+
+    total = max(len(p) for p in prompts) + per_turn * turns + env_tokens * (turns - 1) + 1
+    t0 = time.perf_counter()
+    engine.generate_turns(prompts, params, keys=list(range(len(prompts))), max_total_tokens=total, on_turns=on_turns)
+    dt = time.perf_counter() - t0
+    if done != [turns] * len(prompts):
+        raise RuntimeError("generate_turns: an episode did not run all its turns")
+    return dt
+
+
 def run_transformers(hf, ids, mask, n_new: int) -> float:
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -178,6 +209,8 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="a tiny model and batch, lengths 4 and 8 (tests)")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--turns", type=int, default=1, help="K > 1: also K-turn episodes vs one turn (KV engine)")
+    parser.add_argument("--env-tokens", type=int, default=16, help="environment tokens between turns (--turns)")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
@@ -290,6 +323,28 @@ def main(argv=None) -> int:
                     "ms_per_step": 1e3 * dt / n_new,
                 }
             )
+    if args.turns > 1:
+        K, E = args.turns, args.env_tokens
+        run_turns(engines["kv"], prompts, 2 * K, K, 2)  # warm-up, untimed
+        for n_new in args.new_tokens:
+            n_new = n_new - n_new % K
+            same_total = n_new + (K - 1) * E
+            times = {"turns": [], "single": []}
+            for _ in range(args.repeat):
+                times["turns"].append(run_turns(engines["kv"], prompts, n_new, K, E))
+                times["single"].append(run_engine(engines["kv"], prompts, same_total))
+            results.append(
+                {
+                    "engine": "kv-turns",
+                    "turns": K,
+                    "env_tokens": E,
+                    "new_tokens": n_new,
+                    "total_new_tokens": same_total,
+                    "seconds": min(times["turns"]),
+                    "single_turn_seconds": min(times["single"]),
+                    "ratio": min(times["turns"]) / min(times["single"]),
+                }
+            )
     header["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     destroy_parallel()
 
@@ -328,6 +383,16 @@ def main(argv=None) -> int:
         "(ms = milliseconds per decoding step for the whole batch, prefill included"
         + (f"; the fastest of {args.repeat} runs each)" if args.repeat > 1 else ")")
     )
+    turn_rows = [r for r in results if r["engine"] == "kv-turns"]
+    if turn_rows:
+        print(
+            f"{'policy tok':>10} | {'K turns, E env tok':>18} | {'episodes s':>10} | {'1 turn, same total':>18} | ratio"
+        )
+        for r in turn_rows:
+            print(
+                f"{r['new_tokens']:>10} | {r['turns']:>8} x {r['env_tokens']:>7} | {r['seconds']:>10.3f} | "
+                f"{r['single_turn_seconds']:>12.3f} ({r['total_new_tokens']}) | {r['ratio']:.2f}x"
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"header": header, "results": results}, f, indent=2)

@@ -157,6 +157,8 @@ class _MegatronSession:
         self.ctx = None if owner.own_cache else StaticInferenceContext(B, S)
         self.cache: list[torch.Tensor | None] = [None] * len(owner.attentions)  # own cache: [2, B, ng, S, hn]
         self.packed: _Packed | None = None  # during the own cache's prefill: the distinct prompts, packed
+        self.ragged: _Ragged | None = None  # during an extend: the rows' new tokens, packed
+        self.fill: torch.Tensor | None = None  # (B,) once rows are extended: the slots each row has filled
         self.table = None  # (S, D): the rotary angles of positions 0..S-1
         self.freqs = None  # (S, B, 1, D): each row's rotary angles at each cache slot
         if self.gpt.position_embedding_type == "rope":
@@ -233,6 +235,50 @@ class _MegatronSession:
                 object.__setattr__(m, "training", True)
         return logits[0].float().cpu().clone()  # a normal tensor: the caller may write into it
 
+    def extend(self, tokens) -> torch.Tensor:
+        """Multi-turn: append ``tokens[b]`` (a list of ids, possibly empty) after row ``b``'s filled slots, in one
+        pass over the packed new tokens (nothing already cached is recomputed) -> the logits after each row's
+        last token ``[B, V]``. Needs the session's own cache (Megatron's ``StaticInferenceContext`` advances
+        every row by the same count)."""
+        if self.ctx is not None:
+            raise RuntimeError(
+                "multi-turn episodes (rollout.env) with the in-process engine need its own KV cache, which "
+                "Transformer Engine's attention does not allow; use the local layer spec or SGLang"
+            )
+        dev = self.layout.device
+        B = len(tokens)
+        if self.fill is None:
+            self.fill = torch.full((B,), self.offset, dtype=torch.long, device=dev)
+        k = torch.tensor([len(t) for t in tokens], dtype=torch.long, device=dev)  # (B,)
+        flat = torch.tensor([int(x) for t in tokens for x in t], dtype=torch.long, device=dev)  # (T,)
+        T = flat.numel()
+        if T == 0:
+            raise RuntimeError("extend: no row was given a token")
+        rows = torch.repeat_interleave(torch.arange(B, device=dev), k)  # (T,)
+        starts = k.cumsum(0) - k  # (B,)
+        j = torch.arange(T, device=dev) - starts[rows]  # (T,): index within the row's new tokens
+        slots = self.fill[rows] + j  # (T,)
+        end = int((self.fill + k).max())
+        if end > self.length:
+            raise RuntimeError(f"extend: {end} cache slots needed, the session has {self.length}")
+        s = int(k.max())
+        # query j of row b sits at slot fill_b + j; padded queries (j >= k_b) repeat the row's last real one (a row
+        # given nothing: its last filled slot), so every query attends to at least one real key
+        qslot = self.fill[:, None] + torch.minimum(torch.arange(s, device=dev)[None], k[:, None] - 1)  # (B, s)
+        key_slots = torch.arange(end, device=dev)
+        keep = self.valid[:, None, :end] & (key_slots[None, None] <= qslot[:, :, None])  # (B, s, end)
+        self.ragged = _Ragged(rows=rows, j=j, slots=slots, keep=keep[:, None], width=s, end=end)
+        freqs = None if self.freqs is None else self.freqs[slots, rows][:, None]  # (T, 1, 1, D)
+        last = (k.cumsum(0) - 1).clamp(0, T - 1)  # (B,): each row's last new token in the packed sequence
+        try:  # hidden (T, 1, H) -> each row's last (1, B, H)
+            logits = self._run(
+                flat[None], self.positions[rows, slots][None], None, freqs, lambda h: h[last].transpose(0, 1)
+            )
+        finally:
+            self.ragged = None
+        self.fill = self.fill + k
+        return logits  # (B, V)
+
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         mask = ~self.valid[:, None, None, : self.offset + 1]  # (B, 1, 1, end)
         return self.forward(tokens.to(self.layout.device)[:, None], mask)
@@ -246,6 +292,8 @@ class _MegatronSession:
                 memory[layer] = (k[:, rows].contiguous(), v[:, rows].contiguous())
             self.ctx.max_batch_size = len(rows)
         self.positions, self.valid = self.positions[rows], self.valid[rows]
+        if self.fill is not None:
+            self.fill = self.fill[rows]
         if self.freqs is not None:
             self.freqs = self.freqs[:, rows].contiguous()
 
@@ -255,6 +303,8 @@ class _MegatronSession:
         slots after this pass) -> ``[sq, b, np*hn]``."""
         if self.packed is not None:
             return self._prefill_attention(index, query, key, value, scale)
+        if self.ragged is not None:
+            return self._extend_attention(index, query, key, value, scale)
         keys, values = self._store(index, key, value)  # (B, ng, sk, hn) each
         sq, B, nh, hn = query.shape
         out = _grouped_attention(query.permute(1, 2, 0, 3), keys, values, ~attention_mask, scale)  # (B, np, sq, hn)
@@ -284,11 +334,25 @@ class _MegatronSession:
         keys, values = padded(key), padded(value)  # (U, ng, P, hn) each
         ng = keys.shape[1]
         B = packed.inverse.shape[0]
-        kv = self.cache[index] = keys.new_empty((2, B, ng, self.length, hn))
+        kv = self.cache[index] = keys.new_zeros((2, B, ng, self.length, hn))  # zeros: masked slots stay finite
         kv[0, :, :, :P] = keys[packed.inverse]
         kv[1, :, :, :P] = values[packed.inverse]
         out = _grouped_attention(padded(query), keys, values, packed.keep, scale)  # (U, np, P, hn)
         return out.transpose(1, 2)[packed.real].reshape(T, 1, nh * hn)
+
+    def _extend_attention(self, index: int, query, key, value, scale: float) -> torch.Tensor:
+        """An extend's attention: ``query [T, 1, np, hn]``, ``key, value [T, 1, ng, hn]`` (the rows' new tokens,
+        packed) -> ``[T, 1, np*hn]``. The new keys and values go to each row's next slots; each row's queries,
+        padded to the widest row, attend over its cached prefix and its new tokens up to themselves."""
+        rg = self.ragged
+        T, _, nh, hn = query.shape
+        kv = self.cache[index]  # (2, B, ng, S, hn)
+        kv[0][rg.rows, :, rg.slots] = key[:, 0]
+        kv[1][rg.rows, :, rg.slots] = value[:, 0]
+        q = query.new_zeros((kv.shape[1], rg.width, nh, hn))  # (B, s, np, hn)
+        q[rg.rows, rg.j] = query[:, 0]
+        out = _grouped_attention(q.transpose(1, 2), kv[0, :, :, : rg.end], kv[1, :, :, : rg.end], rg.keep, scale)
+        return out.transpose(1, 2)[rg.rows, rg.j].reshape(T, 1, nh * hn)  # out (B, np, s, hn)
 
 
 def _grouped_attention(query, keys, values, keep, scale: float) -> torch.Tensor:
@@ -311,6 +375,17 @@ class _Packed(NamedTuple):
     real: torch.Tensor  # (U, P) bool: a real token of the left-padded prompt (packed in row-major order)
     index: torch.Tensor  # (U, P): the packed position of each real token, T at the padding
     keep: torch.Tensor  # (U, 1, P, P) bool: the prompt's attention mask (True: attend)
+
+
+class _Ragged(NamedTuple):
+    """An extend of the own cache: ``T`` new tokens of ``B`` rows, packed."""
+
+    rows: torch.Tensor  # (T,): each new token's row
+    j: torch.Tensor  # (T,): its index among its row's new tokens
+    slots: torch.Tensor  # (T,): its cache slot
+    keep: torch.Tensor  # (B, 1, width, end) bool: the padded queries' attention mask (True: attend)
+    width: int  # the most new tokens of a row
+    end: int  # cache slots read: the largest fill after the pass
 
 
 def _plain_core_attention(core) -> bool:

@@ -29,6 +29,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from gspo_mcore.rollout.turns import OnTurns, TurnEnd
 from gspo_mcore.rollout.types import (
     NamedTensors,
     RolloutEngine,
@@ -51,6 +52,11 @@ class DecodeSession(Protocol):
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (increasing indices into the current batch, int64); later calls see fewer rows."""
+
+    def extend(self, tokens: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Multi-turn episodes (optional): append ``tokens[b]`` (any number, 0 included) to row ``b``, after what
+        the row holds, without recomputing it -> the logits after each row's last token ``[B, V]`` (rows given
+        no token: any values). Rows then hold different numbers of tokens; :meth:`step` is not used again."""
 
 
 class DecodeModel(Protocol):
@@ -103,6 +109,19 @@ class _RecomputeSession:
 
     def select(self, rows: torch.Tensor) -> None:
         self.tokens, self.lengths = self.tokens[rows], self.lengths[rows]
+
+    def extend(self, tokens: Sequence[Sequence[int]]) -> torch.Tensor:
+        k = torch.tensor([len(t) for t in tokens], dtype=torch.long)  # (B,)
+        need = int((self.lengths + k).max())
+        if need > self.tokens.shape[1]:  # grow the right padding
+            grown = self.tokens.new_zeros((self.tokens.shape[0], need))
+            grown[:, : self.tokens.shape[1]] = self.tokens
+            self.tokens = grown
+        for b, t in enumerate(tokens):
+            if len(t):
+                self.tokens[b, int(self.lengths[b]) : int(self.lengths[b]) + len(t)] = torch.tensor(list(t))
+        self.lengths = self.lengths + k
+        return self.last_logits()
 
 
 class InProcessEngine(RolloutEngine):
@@ -236,6 +255,118 @@ class InProcessEngine(RolloutEngine):
             results.append((ids[:n].tolist(), out_lps[b, :n].tolist(), "stop" if bool(finished[b]) else "length"))
         return results
 
+    def generate_turns(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        keys: Sequence[int],
+        max_total_tokens: int,
+        on_turns: OnTurns,
+    ) -> None:
+        """Multi-turn episodes, one per prompt (row), decoded together whatever turn each is at.
+
+        Each policy turn samples at most ``params.max_new_tokens`` tokens and at most what is left of the row's
+        ``max_total_tokens``; when turns end, ``on_turns`` (see :mod:`gspo_mcore.rollout.turns`) gives each
+        row's next environment span, which is prefilled onto the row's KV cache with the turn's last sampled
+        token (nothing before it is recomputed), or ends the row. ``keys[i]``: row ``i``'s sampling key (as
+        :func:`derive_sample_seed`); its ``t``-th sampled token, over all its turns, is drawn from the ``t``-th
+        number of that key's stream, so an episode does not depend on the batch it shares."""
+        if self._paused:
+            raise RolloutError("in-process engine: generate_turns() called while paused")
+        check_generate_args(1, params)
+        prompts = normalize_prompts(prompts)
+        if len(keys) != len(prompts):
+            raise ValueError(f"generate_turns: {len(keys)} keys for {len(prompts)} prompts")
+        too_long = [i for i, p in enumerate(prompts) if len(p) >= max_total_tokens]
+        if too_long:
+            raise ValueError(f"generate_turns: prompt {too_long[0]} leaves no room under max_total_tokens")
+        for start in range(0, len(prompts), self.max_batch_size):
+            stop = min(start + self.max_batch_size, len(prompts))
+            chunk_keys = np.array(list(keys[start:stop]), dtype=np.int64).view(np.uint64)
+
+            def shifted(ends, _start=start):
+                ends = [TurnEnd(e.row + _start, e.ids, e.logprobs, e.versions, e.finish_reason) for e in ends]
+                return on_turns(ends)
+
+            self._decode_turns(prompts[start:stop], params, chunk_keys, max_total_tokens, shifted)
+
+    @torch.no_grad()
+    def _decode_turns(self, prompts, params: SamplingParams, keys: np.ndarray, max_total: int, on_turns) -> None:
+        B = len(prompts)
+        lengths = torch.tensor([len(p) for p in prompts])  # (B,)
+        P = int(lengths.max())
+        tokens = torch.full((B, P), self.pad_token_id, dtype=torch.long)  # (B, P), left padding
+        for b, p in enumerate(prompts):
+            tokens[b, P - len(p) :] = torch.tensor(p)
+        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else {self.eos_token_id})
+        session, logits = self.model.start(tokens, lengths, max_total - int(lengths.min()) + 1)
+        if not hasattr(session, "extend"):
+            raise RolloutError(f"in-process engine: the decode model {type(self.model).__name__} cannot extend rows")
+        total = [len(p) for p in prompts]  # tokens each row holds, its pending sampled token included
+        drawn = np.zeros(B, dtype=np.int64)  # tokens each row has sampled, over all its turns
+        turn_ids: list[list[int]] = [[] for _ in range(B)]
+        turn_lps: list[list[float]] = [[] for _ in range(B)]
+        budget = [min(params.max_new_tokens, max_total - n) for n in total]
+        live = list(range(B))  # the session's rows, as row indices
+        running = set(live)
+        tau = params.logprob_temperature
+        while running:
+            last = logits.float()  # (B_live, V)
+            if last.dim() != 2 or last.shape[0] != len(live):
+                raise RolloutError(
+                    f"in-process engine: the model returned logits of shape {tuple(last.shape)}, "
+                    f"expected ({len(live)}, V)"
+                )
+            if self.vocab_size is not None and last.shape[1] > self.vocab_size:
+                last[:, self.vocab_size :] = -torch.inf
+            idx = np.array(live)
+            nxt = draw_tokens(last, params, _uniforms(keys[idx], drawn[idx]))  # (B_live,)
+            lp = torch.log_softmax(last / tau, dim=-1).gather(1, nxt[:, None]).squeeze(1)  # (B_live,)
+            feeds: list[list[int]] = [[] for _ in live]
+            ends = []
+            for i, b in enumerate(live):
+                if b not in running:
+                    continue
+                t = int(nxt[i])
+                turn_ids[b].append(t)
+                turn_lps[b].append(float(lp[i]))
+                drawn[b] += 1
+                total[b] += 1
+                feeds[i] = [t]
+                if t in stop_ids or len(turn_ids[b]) >= budget[b]:
+                    reason = "stop" if t in stop_ids else "length"
+                    ends.append(
+                        TurnEnd(b, tuple(turn_ids[b]), tuple(turn_lps[b]), (self._version,) * len(turn_ids[b]), reason)
+                    )
+            if ends:
+                answers = on_turns(ends)
+                if len(answers) != len(ends):
+                    raise RolloutError(f"on_turns answered {len(answers)} of {len(ends)} turn ends")
+                position = {b: i for i, b in enumerate(live)}
+                for end, more in zip(ends, answers):
+                    b = end.row
+                    turn_ids[b], turn_lps[b] = [], []
+                    if more is None:
+                        running.discard(b)
+                        feeds[position[b]] = []
+                        continue
+                    more = [int(x) for x in more]
+                    if total[b] + len(more) >= max_total:
+                        raise RolloutError(
+                            f"on_turns gave row {b} {len(more)} tokens: no room left under max_total_tokens {max_total}"
+                        )
+                    feeds[position[b]] += more
+                    total[b] += len(more)
+                    budget[b] = min(params.max_new_tokens, max_total - total[b])
+            if not running:
+                break
+            if len(running) <= self.compact_below * len(live):
+                keep = [i for i, b in enumerate(live) if b in running]
+                session.select(torch.tensor(keep, dtype=torch.long))
+                live, feeds = [live[i] for i in keep], [feeds[i] for i in keep]
+            logits = session.extend(feeds)
+
     async def update_weights(self, buckets: Iterable[NamedTensors], version: int) -> None:
         raise RolloutError(
             "the in-process engine samples from the learner's live parameters: "
@@ -295,10 +426,11 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
-def _uniforms(keys: np.ndarray, step: int) -> torch.Tensor:
-    """Counter-based uniforms in [0, 1), one per key (uint64): SplitMix64 of ``key + (step + 1) * golden``."""
+def _uniforms(keys: np.ndarray, step) -> torch.Tensor:
+    """Counter-based uniforms in [0, 1), one per key (uint64): SplitMix64 of ``key + (step + 1) * golden``
+    (``step``: an int, or one per key)."""
     with np.errstate(over="ignore"):  # uint64 arithmetic wraps modulo 2**64
-        z = keys + np.array([step + 1], dtype=np.uint64) * _GOLDEN
+        z = keys + (np.asarray(step, dtype=np.uint64) + np.uint64(1)) * _GOLDEN
         z = (z ^ (z >> np.uint64(30))) * _MIX1
         z = (z ^ (z >> np.uint64(27))) * _MIX2
         z = z ^ (z >> np.uint64(31))

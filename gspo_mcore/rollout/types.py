@@ -133,6 +133,11 @@ class Sample:
     response was generated (a partial rollout: paused at a weight update and continued on the new
     weights; each token's log-prob is then under its own version's weights). ``None``: every token came
     from ``weight_version``."""
+    response_mask: tuple[int, ...] | None = None
+    """Multi-turn episodes: 1 on the response tokens the policy sampled, 0 on the environment's (tool results,
+    template framing), which have log-prob 0 here and are context only for the loss. ``None``: all sampled."""
+    episode: object = dataclasses.field(default=None, compare=False)
+    """Multi-turn episodes: the episode's :class:`gspo_mcore.rollout.turns.EpisodeStats`."""
 
     def __post_init__(self):
         where = f"sample ({self.prompt_index}, {self.sample_index})"
@@ -156,6 +161,11 @@ class Sample:
                     f"{where}: weight_version {self.weight_version} is not the oldest token version "
                     f"{min(self.token_versions)}"
                 )
+        if self.response_mask is not None:
+            mask = tuple(self.response_mask)
+            if len(mask) != len(self.response_ids) or not set(mask) <= {0, 1}:
+                raise ValueError(f"{where}: response_mask must be 0/1, one per response id ({len(self.response_ids)})")
+            object.__setattr__(self, "response_mask", mask)
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
 

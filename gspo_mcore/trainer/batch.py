@@ -15,8 +15,55 @@ from gspo_mcore.rollout.types import Sample
 
 
 def decode_responses(groups: Sequence[Sequence[Sample]], tokenizer) -> list[str]:
-    """The response text of every sample, group after group (special tokens such as EOS dropped)."""
-    return [tokenizer.decode(list(s.response_ids), skip_special_tokens=True) for g in groups for s in g]
+    """The response text of every sample, group after group (special tokens such as EOS dropped); for a
+    multi-turn episode, its final policy turn."""
+    return [
+        tokenizer.decode(
+            list(s.episode.final_turn if s.episode is not None else s.response_ids), skip_special_tokens=True
+        )
+        for g in groups
+        for s in g
+    ]
+
+
+def episode_rewards(groups: Sequence[Sequence[Sample]]) -> torch.Tensor:
+    """The environments' own reward terms per sample, ``(num_groups * G,)`` (0 for single-turn samples)."""
+    return torch.tensor(
+        [s.episode.env_reward if s.episode is not None else 0.0 for g in groups for s in g], dtype=torch.float32
+    )
+
+
+def episode_metrics(groups: Sequence[Sequence[Sample]], *, max_error_fraction: float) -> dict[str, float]:
+    """Multi-turn episodes' figures (empty without episodes): turns, tool calls and errors, environment
+    seconds per episode; policy and environment tokens; the fraction ended by each cause; environment errors
+    per cause. More than ``max_error_fraction`` of the episodes ended by an environment error stops the run
+    (``RuntimeError`` naming the first such episode and its cause)."""
+    eps = [(s, s.episode) for g in groups for s in g if s.episode is not None]
+    if not eps:
+        return {}
+    n = len(eps)
+    out = {
+        "episode_turns_mean": sum(e.turns for _, e in eps) / n,
+        "episode_tool_calls_mean": sum(e.tool_calls for _, e in eps) / n,
+        "episode_tool_errors_mean": sum(e.tool_errors for _, e in eps) / n,
+        "episode_env_s_mean": sum(e.env_s for _, e in eps) / n,
+        "episode_policy_tokens_mean": sum(e.policy_tokens for _, e in eps) / n,
+        "episode_env_tokens_mean": sum(e.env_tokens for _, e in eps) / n,
+        "episode_tool_use_fraction": sum(e.tool_calls > 0 for _, e in eps) / n,
+    }
+    for end in ("done", "max_turns", "max_total_tokens", "error"):
+        out[f"episode_end_{end}"] = sum(e.end == end for _, e in eps) / n
+    errors = [(s, e) for s, e in eps if e.end == "error"]
+    for _, e in errors:
+        cause = (e.error or "unknown").split(":")[0]
+        out[f"episode_env_errors/{cause}"] = out.get(f"episode_env_errors/{cause}", 0) + 1
+    if errors and len(errors) / n > max_error_fraction:
+        s, e = errors[0]
+        raise RuntimeError(
+            f"{len(errors)} of {n} episodes ended by an environment error, more than reward.max_error_fraction="
+            f"{max_error_fraction}; e.g. episode (prompt {s.prompt_index}, sample {s.sample_index}): {e.error}"
+        )
+    return out
 
 
 def overlong_penalties(
@@ -105,7 +152,11 @@ def learner_samples(
                 continue
             p, r = len(s.prompt_ids), len(s.response_ids)
             tokens = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)  # (p + r,)
-            mask = torch.cat([torch.zeros(p), torch.ones(r)])  # (p + r,)
+            # (p + r,): 1 on the tokens the policy sampled (a multi-turn episode's environment spans are 0)
+            response_mask = (
+                torch.ones(r) if s.response_mask is None else torch.tensor(s.response_mask, dtype=torch.float32)
+            )
+            mask = torch.cat([torch.zeros(p), response_mask])
             # the engine's log-probs, aligned with tokens[1:]; with old_logprobs=recompute the learner
             # replaces them before the first update and reports the mismatch
             old = torch.cat([torch.zeros(p - 1), torch.tensor(s.response_logprobs, dtype=torch.float32)])

@@ -21,6 +21,7 @@ from gspo_mcore.config import check_literals
 from gspo_mcore.data.dataset import DataConfig
 from gspo_mcore.data.sampler import SamplerConfig
 from gspo_mcore.data.template import TemplateConfig
+from gspo_mcore.envs.config import EpisodeConfig
 from gspo_mcore.learner import BatchConfig, LossConfig, ModelOptions, OptimConfig, ParallelConfig
 from gspo_mcore.learner.checkpoint import CheckpointConfig
 from gspo_mcore.learner.routing import RoutingConfig
@@ -101,9 +102,27 @@ class RolloutConfig:
     """In-process engine: rows per forward pass."""
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
     """The SGLang servers and weight sync (``engine: sglang``)."""
+    env: str = ""
+    """Multi-turn agents: the environment class, ``"package.module:Class"`` (docs/agents.md); empty: one
+    response per prompt. Each policy turn is limited by ``sampling.max_new_tokens``."""
+    env_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments of the environment class."""
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+    """Limits of an episode (``env``): turns, total tokens, the environment step's timeout."""
 
     def __post_init__(self):
         check_literals(self)
+        if self.env:
+            if self.engine != "inprocess":
+                raise ValueError(
+                    "rollout.env: multi-turn episodes run on rollout.engine=inprocess only so far "
+                    "(the SGLang turn loop is not implemented)"
+                )
+            if self.max_staleness or self.partial_rollouts:
+                raise ValueError(
+                    "rollout.env: multi-turn episodes do not support rollout.max_staleness / rollout.partial_rollouts "
+                    "(a weight update inside an episode is refused)"
+                )
         if self.prompts_per_step < 1 or self.group_size < 2:
             raise ValueError("RolloutConfig needs prompts_per_step >= 1 and group_size >= 2")
         if not 0 <= self.overlong_buffer < self.sampling.max_new_tokens:

@@ -47,6 +47,8 @@ class EvalSet:
     prompts: list[list[int]]
     metadata: list
     rewards: object
+    rows: list | None = None
+    """The dataset rows (``PromptSample``), for a multi-turn backend whose environment resets from them."""
 
 
 def summarize(
@@ -111,7 +113,8 @@ class Evaluator:
         return out
 
     def _evaluate(self, s: EvalSet, params, n: int, rows: list, kind: str) -> dict[str, float]:
-        groups = self.backend.generate(s.prompts, n, params, seed=self.cfg.seed)
+        episodes = getattr(self.backend, "runs_episodes", False) and s.rows is not None  # rollout.env: same env
+        groups = self.backend.generate(s.rows if episodes else s.prompts, n, params, seed=self.cfg.seed)
         texts = decode_responses(groups, self.tokenizer)
         metas = [meta for meta in s.metadata for _ in range(n)]
         s.rewards.metrics(reset=True)  # count this evaluation's calls only

@@ -34,9 +34,17 @@ from gspo_mcore.learner.checkpoint import Checkpointer
 from gspo_mcore.metrics import MetricsLogger, step_metrics
 from gspo_mcore.rewards import RewardRunner
 from gspo_mcore.trainer import distill, preflight, run_dir
+from gspo_mcore.trainer.agent import AgentRollout
 from gspo_mcore.trainer.asynchronous import Prefetcher, fresh_groups
 from gspo_mcore.trainer.backends import InProcessRollout, RolloutBackend, SGLangRollout
-from gspo_mcore.trainer.batch import decode_responses, learner_samples, overlong_penalties, staleness_metrics
+from gspo_mcore.trainer.batch import (
+    decode_responses,
+    episode_metrics,
+    episode_rewards,
+    learner_samples,
+    overlong_penalties,
+    staleness_metrics,
+)
 from gspo_mcore.trainer.config import TrainConfig, resolve
 from gspo_mcore.trainer.evaluation import Evaluator
 from gspo_mcore.trainer.sampling import RolloutBatch, collect, rollout_seed
@@ -191,6 +199,7 @@ def gspo_step(run: Run, step: int) -> dict | None:
     ) | _sampling_metrics(cfg, batch, step)
     record.update(staleness_metrics(batch.groups, step))  # the learner trains weight version `step`
     record.update(distill.step_metrics(distilled, record))
+    record.update(episode_metrics(batch.groups, max_error_fraction=cfg.reward.max_error_fraction))
     # the engine's generation time for this step's batch (in the background, for a prefetched one); not a
     # phase of the learner's step, so not part of time_step_s
     record["time_generation_s"] = generation_s
@@ -217,7 +226,10 @@ def _rollout_batch(run: Run, step: int, phases: _Phases) -> tuple[RolloutBatch |
             else:
                 t0 = time.perf_counter()
                 groups = run.rollout.generate(
-                    [p.input_ids for p in prompts], G, cfg.rollout.sampling, seed=rollout_seed(cfg.seed, step, round_)
+                    [p if cfg.rollout.env else p.input_ids for p in prompts],
+                    G,
+                    cfg.rollout.sampling,
+                    seed=rollout_seed(cfg.seed, step, round_),
                 )
                 generation_s += time.perf_counter() - t0
         with phases("reward"):
@@ -269,7 +281,7 @@ def _score(cfg: TrainConfig, groups, prompts, rewards, tokenizer) -> tuple[torch
     texts = [text for p in prompts for text in [tokenizer.decode(p.input_ids)] * G]  # for a failure's message
     ids = [s.response_ids for g in groups for s in g]
     values, token_shaping = rewards.score_tokens(decode_responses(groups, tokenizer), metas, ids, prompts=texts)
-    scores = torch.tensor(values, dtype=torch.float32)  # (num_groups * G,)
+    scores = torch.tensor(values, dtype=torch.float32) + episode_rewards(groups)  # (num_groups * G,)
     shaped = scores + overlong_penalties(
         groups,
         max_new_tokens=cfg.rollout.sampling.max_new_tokens,
@@ -327,6 +339,8 @@ def _rollout_backend(cfg: TrainConfig, learner: Learner, tokenizer) -> RolloutBa
             if cfg.routing.replay == "rollout"
             else None,
         )
+    if cfg.rollout.env:
+        return AgentRollout(learner, tokenizer, cfg.rollout)
     return InProcessRollout(learner, tokenizer, max_batch_size=cfg.rollout.max_batch_size)
 
 

@@ -165,6 +165,7 @@ def eval_set(index: int, cfg, template: PromptTemplate) -> EvalSet:
             prompts=[template.encode(r) for r in rows],
             metadata=[r.metadata for r in rows],
             rewards=check_reward_setup(cfg.reward, rows),
+            rows=rows,
         )
 
 

@@ -50,3 +50,24 @@ def test_bench_engine_refuses_a_repeat_below_one():
         check=False,
     )
     assert proc.returncode == 2 and "--repeat must be >= 1, got 0" in proc.stderr
+
+
+def test_bench_engine_turns_writes_the_episode_rows(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "tools/bench_engine.py", "--quick", "--threads", "1", "--engines", "kv"]
+        + ["--turns", "2", "--env-tokens", "3", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"),
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [r for r in json.loads(out.read_text())["results"] if r["engine"] == "kv-turns"]
+    assert [(r["new_tokens"], r["total_new_tokens"]) for r in rows] == [(4, 7), (8, 11)]
+    for r in rows:
+        assert (
+            r["seconds"] > 0 and r["single_turn_seconds"] > 0 and r["ratio"] == r["seconds"] / r["single_turn_seconds"]
+        )

@@ -1,0 +1,86 @@
+"""The environment interface: what a user writes to train a multi-turn agent.
+
+An environment is any class with two methods (checked at start-up, :func:`gspo_mcore.envs.load.load_env`):
+
+- ``reset(row) -> Reset``: the dataset row (``{"prompt" or "messages", "metadata"}``) in, the first
+  observation out (chat messages, or text for a model without a chat template) with the episode's state;
+- ``step(state, action) -> Step``: the policy's turn as text in; the next observation (or ``None``), whether
+  the episode is done, and an ``info`` dict.
+
+The episode's reward is the run's ``reward:`` section applied to the final policy turn; an environment may
+add a term (``Step.reward``, summed over the episode). It never sees token ids, engines or the learner: the
+rollout side (:mod:`gspo_mcore.rollout.episode`) tokenises observations and keeps the sampled ids exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+Message = Mapping[str, Any]
+"""One chat message: ``{"role": ..., "content": ...}`` (``role`` ``"tool"`` for a tool's result, with ``name``)."""
+Observation = str | Sequence[Message]
+"""Chat messages (appended to the conversation), or plain text (for a model without a chat template)."""
+
+# info keys the episode driver sums over an episode's steps (ints)
+TOOL_CALLS, TOOL_ERRORS = "tool_calls", "tool_errors"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reset:
+    """An episode's start."""
+
+    observation: Observation
+    """The first observation: the prompt, as chat messages (rendered with the model's chat template) or text."""
+    state: Any = None
+    """The episode's own state, handed back to every ``step`` (never shared between episodes)."""
+    tools: tuple[Mapping[str, Any], ...] = ()
+    """JSON schemas of the tools the model may call (OpenAI's ``{"type": "function", "function": {...}}``),
+    given to the chat template (or the fallback tool prompt, :mod:`gspo_mcore.envs.render`)."""
+
+    def __post_init__(self):
+        _check_observation(self.observation, "Reset.observation", allow_none=False)
+        object.__setattr__(self, "tools", tuple(self.tools))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    """What the environment answers to one policy turn."""
+
+    observation: Observation | None = None
+    """The next observation, appended to the episode (``None``: nothing to add)."""
+    done: bool = False
+    """The episode is over (its final policy turn was the last one)."""
+    reward: float = 0.0
+    """A term added to the episode's reward (summed over its steps)."""
+    info: dict = field(default_factory=dict)
+    """Free-form; the ints under ``tool_calls`` and ``tool_errors`` are summed into the episode's metrics."""
+
+    def __post_init__(self):
+        _check_observation(self.observation, "Step.observation", allow_none=True)
+        if not isinstance(self.done, bool):
+            raise TypeError(f"Step.done must be a bool, got {type(self.done).__name__}")
+        if not isinstance(self.reward, (int, float)) or isinstance(self.reward, bool):
+            raise TypeError(f"Step.reward must be a number, got {type(self.reward).__name__}")
+        if not self.done and self.observation is None:
+            raise ValueError("Step: an episode that is not done needs an observation for the next turn")
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """The two methods an environment class must have (see the module docstring)."""
+
+    def reset(self, row: Mapping[str, Any]) -> Reset: ...
+
+    def step(self, state: Any, action: str) -> Step: ...
+
+
+def _check_observation(obs, what: str, *, allow_none: bool) -> None:
+    if obs is None and allow_none:
+        return
+    if isinstance(obs, str):
+        return
+    if isinstance(obs, Sequence) and obs and all(isinstance(m, Mapping) and "role" in m for m in obs):
+        return
+    raise TypeError(f"{what} must be text or a non-empty list of chat messages with a 'role', got {obs!r:.200}")

@@ -1,0 +1,195 @@
+"""The episode driver on the in-process engine (the recompute model: exact, no cache): token-exact
+trajectories, masks, limits and environment failures. The KV-cache engine and the learner's log-probs over
+the same episodes: tests/trainer/test_episode_learner.py."""
+
+import json
+import time
+
+import pytest
+import torch
+from helpers.agent_tokenizer import make_tokenizer
+
+from gspo_mcore.envs import ChatRenderer, EpisodeConfig, Reset, Step, ToolEnv
+from gspo_mcore.rollout import InProcessEngine, SamplingParams
+from gspo_mcore.rollout.episode import EpisodeDriver
+
+TOK = make_tokenizer()
+HEADER = TOK("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+
+
+def lookup(key: str, row) -> str:
+    """Look a key up.
+
+    Args:
+        key: the key.
+    """
+    return row["table"][key]
+
+
+def chars(text):
+    """One id per character: how the scripted policy samples (never the merged 'ab' id)."""
+    return [TOK.convert_tokens_to_ids(c) for c in text]
+
+
+def scripted_model(turns):
+    """A logits_fn whose greedy policy writes ``turns[t]`` character by character (then EOS) in its t-th
+    assistant turn: it finds the last assistant header of each row and counts what follows it."""
+    V = len(TOK)
+
+    def fn(tokens):  # (B, L) right-padded with 0 -> (B, L, V)
+        B, L = tokens.shape
+        out = torch.zeros((B, L, V))
+        for b in range(B):
+            row = tokens[b].tolist()
+            end = max(i for i, t in enumerate(row) if t != 0) + 1
+            heads = [i for i in range(end - len(HEADER) + 1) if row[i : i + len(HEADER)] == HEADER]
+            turn, k = len(heads) - 1, end - (heads[-1] + len(HEADER))
+            script = chars(turns[min(turn, len(turns) - 1)]) + [TOK.eos_token_id]
+            out[b, end - 1, script[min(k, len(script) - 1)]] = 12.0
+        return out
+
+    return fn
+
+
+def call(name, **arguments):
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=80)
+
+
+def test_policy_spans_are_the_sampled_ids_where_retokenising_would_change_them():
+    turns = [call("lookup", key="ab"), "cab ab"]
+    engine = InProcessEngine(scripted_model(turns), eos_token_id=TOK.eos_token_id)
+    env = ToolEnv([lookup])
+    driver = EpisodeDriver(env, ChatRenderer(TOK), EpisodeConfig(max_turns=4, max_total_tokens=400))
+    row = {"prompt": "find ab", "metadata": {"table": {"ab": "ab-42"}}}
+    [[s]] = driver.run(engine, [row], 1, GREEDY, seed=0)
+    assert s.episode.end == "done" and s.episode.turns == 2
+    assert s.episode.tool_calls == 1 and s.episode.tool_errors == 0 and s.episode.env_tokens > 0
+    # the policy spans are exactly the sampled ids (one per character, 'a' and 'b' apart), mask 1 on them only
+    spans, cur, prev = [], [], 0
+    for t, m in zip(s.response_ids, s.response_mask):
+        if m and not prev:
+            cur = []
+            spans.append(cur)
+        if m:
+            cur.append(t)
+        prev = m
+    assert spans == [chars(t) + [TOK.eos_token_id] for t in turns]
+    assert s.episode.policy_tokens == sum(len(x) for x in spans)
+    assert all(lp == 0.0 for lp, m in zip(s.response_logprobs, s.response_mask) if not m)
+    assert all(lp < 0 for lp, m in zip(s.response_logprobs, s.response_mask) if m)
+    # the text is the whole conversation as the template renders it ...
+    start = env.reset(row)
+    messages = list(start.observation) + [
+        {"role": "assistant", "content": turns[0]},
+        {"role": "tool", "name": "lookup", "content": "ab-42"},
+        {"role": "assistant", "content": turns[1]},
+    ]
+    text = TOK.apply_chat_template(messages, tools=list(start.tools), tokenize=False) + ""
+    ours = list(s.prompt_ids + s.response_ids)
+    assert TOK.decode(ours) == text.removesuffix("\n")  # the episode ends at the final EOS
+    # ... but re-tokenising it changes the ids (the merged 'ab'); ours kept what was sampled
+    retokenised = TOK(TOK.decode(ours), add_special_tokens=False)["input_ids"]
+    assert retokenised != ours and len(retokenised) < len(ours)
+    ab = TOK.convert_tokens_to_ids("ab")
+    assert retokenised.count(ab) > [t for t, m in zip(ours[len(s.prompt_ids) :], s.response_mask) if not m].count(ab)
+    assert ab not in [t for t, m in zip(s.response_ids, s.response_mask) if m]
+    assert TOK.decode(list(s.episode.final_turn), skip_special_tokens=True) == "cab ab"
+
+
+class DoneAtOnce:
+    def reset(self, row):
+        return Reset(observation=row["prompt"])
+
+    def step(self, state, action):
+        return Step(done=True, reward=0.5)
+
+
+class PlainRenderer:
+    """Text as one id per byte (a model without a tokenizer)."""
+
+    def first(self, observation, tools=()):
+        return [5 + (ord(c) % 20) for c in observation]
+
+    def after_turn(self, observation, last):
+        return self.first(observation)
+
+    def decode(self, ids):
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+def bigram(V=32, seed=3):
+    table = torch.randn(V, V, generator=torch.Generator().manual_seed(seed)) * 2
+
+    def fn(tokens):
+        return table[tokens]
+
+    return fn
+
+
+def test_one_turn_episodes_are_the_single_turn_samples():
+    engine = InProcessEngine(bigram(), eos_token_id=2, max_batch_size=5)
+    params = SamplingParams(temperature=0.9, max_new_tokens=12, seed=11)
+    driver = EpisodeDriver(DoneAtOnce(), PlainRenderer(), EpisodeConfig(max_turns=3, max_total_tokens=100))
+    rows = [{"prompt": p} for p in ["abc", "hello", "x"]]
+    got = driver.run(engine, rows, 3, params, seed=11, prompt_offset=4)
+    ref = engine.generate_sync([PlainRenderer().first(r["prompt"]) for r in rows], 3, params, prompt_offset=4)
+    for g, r in zip(got, ref):
+        for a, b in zip(g, r):
+            assert a.prompt_ids == b.prompt_ids and a.response_ids == b.response_ids
+            assert a.response_logprobs == pytest.approx(b.response_logprobs, abs=1e-6)
+            assert a.response_mask == (1,) * len(a.response_ids)
+            assert a.episode.end == "done" and a.episode.env_reward == 0.5 and a.episode.turns == 1
+
+
+class Echo:
+    """Answers every turn with a fixed observation; fails or hangs on request."""
+
+    def __init__(self, obs="ok", fail_at=None, hang_at=None):
+        self.obs, self.fail_at, self.hang_at = obs, fail_at, hang_at
+
+    def reset(self, row):
+        return Reset(observation=row["prompt"], state={"turn": 0})
+
+    def step(self, state, action):
+        state["turn"] += 1
+        if state["turn"] == self.fail_at:
+            raise KeyError("broken tool")
+        if state["turn"] == self.hang_at:
+            time.sleep(3)
+        return Step(observation=self.obs, info={"tool_calls": 1, "tool_errors": 1})
+
+
+@pytest.mark.parametrize(
+    "env, cfg, end, turns, error",
+    [
+        (Echo(), EpisodeConfig(max_turns=3, max_total_tokens=500), "max_turns", 3, None),
+        (Echo("o" * 30), EpisodeConfig(max_turns=9, max_total_tokens=60), "max_total_tokens", None, None),
+        (Echo(fail_at=2), EpisodeConfig(max_turns=5, max_total_tokens=500), "error", 2, "KeyError: 'broken tool'"),
+        (Echo(hang_at=1), EpisodeConfig(max_turns=5, max_total_tokens=500, step_timeout_s=0.2), "error", 1, "timeout"),
+    ],
+)
+def test_limits_and_environment_failures_end_episodes_cleanly(env, cfg, end, turns, error):
+    engine = InProcessEngine(bigram(), eos_token_id=2)
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, seed=1)
+    out = EpisodeDriver(env, PlainRenderer(), cfg).run(engine, [{"prompt": "go"}] * 2, 2, params, seed=1)
+    for s in (s for g in out for s in g):
+        assert s.episode.end == end and s.episode.error == error
+        if turns is not None:
+            assert s.episode.turns == turns
+        assert len(s.prompt_ids) + len(s.response_ids) <= cfg.max_total_tokens
+        assert s.episode.tool_calls == s.episode.tool_errors == s.episode.turns - (end == "error")
+        assert s.episode.policy_tokens + s.episode.env_tokens == len(s.response_ids)
+        # the mask alternates policy and environment spans, starting and ending with policy tokens
+        assert s.response_mask[0] == 1 and s.response_mask[-1] == 1
+        spans = sum(1 for a, b in zip((0,) + s.response_mask, s.response_mask) if b and not a)
+        assert spans == s.episode.turns
+
+
+def test_an_episode_that_cannot_fit_its_prompt_is_refused_naming_the_key():
+    engine = InProcessEngine(bigram(), eos_token_id=2)
+    driver = EpisodeDriver(Echo(), PlainRenderer(), EpisodeConfig(max_total_tokens=4))
+    with pytest.raises(Exception, match="rollout.episode.max_total_tokens=4"):
+        driver.run(engine, [{"prompt": "too long"}], 2, GREEDY, seed=0)
