@@ -85,12 +85,12 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-def export_hf(model, shape, cfg: dict, out_dir: str) -> None:
+def export_hf(model, arch, cfg: dict, out_dir: str) -> None:
     """The Megatron model's weights as a Hugging Face directory (config.json + model.safetensors)."""
     from gspo_mcore.convert.export import hf_state_dict
     from gspo_mcore.convert.hf_io import write_safetensors
 
-    named = hf_state_dict(model, shape)
+    named = hf_state_dict(model, arch)
     write_safetensors(out_dir, named.items(), [(k, t.numel() * t.element_size()) for k, t in named.items()])
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
@@ -243,11 +243,11 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(cfg, f)
-        shape = load_hf_config(tmp)
+        arch = load_hf_config(tmp)
         parallel = ParallelConfig()
-        layout = init_parallel(parallel, shape, seed=0)
-        model = build_model(shape, parallel, seed=0, wrap_ddp=False)
-        export_hf(model, shape, cfg, tmp)
+        layout = init_parallel(parallel, arch, seed=0)
+        model = build_model(arch, parallel, seed=0, wrap_ddp=False)
+        export_hf(model, arch, cfg, tmp)
         hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
     engines = {
         "kv": InProcessEngine(

@@ -65,7 +65,7 @@ def worker(args):
     from gspo_mcore.learner import (
         LossConfig,
         ParallelConfig,
-        Sample,
+        TrainSample,
         build_model,
         destroy_parallel,
         forward_backward,
@@ -77,19 +77,19 @@ def worker(args):
 
     torch.set_num_threads(args.threads)
     _, model_name, tp, pp, ep = LAYOUTS[args.layout]
-    shape = load_hf_config(args.model if args.model else TINY[model_name])
+    arch = load_hf_config(args.model if args.model else TINY[model_name])
     pc = ParallelConfig(tensor=tp, pipeline=pp, expert=ep)
-    layout = init_parallel(pc, shape, seed=1)
-    model = build_model(shape, pc, seed=1)
+    layout = init_parallel(pc, arch, seed=1)
+    model = build_model(arch, pc, seed=1)
     g = torch.Generator().manual_seed(0)
     samples = []
     for i in range(args.samples):
         length = int(torch.randint(args.max_len // 2, args.max_len + 1, (1,), generator=g))
-        tokens = torch.randint(0, shape.vocab_size, (length,), generator=g)
+        tokens = torch.randint(0, arch.vocab_size, (length,), generator=g)
         mask = torch.ones(length, dtype=torch.int64)
         mask[: length // 4] = 0
         samples.append(
-            Sample(
+            TrainSample(
                 tokens=tokens,
                 loss_mask=mask,
                 advantage=float(torch.randn(1, generator=g)),

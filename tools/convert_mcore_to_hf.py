@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         source = locate(args.mcore or args.run, config_dir=args.config, verify=args.verify)
         config = read_config(source.side_dir)
         check_architecture(config)
-        shape = load_hf_config(config)
-        world = preflight_launch(parallel, shape, args.out)
+        arch = load_hf_config(config)
+        world = preflight_launch(parallel, arch, args.out)
     except (ValueError, KeyError, FileNotFoundError, FileExistsError, ExportSourceError) as exc:
         return fail(str(exc))
     rank0 = int(os.environ.get("RANK", "0")) == 0
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if rank0:
         what = f"step {ckpt.step} ({ckpt.path})" if ckpt is not None else source.ckpt_dir
-        print(f"exported {what} to {args.out}: {len(files)} safetensors file(s), {shape.model_type}")
+        print(f"exported {what} to {args.out}: {len(files)} safetensors file(s), {arch.model_type}")
     return 0
 
 

@@ -50,9 +50,9 @@ def compare_logits(model_dir: str, prompt: str = PROMPT) -> dict:
     with torch.no_grad():
         want = hf(tokens).logits.float()  # [1, L, V]
     del hf
-    shape = load_hf_config(model_dir)
-    layout = init_parallel(ParallelConfig(), shape, seed=0)
-    model = build_model(shape, ParallelConfig(), seed=None, wrap_ddp=False)
+    arch = load_hf_config(model_dir)
+    layout = init_parallel(ParallelConfig(), arch, seed=0)
+    model = build_model(arch, ParallelConfig(), seed=None, wrap_ddp=False)
     load_hf_weights(model, model_dir)
     got = logits_fn(model, layout)(tokens)  # [1, L, V]
     return dict(
@@ -71,7 +71,7 @@ def bench(model_dir: str, *, samples: int, length: int, steps: int) -> dict:
     from gspo_mcore.learner import (
         LossConfig,
         ParallelConfig,
-        Sample,
+        TrainSample,
         build_model,
         current_layout,
         forward_backward,
@@ -79,9 +79,9 @@ def bench(model_dir: str, *, samples: int, length: int, steps: int) -> dict:
         load_hf_config,
     )
 
-    shape = load_hf_config(model_dir)
+    arch = load_hf_config(model_dir)
     layout = current_layout()
-    model = build_model(shape, ParallelConfig(), seed=None)
+    model = build_model(arch, ParallelConfig(), seed=None)
     load_hf_weights(model, model_dir)
     g = torch.Generator().manual_seed(0)
     batch = []
@@ -89,8 +89,8 @@ def bench(model_dir: str, *, samples: int, length: int, steps: int) -> dict:
         mask = torch.ones(length, dtype=torch.int64)
         mask[: length // 4] = 0  # a prompt quarter
         batch.append(
-            Sample(
-                tokens=torch.randint(0, shape.vocab_size, (length,), generator=g),
+            TrainSample(
+                tokens=torch.randint(0, arch.vocab_size, (length,), generator=g),
                 loss_mask=mask,
                 advantage=float(torch.randn(1, generator=g)),
             )
@@ -100,7 +100,7 @@ def bench(model_dir: str, *, samples: int, length: int, steps: int) -> dict:
     logp = forward_logprobs(model, batch, layout, max_tokens=max_tokens)
     forward_s = time.perf_counter() - t0
     batch = [
-        Sample(tokens=s.tokens, loss_mask=s.loss_mask, advantage=s.advantage, old_logprobs=lp)
+        TrainSample(tokens=s.tokens, loss_mask=s.loss_mask, advantage=s.advantage, old_logprobs=lp)
         for s, lp in zip(batch, logp)
     ]
     times = []

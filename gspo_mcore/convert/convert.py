@@ -55,9 +55,9 @@ def preflight_hf(hf_dir: str):
 
     reader = HFCheckpoint(hf_dir)
     check_architecture(reader.config)
-    shape = load_hf_config(reader.config)
-    check_checkpoint(reader, shape)
-    return reader, shape
+    arch = load_hf_config(reader.config)
+    check_checkpoint(reader, arch)
+    return reader, arch
 
 
 def _teardown(owned: bool) -> None:
@@ -95,19 +95,19 @@ def hf_to_mcore(
     from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
 
     parallel = parallel or ParallelConfig()
-    reader, shape = preflight_hf(hf_dir)
+    reader, arch = preflight_hf(hf_dir)
     dtype = dtype or config_dtype(reader.config)
     owned = not dist.is_initialized()
-    layout = init_parallel(parallel, shape)
+    layout = init_parallel(parallel, arch)
     try:
-        model = build_model(shape, parallel, seed=None, wrap_ddp=False)
+        model = build_model(arch, parallel, seed=None, wrap_ddp=False)
         nbytes = sum(p.numel() * p.element_size() for p in model[0].parameters()) * layout.world_size
-        load_hf_weights(model, reader, shape, progress=_show_progress(progress, nbytes), layout=layout)
+        load_hf_weights(model, reader, arch, progress=_show_progress(progress, nbytes), layout=layout)
         if dtype is not None:
             model[0].to(dtype)
         meta = dict(
             source=os.path.abspath(hf_dir),
-            model_type=shape.model_type,
+            model_type=arch.model_type,
             dtype=str(next(model[0].parameters()).dtype).removeprefix("torch."),
             saved_with=dict(
                 tensor=parallel.tensor, pipeline=parallel.pipeline, expert=parallel.expert, world_size=layout.world_size
@@ -150,17 +150,17 @@ def mcore_to_hf(
         source = locate(mcore_dir, config_dir=config_dir, verify=verify)
     config = read_config(source.side_dir)
     check_architecture(config)
-    shape = load_hf_config(config)
+    arch = load_hf_config(config)
     declared = config_dtype(config)
     dtype = dtype or declared
     owned = not dist.is_initialized()
-    layout = init_parallel(parallel, shape)
+    layout = init_parallel(parallel, arch)
     try:
-        model = build_model(shape, parallel, seed=None, wrap_ddp=False)
+        model = build_model(arch, parallel, seed=None, wrap_ddp=False)
         load_model(model, source)
-        plan = export_plan(model, shape, dtype=dtype, layout=layout)
+        plan = export_plan(model, arch, dtype=dtype, layout=layout)
         total = sum(it.nbytes for it in plan)
-        buckets = hf_buckets(model, shape, bucket_bytes=bucket_bytes, dtype=dtype, plan=plan, layout=layout)
+        buckets = hf_buckets(model, arch, bucket_bytes=bucket_bytes, dtype=dtype, plan=plan, layout=layout)
         files = []
         if _rank() == 0:
             bar = None

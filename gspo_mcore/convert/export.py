@@ -79,7 +79,7 @@ def _full_shape(lp: LocalParam, layout: Layout) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def export_plan(model, shape, *, dtype: torch.dtype | None = None, layout: Layout | None = None) -> list[ExportItem]:
+def export_plan(model, arch, *, dtype: torch.dtype | None = None, layout: Layout | None = None) -> list[ExportItem]:
     """The Hugging Face tensors of ``model`` in export order (a collective over the PP group).
     ``layout``: the model's parallel layout (default: the current one)."""
     layout = layout or current_layout()
@@ -87,7 +87,7 @@ def export_plan(model, shape, *, dtype: torch.dtype | None = None, layout: Layou
     for lp, params in _units(local_parameters(model, layout), layout):
         meta = torch.empty(_full_shape(lp, layout), dtype=dtype or lp.tensor.dtype, device="meta")
         for p in params:
-            mine += [(name, tuple(t.shape), str(t.dtype)) for name, t in to_hf(p, meta, shape)]
+            mine += [(name, tuple(t.shape), str(t.dtype)) for name, t in to_hf(p, meta, arch)]
     if layout.pp_size > 1:
         stages = [None] * layout.pp_size
         dist.all_gather_object(stages, mine, group=layout.pp_group)
@@ -113,7 +113,7 @@ def _gather(t: torch.Tensor, size: int, group) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def _produce(model, shape, layout: Layout, dtype) -> Iterator[tuple[str, torch.Tensor]]:
+def _produce(model, arch, layout: Layout, dtype) -> Iterator[tuple[str, torch.Tensor]]:
     """This rank's stage's Hugging Face tensors, in plan order (runs the TP/EP collectives lazily)."""
     for lp, params in _units(local_parameters(model, layout), layout):
         t = lp.tensor.detach()
@@ -122,7 +122,7 @@ def _produce(model, shape, layout: Layout, dtype) -> Iterator[tuple[str, torch.T
             t = tp_unshard(lp.param.kind, _gather(t, size, group))
         fulls = _gather(t, layout.ep_size, layout.ep_group) if len(params) > 1 else [t]
         for p, full in zip(params, fulls):
-            for name, hf in to_hf(p, full, shape):
+            for name, hf in to_hf(p, full, arch):
                 yield name, (hf if dtype is None else hf.to(dtype)).contiguous()
 
 
@@ -140,7 +140,7 @@ def _cut(plan: list[ExportItem], bucket_bytes: int) -> Iterator[list[ExportItem]
 
 def hf_buckets(
     model,
-    shape,
+    arch,
     *,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     dtype: torch.dtype | None = None,
@@ -149,15 +149,15 @@ def hf_buckets(
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Full Hugging Face ``(name, tensor)`` buckets of ``model``; every rank must iterate to the end.
 
-    ``shape``: the :class:`~gspo_mcore.learner.ModelShape`; ``dtype``: cast to it (e.g. bf16 for the
+    ``arch``: the :class:`~gspo_mcore.learner.ModelArch`; ``dtype``: cast to it (e.g. bf16 for the
     rollout engine), default the parameters' dtype. Tensors are on the parameters' device.
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
     layout = layout or current_layout()
-    plan = export_plan(model, shape, dtype=dtype, layout=layout) if plan is None else plan
+    plan = export_plan(model, arch, dtype=dtype, layout=layout) if plan is None else plan
     device = next(p.tensor.device for p in local_parameters(model, layout))
-    producer = _produce(model, shape, layout, dtype)
+    producer = _produce(model, arch, layout, dtype)
     for bucket in _cut(plan, bucket_bytes):
         out = []
         start = 0
@@ -205,7 +205,7 @@ def _broadcast(items: list[ExportItem], tensors, stage: int, layout: Layout, dev
 
 
 def hf_state_dict(
-    model, shape, *, dtype: torch.dtype | None = None, layout: Layout | None = None
+    model, arch, *, dtype: torch.dtype | None = None, layout: Layout | None = None
 ) -> dict[str, torch.Tensor]:
     """All Hugging Face tensors of ``model`` at once, on every rank (small models, tests)."""
-    return {name: t.clone() for bucket in hf_buckets(model, shape, dtype=dtype, layout=layout) for name, t in bucket}
+    return {name: t.clone() for bucket in hf_buckets(model, arch, dtype=dtype, layout=layout) for name, t in bucket}

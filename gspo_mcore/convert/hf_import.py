@@ -26,12 +26,12 @@ from gspo_mcore.convert.sharding import local_parameters, tp_split
 from gspo_mcore.learner.parallel import Layout, current_layout
 
 
-def check_checkpoint_keys(names, shape) -> None:
-    """Raise if the checkpoint lacks a tensor ``shape`` implies, or holds one the model has no place for."""
-    expected = hf_shapes(shape)
+def check_checkpoint_keys(names, arch) -> None:
+    """Raise if the checkpoint lacks a tensor ``arch`` implies, or holds one the model has no place for."""
+    expected = hf_shapes(arch)
     present = set(names)
     missing = [n for n in expected if n not in present]
-    ignorable = {"lm_head.weight"} if shape.tie_word_embeddings else set()
+    ignorable = {"lm_head.weight"} if arch.tie_word_embeddings else set()
     unexpected = sorted(n for n in present - set(expected) - ignorable if not n.endswith(".rotary_emb.inv_freq"))
     if missing:
         raise MissingTensorError(
@@ -40,16 +40,16 @@ def check_checkpoint_keys(names, shape) -> None:
     if unexpected:
         raise MissingTensorError(
             f"{len(unexpected)} checkpoint tensor(s) have no place in the "
-            f"{shape.model_type} model, e.g. {unexpected[:5]}"
+            f"{arch.model_type} model, e.g. {unexpected[:5]}"
         )
 
 
-def check_checkpoint(reader: HFCheckpoint, shape) -> None:
-    """Check a checkpoint's tensor names and shapes (file headers only) against ``shape``."""
-    check_checkpoint_keys(reader.keys(), shape)
+def check_checkpoint(reader: HFCheckpoint, arch) -> None:
+    """Check a checkpoint's tensor names and shapes (file headers only) against ``arch``."""
+    check_checkpoint_keys(reader.keys(), arch)
     bad = [
         f"{name}: expected {expected}, got {got}"
-        for name, expected in hf_shapes(shape).items()
+        for name, expected in hf_shapes(arch).items()
         if (got := reader.shape_of(name)) != expected
     ]
     if bad:
@@ -62,14 +62,14 @@ def check_checkpoint(reader: HFCheckpoint, shape) -> None:
 def load_hf_weights(
     model,
     source: str | HFCheckpoint | Mapping[str, torch.Tensor],
-    shape=None,
+    arch=None,
     *,
     progress: bool = False,
     layout: Layout | None = None,
 ) -> None:
     """Fill ``model`` (this rank's chunk(s)) from a Hugging Face checkpoint folder, reader or state dict.
 
-    ``shape`` defaults to the folder's ``config.json``; ``layout`` (the model's parallel layout) to the
+    ``arch`` defaults to the folder's ``config.json``; ``layout`` (the model's parallel layout) to the
     current one. Raises naming the tensor on any shape mismatch
     and before touching the model if tensors are missing or unexpected.
     """
@@ -79,13 +79,13 @@ def load_hf_weights(
         source = HFCheckpoint(source)
     if isinstance(source, HFCheckpoint):
         check_architecture(source.config)
-        shape = shape or load_hf_config(source.config)
-        check_checkpoint(source, shape)
+        arch = arch or load_hf_config(source.config)
+        check_checkpoint(source, arch)
         get = source.get
     else:
-        if shape is None:
-            raise ValueError("load_hf_weights(state_dict) needs the model shape")
-        check_checkpoint_keys(list(source), shape)
+        if arch is None:
+            raise ValueError("load_hf_weights(state_dict) needs arch (the model architecture)")
+        check_checkpoint_keys(list(source), arch)
         get = source.__getitem__
     layout = layout or current_layout()
     params = local_parameters(model, layout)
@@ -98,7 +98,7 @@ def load_hf_weights(
         size, rank, _ = tp_split(layout, lp.param)
         target = lp.tensor
         padded = target.shape[0] * size if lp.param.kind.vocab else None
-        full = from_hf(lp.param, get, shape, padded_vocab=padded)
+        full = from_hf(lp.param, get, arch, padded_vocab=padded)
         local = tp_shard(lp.param.kind, full, rank, size)
         if tuple(local.shape) != tuple(target.shape):
             raise ShapeMismatchError(

@@ -252,15 +252,15 @@ def parse_hf_name(name: str) -> tuple[MegatronParam, int]:
 
 
 # --------------------------------------------------------------------------------------------------
-# The parameters of a model shape
+# The parameters of a model architecture
 
 
-def megatron_params(shape) -> list[MegatronParam]:
-    """Every parameter of the unsharded GPTModel for ``shape`` (a :class:`ModelShape`), in HF order."""
+def megatron_params(arch) -> list[MegatronParam]:
+    """Every parameter of the unsharded GPTModel for ``arch`` (a :class:`ModelArch`), in HF order."""
     K = KINDS
     out = [MegatronParam(K["embedding.word_embeddings.weight"])]
-    moe = shape.moe_layer_pattern() if shape.is_moe else [0] * shape.num_hidden_layers
-    for layer in range(shape.num_hidden_layers):
+    moe = arch.moe_layer_pattern() if arch.is_moe else [0] * arch.num_hidden_layers
+    for layer in range(arch.num_hidden_layers):
 
         def p(kind, expert=None):
             return MegatronParam(K[kind], layer, expert)
@@ -269,9 +269,9 @@ def megatron_params(shape) -> list[MegatronParam]:
             p("decoder.layers.{L}.input_layernorm.weight"),
             p("decoder.layers.{L}.self_attention.linear_qkv.weight"),
         ]
-        if shape.qkv_bias:
+        if arch.qkv_bias:
             out.append(p("decoder.layers.{L}.self_attention.linear_qkv.bias"))
-        if shape.qk_norm:
+        if arch.qk_norm:
             out += [
                 p("decoder.layers.{L}.self_attention.q_layernorm.weight"),
                 p("decoder.layers.{L}.self_attention.k_layernorm.weight"),
@@ -282,7 +282,7 @@ def megatron_params(shape) -> list[MegatronParam]:
         ]
         if moe[layer]:
             out.append(p("decoder.layers.{L}.mlp.router.weight"))
-            for e in range(shape.num_experts):
+            for e in range(arch.num_experts):
                 out += [
                     p("decoder.layers.{L}.mlp.experts.local_experts.{E}.linear_fc1.weight", e),
                     p("decoder.layers.{L}.mlp.experts.local_experts.{E}.linear_fc2.weight", e),
@@ -290,23 +290,23 @@ def megatron_params(shape) -> list[MegatronParam]:
         else:
             out += [p("decoder.layers.{L}.mlp.linear_fc1.weight"), p("decoder.layers.{L}.mlp.linear_fc2.weight")]
     out.append(MegatronParam(K["decoder.final_layernorm.weight"]))
-    if not shape.tie_word_embeddings:
+    if not arch.tie_word_embeddings:
         out.append(MegatronParam(K["output_layer.weight"]))
     return out
 
 
-def hf_shapes(shape) -> dict[str, tuple[int, ...]]:
-    """Every Hugging Face checkpoint tensor of ``shape`` and its shape, in checkpoint order."""
+def hf_shapes(arch) -> dict[str, tuple[int, ...]]:
+    """Every Hugging Face checkpoint tensor of ``arch`` and its shape, in checkpoint order."""
     out = {}
-    for p in megatron_params(shape):
-        for name, s in zip(p.hf_names, _hf_part_shapes(p, shape)):
+    for p in megatron_params(arch):
+        for name, s in zip(p.hf_names, _hf_part_shapes(p, arch)):
             out[name] = s
     return out
 
 
-def _hf_part_shapes(p: MegatronParam, shape) -> list[tuple[int, ...]]:
-    H, d = shape.hidden_size, shape.head_dim
-    nh, ng, V = shape.num_attention_heads, shape.num_key_value_heads, shape.vocab_size
+def _hf_part_shapes(p: MegatronParam, arch) -> list[tuple[int, ...]]:
+    H, d = arch.hidden_size, arch.head_dim
+    nh, ng, V = arch.num_attention_heads, arch.num_key_value_heads, arch.vocab_size
     k = p.kind.megatron
     if p.kind.vocab:
         return [(V, H)]
@@ -321,8 +321,8 @@ def _hf_part_shapes(p: MegatronParam, shape) -> list[tuple[int, ...]]:
     if k.endswith(("layernorm.weight", "linear_proj.bias")):
         return [(H,)]
     if k.endswith("router.weight"):
-        return [(shape.num_experts, H)]
-    inter = shape.moe_intermediate_size if p.kind.expert else shape.intermediate_size
+        return [(arch.num_experts, H)]
+    inter = arch.moe_intermediate_size if p.kind.expert else arch.intermediate_size
     if k.endswith("linear_fc1.weight"):
         return [(inter, H), (inter, H)]
     if k.endswith("linear_fc2.weight"):
@@ -330,11 +330,11 @@ def _hf_part_shapes(p: MegatronParam, shape) -> list[tuple[int, ...]]:
     raise AssertionError(k)  # pragma: no cover - every kind is listed above
 
 
-def megatron_shape(p: MegatronParam, shape, *, padded_vocab: int | None = None) -> tuple[int, ...]:
+def megatron_shape(p: MegatronParam, arch, *, padded_vocab: int | None = None) -> tuple[int, ...]:
     """The full (TP-gathered) Megatron shape of ``p``."""
-    parts = _hf_part_shapes(p, shape)
+    parts = _hf_part_shapes(p, arch)
     if p.kind.vocab:
-        return (padded_vocab or shape.vocab_size, shape.hidden_size)
+        return (padded_vocab or arch.vocab_size, arch.hidden_size)
     return (sum(s[0] for s in parts),) + parts[0][1:]
 
 
@@ -389,27 +389,27 @@ def tp_unshard(kind: Kind, shards: list[torch.Tensor]) -> torch.Tensor:
 # Megatron <-> Hugging Face for one parameter
 
 
-def to_hf(p: MegatronParam, full: torch.Tensor, shape) -> list[tuple[str, torch.Tensor]]:
+def to_hf(p: MegatronParam, full: torch.Tensor, arch) -> list[tuple[str, torch.Tensor]]:
     """Hugging Face ``(name, tensor)`` pairs of the full Megatron tensor ``full`` (views where possible).
 
     The output layer of a tied model maps to nothing (Hugging Face keeps only ``embed_tokens``).
     """
-    if p.kind.megatron == "output_layer.weight" and shape.tie_word_embeddings:
+    if p.kind.megatron == "output_layer.weight" and arch.tie_word_embeddings:
         return []
     names = p.hf_names
-    expected = megatron_shape(p, shape, padded_vocab=full.shape[0] if p.kind.vocab else None)
+    expected = megatron_shape(p, arch, padded_vocab=full.shape[0] if p.kind.vocab else None)
     if tuple(full.shape) != expected:
         raise ShapeMismatchError(
             f"Megatron tensor {p.name}: expected shape {expected} from config.json, got {tuple(full.shape)}"
         )
     if p.kind.vocab:
-        if full.shape[0] < shape.vocab_size:
+        if full.shape[0] < arch.vocab_size:
             raise ShapeMismatchError(
-                f"Megatron tensor {p.name} has {full.shape[0]} rows, fewer than vocab_size={shape.vocab_size}"
+                f"Megatron tensor {p.name} has {full.shape[0]} rows, fewer than vocab_size={arch.vocab_size}"
             )
-        return [(names[0], full[: shape.vocab_size])]
+        return [(names[0], full[: arch.vocab_size])]
     if p.kind.fused == "qkv":
-        return list(zip(names, split_qkv(full, shape.num_key_value_heads, shape.num_attention_heads, shape.head_dim)))
+        return list(zip(names, split_qkv(full, arch.num_key_value_heads, arch.num_attention_heads, arch.head_dim)))
     if p.kind.fused == "glu":
         return list(zip(names, full.chunk(2, dim=0)))
     return [(names[0], full)]
@@ -418,7 +418,7 @@ def to_hf(p: MegatronParam, full: torch.Tensor, shape) -> list[tuple[str, torch.
 def from_hf(
     p: MegatronParam,
     get: Callable[[str], torch.Tensor] | Mapping[str, torch.Tensor],
-    shape,
+    arch,
     *,
     padded_vocab: int | None = None,
 ) -> torch.Tensor:
@@ -428,10 +428,10 @@ def from_hf(
     layer (a pipeline stage's copy of the embedding) is read from ``model.embed_tokens.weight``.
     """
     lookup = get.__getitem__ if isinstance(get, Mapping) else get
-    if p.kind.megatron == "output_layer.weight" and shape.tie_word_embeddings:
+    if p.kind.megatron == "output_layer.weight" and arch.tie_word_embeddings:
         p = MegatronParam(KINDS["embedding.word_embeddings.weight"])
     parts = []
-    for name, expected in zip(p.hf_names, _hf_part_shapes(p, shape)):
+    for name, expected in zip(p.hf_names, _hf_part_shapes(p, arch)):
         t = lookup(name)
         if tuple(t.shape) != expected:
             raise ShapeMismatchError(
@@ -439,16 +439,16 @@ def from_hf(
             )
         parts.append(t)
     if p.kind.vocab:
-        rows = padded_vocab or shape.vocab_size
-        if rows < shape.vocab_size:
+        rows = padded_vocab or arch.vocab_size
+        if rows < arch.vocab_size:
             raise ShapeMismatchError(
-                f"{p.name}: the model has {rows} vocabulary rows, fewer than vocab_size={shape.vocab_size}"
+                f"{p.name}: the model has {rows} vocabulary rows, fewer than vocab_size={arch.vocab_size}"
             )
-        if rows == shape.vocab_size:
+        if rows == arch.vocab_size:
             return parts[0]
-        return torch.cat([parts[0], parts[0].new_zeros(rows - shape.vocab_size, parts[0].shape[1])])
+        return torch.cat([parts[0], parts[0].new_zeros(rows - arch.vocab_size, parts[0].shape[1])])
     if p.kind.fused == "qkv":
-        return merge_qkv(*parts, shape.num_key_value_heads)
+        return merge_qkv(*parts, arch.num_key_value_heads)
     if p.kind.fused == "glu":
         return torch.cat(parts, dim=0)
     return parts[0]

@@ -62,16 +62,16 @@ def under_torchrun() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
-def preflight_launch(parallel, shape, out: str) -> int:
+def preflight_launch(parallel, arch, out: str) -> int:
     """The conversion tools' checks before any rank starts: the world size (torchrun's, or the fewest ranks
-    that fit ``parallel``), the layout against the model ``shape``, and an empty ``out`` (before a relaunch).
+    that fit ``parallel``), the layout against the model ``arch``, and an empty ``out`` (before a relaunch).
     Returns the world size; raises ``ValueError`` / ``FileExistsError`` naming what is wrong."""
     import torch
 
     from gspo_mcore.learner.parallel import validate_layout
 
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else world_size_for(parallel)
-    validate_layout(parallel, world, shape, on_gpu=torch.cuda.is_available())
+    validate_layout(parallel, world, arch, on_gpu=torch.cuda.is_available())
     if os.path.isdir(out) and os.listdir(out) and not under_torchrun():
         raise FileExistsError(f"--out {out} exists and is not empty")
     return world

@@ -14,17 +14,17 @@ DDP), ``optimizer``, ``batching`` (samples -> micro-batches), ``schedule`` (Mega
 ``logprobs`` (per-token log-probs, forward-only passes), ``loss`` (the loss adapter), ``routing`` (MoE routing
 record/replay and the step's :func:`~gspo_mcore.learner.routing.plan`), ``step`` (one training step),
 ``checkpoint``, ``inference`` (the KV-cache decode model of the in-process engine). ``samples`` is a list of
-:class:`Sample` (``batching``), the same on every rank. Importing this package does not import megatron; the
+:class:`TrainSample` (``batching``), the same on every rank. Importing this package does not import megatron; the
 functions do. :class:`~gspo_mcore.algo.LossConfig` and :class:`~gspo_mcore.algo.OffPolicyConfig` belong to the
 algorithm (``gspo_mcore.algo``) and are re-exported here for convenience.
 """
 
 from gspo_mcore.algo.loss_config import LossConfig, OffPolicyConfig
-from gspo_mcore.learner.batching import MicroBatch, Sample, build_microbatch, plan_microbatches, split_minibatches
+from gspo_mcore.learner.batching import MicroBatch, TrainSample, build_microbatch, plan_microbatches, split_minibatches
 from gspo_mcore.learner.learner import Learner
 from gspo_mcore.learner.logprobs import forward_logprobs, forward_logprobs_with_routing
 from gspo_mcore.learner.model import ModelOptions, build_model, have_transformer_engine, init_weights, unwrap
-from gspo_mcore.learner.model_config import ModelShape, load_hf_config, transformer_config
+from gspo_mcore.learner.model_config import ModelArch, load_hf_config, transformer_config
 from gspo_mcore.learner.optimizer import OptimConfig, build_optimizer
 from gspo_mcore.learner.parallel import (
     Layout,
@@ -46,12 +46,12 @@ __all__ = [
     "LossConfig",
     "MicroBatch",
     "ModelOptions",
-    "ModelShape",
+    "ModelArch",
     "OffPolicyConfig",
     "OptimConfig",
     "ParallelConfig",
     "ReferencePolicy",
-    "Sample",
+    "TrainSample",
     "build_microbatch",
     "build_model",
     "build_optimizer",

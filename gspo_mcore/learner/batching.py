@@ -1,6 +1,6 @@
 """The learner's batch format and its packing into micro-batches by token budget.
 
-A :class:`Sample` is one rollout: ``tokens`` (prompt + response ids), ``loss_mask`` (1 on response tokens),
+A :class:`TrainSample` is one rollout: ``tokens`` (prompt + response ids), ``loss_mask`` (1 on response tokens),
 a scalar ``advantage`` and optionally ``old_logprobs``. The learner scores positions ``0..L-2``: position
 ``t`` predicts ``tokens[t+1]``, so a sample's log-probs, old log-probs and counted positions are all
 aligned with ``tokens[1:]`` (length ``L-1``), and position ``t`` counts when ``loss_mask[t+1] == 1``.
@@ -27,7 +27,7 @@ import torch
 
 
 @dataclass(frozen=True)
-class Sample:
+class TrainSample:
     """One rollout sample (see the module docstring for the alignment of the per-token fields)."""
 
     tokens: torch.Tensor
@@ -54,23 +54,26 @@ class Sample:
 
     def __post_init__(self):
         if not isinstance(self.tokens, torch.Tensor) or self.tokens.dim() != 1 or self.tokens.dtype != torch.int64:
-            raise ValueError("Sample.tokens must be a 1-D int64 tensor")
+            raise ValueError("TrainSample.tokens must be a 1-D int64 tensor")
         if self.tokens.shape[0] < 2:
-            raise ValueError(f"Sample.tokens needs at least 2 tokens (prompt and response), got {self.tokens.shape[0]}")
+            raise ValueError(
+                f"TrainSample.tokens needs at least 2 tokens (prompt and response), got {self.tokens.shape[0]}"
+            )
         if not isinstance(self.loss_mask, torch.Tensor) or self.loss_mask.shape != self.tokens.shape:
-            raise ValueError(f"Sample.loss_mask must have the shape of tokens {tuple(self.tokens.shape)}")
+            raise ValueError(f"TrainSample.loss_mask must have the shape of tokens {tuple(self.tokens.shape)}")
         if self.old_logprobs is not None and (
             not isinstance(self.old_logprobs, torch.Tensor) or self.old_logprobs.shape != (self.tokens.shape[0] - 1,)
         ):
             raise ValueError(
-                f"Sample.old_logprobs must be [L-1] = [{self.tokens.shape[0] - 1}] (aligned with tokens[1:])"
+                f"TrainSample.old_logprobs must be [L-1] = [{self.tokens.shape[0] - 1}] (aligned with tokens[1:])"
             )
         for name in ("token_advantages", "behaviour_logprobs", "ref_logprobs"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, torch.Tensor) or v.shape != (self.tokens.shape[0] - 1,)):
                 shape = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
                 raise ValueError(
-                    f"Sample.{name} must be [L-1] = [{self.tokens.shape[0] - 1}] (aligned with tokens[1:]), got {shape}"
+                    f"TrainSample.{name} must be [L-1] = [{self.tokens.shape[0] - 1}] (aligned with tokens[1:]), "
+                    f"got {shape}"
                 )
         r = self.routed_experts
         if r is not None and (
@@ -81,7 +84,7 @@ class Sample:
         ):
             shape = tuple(r.shape) if isinstance(r, torch.Tensor) else type(r).__name__
             raise ValueError(
-                f"Sample.routed_experts must be an integer [L={self.tokens.shape[0]}, num_layers, topk] "
+                f"TrainSample.routed_experts must be an integer [L={self.tokens.shape[0]}, num_layers, topk] "
                 f"tensor, got {shape}"
             )
 

@@ -24,7 +24,7 @@ from gspo_mcore.algo.loss_config import LossConfig
 from gspo_mcore.learner import lm_head
 from gspo_mcore.learner.logprobs import forward_logprobs
 from gspo_mcore.learner.model import ModelOptions, build_model
-from gspo_mcore.learner.model_config import ModelShape
+from gspo_mcore.learner.model_config import ModelArch
 from gspo_mcore.learner.optimizer import OptimConfig, build_optimizer
 from gspo_mcore.learner.parallel import Layout, ParallelConfig, init_parallel
 from gspo_mcore.learner.reference import ReferencePolicy
@@ -43,7 +43,7 @@ class Learner:
         optimizer,
         scheduler,
         layout: Layout,
-        arch: ModelShape,
+        arch: ModelArch,
         loss: LossConfig = LossConfig(),
         batch: BatchConfig = BatchConfig(),
         routing: RoutingConfig = RoutingConfig(),
@@ -71,7 +71,7 @@ class Learner:
     @classmethod
     def build(
         cls,
-        arch: ModelShape,
+        arch: ModelArch,
         *,
         parallel: ParallelConfig = ParallelConfig(),
         options: ModelOptions = ModelOptions(),

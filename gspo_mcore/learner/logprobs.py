@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from gspo_mcore import ops
 from gspo_mcore.learner import context_parallel, lm_head, routing
-from gspo_mcore.learner.batching import MicroBatch, Sample
+from gspo_mcore.learner.batching import MicroBatch, TrainSample
 from gspo_mcore.learner.parallel import Layout
 from gspo_mcore.learner.schedule import microbatches_for_rank, run_schedule
 
@@ -62,7 +62,7 @@ def _logprob_func(layout, temperature, head, mb, logits):
 @torch.no_grad()
 def forward_logprobs(
     model,
-    samples: list[Sample],
+    samples: list[TrainSample],
     layout: Layout,
     *,
     max_tokens: int,
@@ -96,7 +96,7 @@ def forward_logprobs(
 @torch.no_grad()
 def forward_logprobs_with_routing(
     model,
-    samples: list[Sample],
+    samples: list[TrainSample],
     layout: Layout,
     *,
     max_tokens: int,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gspo_mcore.learner.model_config import ModelShape, transformer_config
+from gspo_mcore.learner.model_config import ModelArch, transformer_config
 from gspo_mcore.learner.parallel import ParallelConfig
 
 logger = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def _log_te_failure(exc: BaseException) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelOptions:
-    """How to build the model (the shape itself comes from ``config.json``)."""
+    """How to build the model (the architecture itself comes from ``config.json``)."""
 
     use_te: bool | None = None
     """Transformer Engine spec: ``None`` picks it when available (GPU + TE), ``False`` forces the local spec."""
@@ -63,7 +63,7 @@ class ModelOptions:
 
 
 def build_model(
-    shape: ModelShape,
+    arch: ModelArch,
     parallel: ParallelConfig,
     options: ModelOptions = ModelOptions(),
     *,
@@ -87,13 +87,13 @@ def build_model(
     on_gpu = torch.cuda.is_available()
     use_te = have_transformer_engine() if options.use_te is None else options.use_te
     config = transformer_config(
-        shape,
+        arch,
         tensor=parallel.tensor,
         pipeline=parallel.pipeline,
         expert=parallel.expert,
         expert_tensor=parallel.expert_tensor_size,
         context=parallel.context,
-        sequence_parallel=parallel.use_sequence_parallel(shape),
+        sequence_parallel=parallel.use_sequence_parallel(arch),
         on_gpu=on_gpu,
         recompute=options.recompute,
     )
@@ -105,16 +105,16 @@ def build_model(
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,
-        vocab_size=shape.vocab_size,
-        max_sequence_length=shape.max_position_embeddings,
+        vocab_size=arch.vocab_size,
+        max_sequence_length=arch.max_position_embeddings,
         pre_process=ps.is_pipeline_first_stage(),
         post_process=ps.is_pipeline_last_stage(),
         parallel_output=True,  # vocabulary-parallel logits: never gathered
-        share_embeddings_and_output_weights=shape.tie_word_embeddings,
+        share_embeddings_and_output_weights=arch.tie_word_embeddings,
         position_embedding_type="rope",
-        rotary_base=int(shape.rope_theta),
+        rotary_base=int(arch.rope_theta),
     )
-    if shape.is_moe:
+    if arch.is_moe:
         # routers keep their own RouterReplay (gspo_mcore.learner.routing drives them one by one); drop
         # Megatron's process-wide list so that building models repeatedly does not keep old ones alive
         from megatron.core.transformer.moe.router_replay import RouterReplay
@@ -123,7 +123,7 @@ def build_model(
     if on_gpu:
         model.cuda(torch.cuda.current_device())
     if seed is not None:
-        init_weights(model, seed=seed, std=shape.initializer_range)
+        init_weights(model, seed=seed, std=arch.initializer_range)
     if not wrap_ddp:
         return [model]
     ddp_config = DistributedDataParallelConfig(

@@ -1,6 +1,7 @@
-"""Model shape from a Hugging Face ``config.json`` (Qwen3, Qwen3-MoE, Llama, Qwen2), and its Megatron-Core config.
+"""The model's architecture from a Hugging Face ``config.json`` (Qwen3, Qwen3-MoE, Llama, Qwen2), and its
+Megatron-Core config.
 
-The shape is read from the same ``config.json`` that converted checkpoints and SGLang use, so the three
+The architecture is read from the same ``config.json`` that converted checkpoints and SGLang use, so the three
 always agree on it. :func:`transformer_config` maps it to a ``TransformerConfig``: RMSNorm, SwiGLU,
 plain RoPE (``rope_theta``), grouped-query attention with any head ratio, no linear biases, and per family:
 
@@ -35,7 +36,7 @@ class UnsupportedConfigError(ValueError):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelShape:
+class ModelArch:
     """The architecture fields of a Qwen3 / Qwen3-MoE / Llama / Qwen2 ``config.json`` that the learner uses."""
 
     model_type: str
@@ -157,8 +158,8 @@ class ModelShape:
         return tuple(i for i, m in enumerate(self.moe_layer_pattern()) if not m) if self.is_moe else ()
 
 
-def load_hf_config(source: str | os.PathLike | dict) -> ModelShape:
-    """A :class:`ModelShape` from a ``config.json`` path, a checkpoint folder holding one, or a dict.
+def load_hf_config(source: str | os.PathLike | dict) -> ModelArch:
+    """A :class:`ModelArch` from a ``config.json`` path, a checkpoint folder holding one, or a dict.
 
     Raises :class:`UnsupportedConfigError` naming the key for anything not implemented exactly (see the
     module docstring), so that a checkpoint never loads into a model that computes something else.
@@ -186,7 +187,7 @@ def load_hf_config(source: str | os.PathLike | dict) -> ModelShape:
     # transformers >= 5 writes RoPE as ``rope_parameters`` (not ``rope_theta``/``rope_scaling``) and the
     # Qwen3-MoE expert count as ``num_local_experts``; older checkpoints use the top-level names.
     rope = raw.get("rope_parameters") or {}
-    names = {f.name for f in dataclasses.fields(ModelShape)}
+    names = {f.name for f in dataclasses.fields(ModelArch)}
     kwargs = {k: v for k, v in raw.items() if k in names and v is not None}
     if "rope_theta" in rope:
         if kwargs.get("rope_theta", rope["rope_theta"]) != rope["rope_theta"]:
@@ -209,7 +210,7 @@ def load_hf_config(source: str | os.PathLike | dict) -> ModelShape:
     if model_type == "qwen2":
         kwargs.pop("attention_bias", None)  # not a Qwen2 setting: its q/k/v always have biases, o_proj never
     try:
-        return ModelShape(**kwargs)
+        return ModelArch(**kwargs)
     except UnsupportedConfigError as exc:
         raise UnsupportedConfigError(f"{where}: {exc}") from None
 
@@ -232,7 +233,7 @@ def _check_rope(raw: dict, where: str) -> None:
 
 
 def transformer_config(
-    shape: ModelShape,
+    arch: ModelArch,
     *,
     tensor: int = 1,
     pipeline: int = 1,
@@ -243,7 +244,7 @@ def transformer_config(
     on_gpu: bool,
     recompute: bool = False,
 ):
-    """The Megatron-Core ``TransformerConfig`` for ``shape`` under a parallel layout.
+    """The Megatron-Core ``TransformerConfig`` for ``arch`` under a parallel layout.
 
     ``on_gpu``: bf16 parameters (and the bias-dropout fusion); otherwise fp32 with every CUDA-only fusion off.
     """
@@ -251,22 +252,22 @@ def transformer_config(
 
     dtype = torch.bfloat16 if on_gpu else torch.float32
     kwargs = dict(
-        num_layers=shape.num_hidden_layers,
-        hidden_size=shape.hidden_size,
-        ffn_hidden_size=shape.intermediate_size,
-        num_attention_heads=shape.num_attention_heads,
-        num_query_groups=shape.num_key_value_heads,
-        kv_channels=shape.head_dim,
+        num_layers=arch.num_hidden_layers,
+        hidden_size=arch.hidden_size,
+        ffn_hidden_size=arch.intermediate_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_key_value_heads,
+        kv_channels=arch.head_dim,
         normalization="RMSNorm",
-        layernorm_epsilon=shape.rms_norm_eps,
-        qk_layernorm=shape.qk_norm,
+        layernorm_epsilon=arch.rms_norm_eps,
+        qk_layernorm=arch.qk_norm,
         gated_linear_unit=True,
         activation_func=torch.nn.functional.silu,
         add_bias_linear=False,
-        add_qkv_bias=shape.qkv_bias,
+        add_qkv_bias=arch.qkv_bias,
         hidden_dropout=0.0,
         attention_dropout=0.0,
-        init_method_std=shape.initializer_range,
+        init_method_std=arch.initializer_range,
         tensor_model_parallel_size=tensor,
         pipeline_model_parallel_size=pipeline,
         expert_model_parallel_size=expert,
@@ -288,18 +289,18 @@ def transformer_config(
     )
     if recompute:
         kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-    if shape.is_moe:
-        pattern = shape.moe_layer_pattern()
+    if arch.is_moe:
+        pattern = arch.moe_layer_pattern()
         kwargs.update(
-            num_moe_experts=shape.num_experts,
-            moe_router_topk=shape.num_experts_per_tok,
-            moe_ffn_hidden_size=shape.moe_intermediate_size,
+            num_moe_experts=arch.num_experts,
+            moe_router_topk=arch.num_experts_per_tok,
+            moe_ffn_hidden_size=arch.moe_intermediate_size,
             moe_layer_freq=pattern if not all(pattern) else 1,
             moe_router_score_function="softmax",
             # top-k then softmax over the chosen experts == softmax, top-k, renormalise (norm_topk_prob)
-            moe_router_pre_softmax=not shape.norm_topk_prob,
-            moe_router_load_balancing_type="aux_loss" if shape.router_aux_loss_coef > 0 else "none",
-            moe_aux_loss_coeff=shape.router_aux_loss_coef,
+            moe_router_pre_softmax=not arch.norm_topk_prob,
+            moe_router_load_balancing_type="aux_loss" if arch.router_aux_loss_coef > 0 else "none",
+            moe_aux_loss_coeff=arch.router_aux_loss_coef,
             moe_grouped_gemm=False,
             moe_router_dtype="fp32",
             # each router gets a RouterReplay (idle unless gspo_mcore.learner.routing drives it): Routing

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from gspo_mcore.learner.model_config import ModelShape
+from gspo_mcore.learner.model_config import ModelArch
 from gspo_mcore.platform.launch import free_port
 
 
@@ -57,10 +57,10 @@ class ParallelConfig:
     def data_parallel_size(self, world_size: int) -> int:
         return world_size // self.model_parallel_size()
 
-    def use_sequence_parallel(self, shape: ModelShape) -> bool:
+    def use_sequence_parallel(self, arch: ModelArch) -> bool:
         if self.sequence_parallel is not None:
             return self.sequence_parallel and self.tensor > 1
-        return self.tensor > 1 and shape.is_moe
+        return self.tensor > 1 and arch.is_moe
 
 
 @dataclass(frozen=True)
@@ -121,8 +121,8 @@ class Layout:
         )
 
 
-def validate_layout(cfg: ParallelConfig, world_size: int, shape: ModelShape, *, on_gpu: bool) -> int:
-    """Raise ``ValueError`` naming the problem if ``cfg`` cannot run ``shape`` on ``world_size`` ranks.
+def validate_layout(cfg: ParallelConfig, world_size: int, arch: ModelArch, *, on_gpu: bool) -> int:
+    """Raise ``ValueError`` naming the problem if ``cfg`` cannot run ``arch`` on ``world_size`` ranks.
 
     Returns the data-parallel size.
     """
@@ -130,31 +130,31 @@ def validate_layout(cfg: ParallelConfig, world_size: int, shape: ModelShape, *, 
     errors = []
     if world_size % (tp * pp * cp):
         errors.append(f"world size {world_size} is not divisible by TP*PP*CP = {tp}*{pp}*{cp} = {tp * pp * cp}")
-    if shape.num_attention_heads % tp:
-        errors.append(f"TP={tp} does not divide num_attention_heads={shape.num_attention_heads}")
-    if shape.num_key_value_heads % tp:
-        errors.append(f"TP={tp} does not divide num_key_value_heads={shape.num_key_value_heads}")
-    if shape.vocab_size % tp:
-        errors.append(f"TP={tp} does not divide vocab_size={shape.vocab_size} (the vocabulary is split over TP)")
-    if shape.intermediate_size % tp:
-        errors.append(f"TP={tp} does not divide intermediate_size={shape.intermediate_size}")
-    if shape.num_hidden_layers % pp:
-        errors.append(f"PP={pp} does not divide num_hidden_layers={shape.num_hidden_layers}")
+    if arch.num_attention_heads % tp:
+        errors.append(f"TP={tp} does not divide num_attention_heads={arch.num_attention_heads}")
+    if arch.num_key_value_heads % tp:
+        errors.append(f"TP={tp} does not divide num_key_value_heads={arch.num_key_value_heads}")
+    if arch.vocab_size % tp:
+        errors.append(f"TP={tp} does not divide vocab_size={arch.vocab_size} (the vocabulary is split over TP)")
+    if arch.intermediate_size % tp:
+        errors.append(f"TP={tp} does not divide intermediate_size={arch.intermediate_size}")
+    if arch.num_hidden_layers % pp:
+        errors.append(f"PP={pp} does not divide num_hidden_layers={arch.num_hidden_layers}")
     if ep > 1 or etp != tp:
-        if not shape.is_moe:
-            errors.append(f"EP={ep}, expert-TP={etp} need a MoE model, but model_type={shape.model_type!r} is dense")
-    if shape.is_moe:
-        if shape.num_experts % ep:
-            errors.append(f"EP={ep} does not divide num_experts={shape.num_experts}")
-        if shape.moe_intermediate_size % etp:
-            errors.append(f"expert-TP={etp} does not divide moe_intermediate_size={shape.moe_intermediate_size}")
+        if not arch.is_moe:
+            errors.append(f"EP={ep}, expert-TP={etp} need a MoE model, but model_type={arch.model_type!r} is dense")
+    if arch.is_moe:
+        if arch.num_experts % ep:
+            errors.append(f"EP={ep} does not divide num_experts={arch.num_experts}")
+        if arch.moe_intermediate_size % etp:
+            errors.append(f"expert-TP={etp} does not divide moe_intermediate_size={arch.moe_intermediate_size}")
         if world_size % pp == 0 and (world_size // pp) % (ep * etp):
             errors.append(
                 f"EP*expert-TP = {ep}*{etp} does not divide the ranks of one pipeline stage "
                 f"(world size {world_size} / PP {pp} = {world_size // pp})"
             )
     if not on_gpu:
-        if cfg.use_sequence_parallel(shape):
+        if cfg.use_sequence_parallel(arch):
             errors.append(
                 f"sequence parallelism (TP={tp} with a MoE model needs it) needs a GPU: the CPU "
                 "(local, non-Transformer-Engine) norm refuses it; on CPU split MoE models with EP, "
@@ -165,7 +165,7 @@ def validate_layout(cfg: ParallelConfig, world_size: int, shape: ModelShape, *, 
     return world_size // (tp * pp * cp)
 
 
-def init_parallel(cfg: ParallelConfig, shape: ModelShape, *, seed: int = 1234, timeout_minutes: int = 10) -> Layout:
+def init_parallel(cfg: ParallelConfig, arch: ModelArch, *, seed: int = 1234, timeout_minutes: int = 10) -> Layout:
     """Initialise torch.distributed (from the torchrun environment when needed) and Megatron's groups.
 
     NCCL on a host with a GPU, gloo otherwise. The layout is validated before anything is created.
@@ -175,7 +175,7 @@ def init_parallel(cfg: ParallelConfig, shape: ModelShape, *, seed: int = 1234, t
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
     else:
         world_size = dist.get_world_size()
-    validate_layout(cfg, world_size, shape, on_gpu=on_gpu)
+    validate_layout(cfg, world_size, arch, on_gpu=on_gpu)
     if not on_gpu:
         from gspo_mcore.platform import megatron_cpu
 

@@ -1,6 +1,6 @@
 """One training step of the learner: old log-probs where needed, then one optimizer step per mini-batch.
 
-:func:`train_step` takes the whole rollout batch (the same list of :class:`~gspo_mcore.learner.batching.Sample`
+:func:`train_step` takes the whole rollout batch (the same list of :class:`~gspo_mcore.learner.batching.TrainSample`
 on every rank), decides the step's MoE routing once (:func:`gspo_mcore.learner.routing.plan`), completes the
 samples (old log-probs, the engine's as behaviour log-probs, reference log-probs, recorded experts) with
 forward-only passes (:mod:`.logprobs`), and runs :func:`train_minibatch` per mini-batch: the schedule
@@ -16,7 +16,7 @@ from typing import Literal
 from gspo_mcore.algo.loss_config import LossConfig
 from gspo_mcore.config import check_literals
 from gspo_mcore.learner import lm_head, routing
-from gspo_mcore.learner.batching import Sample, count_sequences, split_minibatches
+from gspo_mcore.learner.batching import TrainSample, count_sequences, split_minibatches
 from gspo_mcore.learner.logprobs import check_temperature, forward_logprobs, forward_logprobs_with_routing
 from gspo_mcore.learner.loss import policy_loss_func, reduce_metrics
 from gspo_mcore.learner.optimizer import current_lr, optimizer_step, zero_grads
@@ -50,7 +50,7 @@ class BatchConfig:
 
 def forward_backward(
     model,
-    samples: list[Sample],
+    samples: list[TrainSample],
     layout: Layout,
     loss_cfg: LossConfig,
     *,
@@ -129,7 +129,7 @@ def train_minibatch(
     model,
     optimizer,
     scheduler,
-    samples: list[Sample],
+    samples: list[TrainSample],
     layout: Layout,
     loss_cfg: LossConfig,
     *,
@@ -166,7 +166,7 @@ def train_step(
     model,
     optimizer,
     scheduler,
-    samples: list[Sample],
+    samples: list[TrainSample],
     layout: Layout,
     loss_cfg: LossConfig,
     batch_cfg: BatchConfig,

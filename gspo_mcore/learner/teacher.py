@@ -17,13 +17,13 @@ from __future__ import annotations
 import torch
 
 from gspo_mcore.learner.model import ModelOptions, build_model
-from gspo_mcore.learner.model_config import ModelShape, load_hf_config
+from gspo_mcore.learner.model_config import ModelArch, load_hf_config
 from gspo_mcore.learner.parallel import Layout, ParallelConfig, validate_layout
 
 
 def check_teacher_fits(
     hf_dir: str, parallel: ParallelConfig, world_size: int, *, where: str = "teacher", on_gpu: bool | None = None
-) -> ModelShape:
+) -> ModelArch:
     """The teacher's shape, from ``hf_dir/config.json``; raises ``ValueError`` starting with ``where`` when
     the checkpoint is not a supported architecture or the layout ``parallel`` on ``world_size`` ranks
     cannot split it."""
@@ -33,34 +33,34 @@ def check_teacher_fits(
     try:
         config = read_config(hf_dir)
         check_architecture(config)
-        shape = load_hf_config(config)
+        arch = load_hf_config(config)
     except (OSError, ValueError, KeyError) as exc:
         raise ValueError(f"{where}={hf_dir}: {exc}") from exc
     on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
     try:
-        validate_layout(parallel, world_size, shape, on_gpu=on_gpu)
+        validate_layout(parallel, world_size, arch, on_gpu=on_gpu)
     except ValueError as exc:
         raise ValueError(
-            f"{where}={hf_dir}: the teacher ({shape.model_type}, {shape.num_hidden_layers} layers, "
-            f"{shape.num_attention_heads} heads) does not fit the learner's layout, which it shares: {exc}"
+            f"{where}={hf_dir}: the teacher ({arch.model_type}, {arch.num_hidden_layers} layers, "
+            f"{arch.num_attention_heads} heads) does not fit the learner's layout, which it shares: {exc}"
         ) from None
-    return shape
+    return arch
 
 
 class Teacher:
     """The frozen teacher of this rank: its model chunk(s), sharded under the current layout."""
 
-    def __init__(self, hf_dir: str, shape: ModelShape, parallel: ParallelConfig, layout: Layout, options=None):
-        """Build the teacher for ``shape`` (see :func:`check_teacher_fits`) and load ``hf_dir``'s weights.
+    def __init__(self, hf_dir: str, arch: ModelArch, parallel: ParallelConfig, layout: Layout, options=None):
+        """Build the teacher for ``arch`` (see :func:`check_teacher_fits`) and load ``hf_dir``'s weights.
         Call after :func:`~gspo_mcore.learner.init_parallel`, on every rank."""
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
         from gspo_mcore.convert.hf_import import load_hf_weights
 
         self.hf_dir = hf_dir
-        self.shape = shape
-        chunks = build_model(shape, parallel, options or ModelOptions(), seed=None, wrap_ddp=False)
-        load_hf_weights(chunks, hf_dir, shape, layout=layout)
+        self.arch = arch
+        chunks = build_model(arch, parallel, options or ModelOptions(), seed=None, wrap_ddp=False)
+        load_hf_weights(chunks, hf_dir, arch, layout=layout)
         for chunk in chunks:
             chunk.requires_grad_(False)
         # Megatron's schedule sets the model's no_sync; with no parameter needing a gradient the wrapper

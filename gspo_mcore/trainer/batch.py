@@ -1,7 +1,7 @@
 """From a rollout batch (groups of engine samples) to what the reward and the learner take.
 
 Pure functions of the samples: decoding for the reward, DAPO's overlong shaping of the rewards, and the
-learner's :class:`~gspo_mcore.learner.Sample` rows with their advantages and behaviour log-probs.
+learner's :class:`~gspo_mcore.learner.TrainSample` rows with their advantages and behaviour log-probs.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from gspo_mcore.learner import Sample as LearnerSample
+from gspo_mcore.learner import TrainSample
 from gspo_mcore.rollout.types import Sample
 
 
@@ -123,7 +123,7 @@ def learner_samples(
     mask_truncated: bool = False,
     token_shaping: Sequence[Sequence[float] | None] | None = None,
     dense_layers: Sequence[int] = (),
-) -> tuple[list[LearnerSample], int]:
+) -> tuple[list[TrainSample], int]:
     """The learner's samples of the kept groups, and how many responses were left out of the loss.
 
     ``advantages``: ``(num_groups * G,)``; ``keep``: ``(num_groups,)`` bool. Left out: responses with no
@@ -173,7 +173,7 @@ def learner_samples(
                 routed = routed.clone()
                 routed[:, list(dense_layers)] = -1
             out.append(
-                LearnerSample(
+                TrainSample(
                     tokens=tokens,
                     loss_mask=mask,
                     advantage=adv,

@@ -37,7 +37,7 @@ class ModelConfig:
     """Which model: a Hugging Face style directory with ``config.json`` and the tokenizer files."""
 
     hf_dir: str
-    """Model directory: its ``config.json`` sets the shape; its tokenizer renders prompts and responses."""
+    """Model directory: its ``config.json`` sets the architecture; its tokenizer renders prompts and responses."""
     init_seed: int = 1234
     """Random initialisation seed (layout independent), used when ``load_hf_weights`` is off."""
     load_hf_weights: bool = False

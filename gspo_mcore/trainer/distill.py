@@ -118,26 +118,26 @@ class DistillPlan:
     """What start-up checked (:func:`plan`); :meth:`build` makes the teacher."""
 
     cfg: DistillConfig
-    shape: object
-    """The teacher's :class:`~gspo_mcore.learner.ModelShape`."""
+    arch: object
+    """The teacher's :class:`~gspo_mcore.learner.ModelArch`."""
 
     def build(self, parallel, layout, options=None) -> Distiller:
         """Build the teacher on this rank (after the student; every rank calls this)."""
         from gspo_mcore.learner.teacher import Teacher
 
-        teacher = Teacher(self.cfg.teacher_dir, self.shape, parallel, layout, options)
+        teacher = Teacher(self.cfg.teacher_dir, self.arch, parallel, layout, options)
         if layout.rank == 0:
             logger.info(
                 "distillation teacher %s (%s, %d layers): %.1f MiB of parameters per rank",
                 self.cfg.teacher_dir,
-                self.shape.model_type,
-                self.shape.num_hidden_layers,
+                self.arch.model_type,
+                self.arch.num_hidden_layers,
                 teacher.nbytes / 2**20,
             )
         return Distiller(self.cfg, teacher, layout)
 
 
-def plan(cfg, student_shape, tokenizer) -> DistillPlan | None:
+def plan(cfg, student_arch, tokenizer) -> DistillPlan | None:
     """Start-up checks of ``cfg.distill`` (``None`` without it), before any process group or model: the
     teacher's architecture, its fit to the layout, its tokenizer and vocabulary size, its context length."""
     from gspo_mcore.data.template import load_tokenizer
@@ -147,7 +147,7 @@ def plan(cfg, student_shape, tokenizer) -> DistillPlan | None:
     if d is None:
         return None
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    shape = check_teacher_fits(d.teacher_dir, cfg.parallel, world, where="distill.teacher_dir")
+    arch = check_teacher_fits(d.teacher_dir, cfg.parallel, world, where="distill.teacher_dir")
     try:
         teacher_tok = load_tokenizer(d.teacher_dir)
     except (OSError, ValueError) as exc:
@@ -155,18 +155,18 @@ def plan(cfg, student_shape, tokenizer) -> DistillPlan | None:
     check_same_tokenizer(
         tokenizer, teacher_tok, student_dir=cfg.template.tokenizer_dir or cfg.model.hf_dir, teacher_dir=d.teacher_dir
     )
-    if len(tokenizer) > shape.vocab_size:
+    if len(tokenizer) > arch.vocab_size:
         raise ValueError(
-            f"distill.teacher_dir={d.teacher_dir}: config.json's vocab_size {shape.vocab_size} is smaller than the "
+            f"distill.teacher_dir={d.teacher_dir}: config.json's vocab_size {arch.vocab_size} is smaller than the "
             f"tokenizer ({len(tokenizer)} tokens)"
         )
-    if shape.max_position_embeddings < student_shape.max_position_embeddings:
+    if arch.max_position_embeddings < student_arch.max_position_embeddings:
         raise ValueError(
             f"distill.teacher_dir={d.teacher_dir}: the teacher's max_position_embeddings "
-            f"{shape.max_position_embeddings} is below the student's {student_shape.max_position_embeddings}, so it "
+            f"{arch.max_position_embeddings} is below the student's {student_arch.max_position_embeddings}, so it "
             "could not score the student's longest sequences"
         )
-    return DistillPlan(d, shape)
+    return DistillPlan(d, arch)
 
 
 class Distiller:

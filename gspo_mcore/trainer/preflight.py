@@ -47,7 +47,7 @@ class Inputs:
     """What the checks read, for the run to use (nothing is read twice)."""
 
     arch: object
-    """The model's architecture (:class:`~gspo_mcore.learner.ModelShape`)."""
+    """The model's architecture (:class:`~gspo_mcore.learner.ModelArch`)."""
     tokenizer: object
     template: PromptTemplate
     dataset: PromptDataset

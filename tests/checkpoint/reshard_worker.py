@@ -41,13 +41,13 @@ def build(case, seed):
         load_hf_config,
     )
 
-    shape = load_hf_config(toy.MODELS[case.get("model", "dense")])
+    arch = load_hf_config(toy.MODELS[case.get("model", "dense")])
     pc = ParallelConfig(tensor=case.get("tp", 1), expert=case.get("ep", 1))
-    layout = init_parallel(pc, shape, seed=1234)
+    layout = init_parallel(pc, arch, seed=1234)
     distopt = case.get("distopt", False)
-    model = build_model(shape, pc, seed=seed, use_distributed_optimizer=distopt)
+    model = build_model(arch, pc, seed=seed, use_distributed_optimizer=distopt)
     optimizer, scheduler = build_optimizer(model, OptimConfig(**OPTIM, use_distributed_optimizer=distopt))
-    return shape, layout, model, optimizer, scheduler
+    return arch, layout, model, optimizer, scheduler
 
 
 def rollout_batch(model, optimizer, scheduler, layout, seed):

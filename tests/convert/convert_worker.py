@@ -60,12 +60,12 @@ def megatron_logits(model, layout, toks: torch.Tensor) -> torch.Tensor | None:
     return store.get("logits")
 
 
-def gather_digests(model, shape, *, dtype=None) -> tuple[dict[str, str], dict]:
+def gather_digests(model, arch, *, dtype=None) -> tuple[dict[str, str], dict]:
     """Digests of every exported tensor, and facts about the buckets (same on all ranks? within budget?)."""
     from gspo_mcore.convert import hf_buckets
 
     digests, buckets = {}, []
-    for bucket in hf_buckets(model, shape, bucket_bytes=BUCKET_BYTES, dtype=dtype):
+    for bucket in hf_buckets(model, arch, bucket_bytes=BUCKET_BYTES, dtype=dtype):
         entry = [(name, digest(t)) for name, t in bucket]
         nbytes = sum(t.numel() * t.element_size() for _, t in bucket)
         buckets.append((entry, nbytes))
@@ -88,12 +88,12 @@ def run_case(case, args):
 
     t0 = time.time()
     hf_dir = case["hf"]
-    shape = load_hf_config(hf_dir)
+    arch = load_hf_config(hf_dir)
     pc = ParallelConfig(tensor=case.get("tp", 1), pipeline=case.get("pp", 1), expert=case.get("ep", 1))
-    layout = init_parallel(pc, shape, seed=1234)
-    model = build_model(shape, pc, seed=11)
+    layout = init_parallel(pc, arch, seed=1234)
+    model = build_model(arch, pc, seed=11)
     result = dict(case=case["name"], model=case["model"], layout=case["layout"])
-    result["seed_digests"], _ = gather_digests(model, shape)
+    result["seed_digests"], _ = gather_digests(model, arch)
 
     load_hf_weights(model, hf_dir)
     ref = torch.load(os.path.join(hf_dir, "ref.pt"))
@@ -104,14 +104,14 @@ def run_case(case, args):
         diff[1] = ref["logits"].abs().max()
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     result["logits_max_abs_diff"], result["logits_max_abs"] = float(diff[0]), float(diff[1])
-    result["import_digests"], result["buckets"] = gather_digests(model, shape)
+    result["import_digests"], result["buckets"] = gather_digests(model, arch)
     if case.get("bf16"):
-        result["bf16_digests"], _ = gather_digests(model, shape, dtype=torch.bfloat16)
+        result["bf16_digests"], _ = gather_digests(model, arch, dtype=torch.bfloat16)
 
     if case.get("load"):
-        fresh = build_model(shape, pc, seed=99)
+        fresh = build_model(arch, pc, seed=99)
         load_model(fresh, os.path.join(args.ckpt_root, case["load"], "model"))
-        result["reload_digests"], _ = gather_digests(fresh, shape)
+        result["reload_digests"], _ = gather_digests(fresh, arch)
         result["reloaded_from"] = case["load"]
     if case.get("save"):
         save_model(model, os.path.join(args.ckpt_root, case["name"]), hf_dir=hf_dir)

@@ -81,12 +81,12 @@ def test_glu_shard_holds_its_gate_and_up_slices():
 
 
 def test_vocab_padding_is_dropped_and_restored():
-    shape = load_hf_config(dict(model_type="qwen3", **MODELS["dense"][1]))
+    arch = load_hf_config(dict(model_type="qwen3", **MODELS["dense"][1]))
     p = parse_megatron_name("embedding.word_embeddings.weight")
-    emb = torch.randn(shape.vocab_size, shape.hidden_size)
-    padded = from_hf(p, {"model.embed_tokens.weight": emb}, shape, padded_vocab=shape.vocab_size + 28)
+    emb = torch.randn(arch.vocab_size, arch.hidden_size)
+    padded = from_hf(p, {"model.embed_tokens.weight": emb}, arch, padded_vocab=arch.vocab_size + 28)
     assert padded.shape[0] == 128 and torch.equal(padded[:100], emb) and not padded[100:].any()
-    [(name, back)] = to_hf(p, padded, shape)
+    [(name, back)] = to_hf(p, padded, arch)
     assert name == "model.embed_tokens.weight" and torch.equal(back, emb)
 
 
@@ -110,15 +110,15 @@ def test_names_and_shapes_are_those_transformers_writes(hf_models, name):
     """The mapping's HF names/shapes are exactly save_pretrained's; every HF name parses back to its
     Megatron parameter; the checkpoint in transformers' in-memory layout is the model's state_dict."""
     path = hf_models[name]
-    shape = load_hf_config(path)
+    arch = load_hf_config(path)
     stored = load_file(os.path.join(path, "model.safetensors"))
-    assert {k: tuple(v.shape) for k, v in stored.items()} == hf_shapes(shape)
-    params = megatron_params(shape)
+    assert {k: tuple(v.shape) for k, v in stored.items()} == hf_shapes(arch)
+    params = megatron_params(arch)
     for hf_name in stored:
         p, i = parse_hf_name(hf_name)
         assert p in params and p.hf_names[i] == hf_name
     state = build_hf_model(name).state_dict()
-    if shape.tie_word_embeddings and "lm_head.weight" in state:  # the embedding itself, not saved
+    if arch.tie_word_embeddings and "lm_head.weight" in state:  # the embedding itself, not saved
         assert torch.equal(state.pop("lm_head.weight"), state["model.embed_tokens.weight"])
         assert "lm_head.weight" not in stored
     fused = to_transformers_layout(stored.items())
@@ -146,10 +146,10 @@ def test_config_as_transformers_5_writes_it(hf_models):
     loudly, only the logits test would notice)."""
     config = json.loads(open(os.path.join(hf_models["moe"], "config.json")).read())
     assert "rope_theta" not in config and "num_experts" not in config
-    shape = load_hf_config(config)
-    assert (shape.rope_theta, shape.num_experts, shape.mlp_only_layers) == (10000.0, 4, (1,))
+    arch = load_hf_config(config)
+    assert (arch.rope_theta, arch.num_experts, arch.mlp_only_layers) == (10000.0, 4, (1,))
     old = {k: v for k, v in config.items() if k not in ("rope_parameters", "num_local_experts")}
-    assert load_hf_config(dict(old, rope_theta=10000.0, num_experts=4)) == shape
+    assert load_hf_config(dict(old, rope_theta=10000.0, num_experts=4)) == arch
     with pytest.raises(UnsupportedConfigError, match="RoPE scaling of type 'yarn'"):
         load_hf_config(dict(config, rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}))
 
@@ -266,16 +266,16 @@ def test_shape_mismatch_names_tensor_expected_and_got(hf_models, tmp_path):
 
 
 def test_shape_mismatch_in_mapping_names_tensor():
-    shape = load_hf_config(dict(model_type="qwen3", **MODELS["dense"][1]))
+    arch = load_hf_config(dict(model_type="qwen3", **MODELS["dense"][1]))
     p = parse_megatron_name("decoder.layers.0.mlp.linear_fc2.weight")
     with pytest.raises(
         ShapeMismatchError,
         match=r"model.layers.0.mlp.down_proj.weight: expected shape \(64, 96\)"
         r" from config.json, got \(96, 64\)",
     ):
-        from_hf(p, {"model.layers.0.mlp.down_proj.weight": torch.zeros(96, 64)}, shape)
+        from_hf(p, {"model.layers.0.mlp.down_proj.weight": torch.zeros(96, 64)}, arch)
     with pytest.raises(ShapeMismatchError, match="decoder.layers.0.mlp.linear_fc2.weight"):
-        to_hf(p, torch.zeros(64, 95), shape)
+        to_hf(p, torch.zeros(64, 95), arch)
 
 
 def test_missing_and_unexpected_tensors_are_named(hf_models, tmp_path):

@@ -54,17 +54,17 @@ def run_case(case, args):
     from gspo_mcore.learner.checkpoint import CheckpointConfig, Checkpointer
 
     hf_dir = case["hf"]
-    shape = load_hf_config(hf_dir)
+    arch = load_hf_config(hf_dir)
     pc = ParallelConfig(
         tensor=case.get("tp", 1), pipeline=case.get("pp", 1), expert=case.get("ep", 1), expert_tensor=case.get("etp")
     )
-    layout = init_parallel(pc, shape, seed=1234)
+    layout = init_parallel(pc, arch, seed=1234)
     distopt = case.get("distopt", False)
-    model = build_model(shape, pc, seed=None, use_distributed_optimizer=distopt)
-    load_hf_weights(model, hf_dir, shape, layout=layout)
+    model = build_model(arch, pc, seed=None, use_distributed_optimizer=distopt)
+    load_hf_weights(model, hf_dir, arch, layout=layout)
     optimizer, scheduler = build_optimizer(model, OptimConfig(**OPTIM, use_distributed_optimizer=distopt))
     ref = torch.load(os.path.join(hf_dir, "ref.pt"))
-    samples = toy.toy_samples(vocab=shape.vocab_size, seed=3)
+    samples = toy.toy_samples(vocab=arch.vocab_size, seed=3)
     metrics = train_step(
         model,
         optimizer,

@@ -79,7 +79,7 @@ def toy_samples(
     draw the same batch as before these options existed.
     """
     from gspo_mcore.algo import group_advantages
-    from gspo_mcore.learner import Sample
+    from gspo_mcore.learner import TrainSample
 
     g = torch.Generator().manual_seed(seed)
     rewards = torch.rand(-(-num_samples // group_size) * group_size, generator=g)
@@ -95,7 +95,7 @@ def toy_samples(
             if env_spans:
                 for a, b in env_holes(response):
                     mask[prompt + a : prompt + b] = 0
-        samples.append(Sample(tokens=tokens, loss_mask=mask, advantage=float(adv[i])))
+        samples.append(TrainSample(tokens=tokens, loss_mask=mask, advantage=float(adv[i])))
     return samples
 
 

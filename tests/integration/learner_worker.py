@@ -48,7 +48,7 @@ from gspo_mcore.convert.export import export_plan
 from gspo_mcore.learner import (
     ModelOptions,
     ParallelConfig,
-    Sample,
+    TrainSample,
     build_model,
     forward_logprobs,
     init_parallel,
@@ -61,9 +61,9 @@ class Worker:
     def __init__(self, spec: dict):
         self.spec = spec
         self.hf_dir = spec["hf_dir"]
-        self.shape = load_hf_config(os.path.join(self.hf_dir, "config.json"))
-        self.layout = init_parallel(ParallelConfig(), self.shape, seed=0)
-        self.model = build_model(self.shape, ParallelConfig(), ModelOptions(use_te=False), seed=None)
+        self.arch = load_hf_config(os.path.join(self.hf_dir, "config.json"))
+        self.layout = init_parallel(ParallelConfig(), self.arch, seed=0)
+        self.model = build_model(self.arch, ParallelConfig(), ModelOptions(use_te=False), seed=None)
         load_hf_weights(self.model, self.hf_dir)
         config = SGLangClientConfig(
             initial_weight_version=int(spec.get("initial_weight_version", 0)),
@@ -85,12 +85,12 @@ class Worker:
             p.add_(scale * torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.dtype))
 
     def _buckets(self, bucket_bytes: int):
-        return hf_buckets(self.model, self.shape, bucket_bytes=bucket_bytes)
+        return hf_buckets(self.model, self.arch, bucket_bytes=bucket_bytes)
 
     async def op_sync(self, method: str, version: int, export_dir: str | None = None, bucket_bytes: int = 1 << 16):
         t0 = time.monotonic()
         if method == "disk":
-            plan = export_plan(self.model, self.shape)
+            plan = export_plan(self.model, self.arch)
             if os.path.exists(export_dir):
                 shutil.rmtree(export_dir)
             named = (item for bucket in self._buckets(bucket_bytes) for item in bucket)
@@ -205,7 +205,7 @@ class Worker:
             tokens = torch.tensor(list(s["prompt_ids"]) + list(s["response_ids"]), dtype=torch.int64)
             mask = torch.zeros_like(tokens)
             mask[len(s["prompt_ids"]) :] = 1
-            samples.append(Sample(tokens=tokens, loss_mask=mask, advantage=0.0))
+            samples.append(TrainSample(tokens=tokens, loss_mask=mask, advantage=0.0))
         t0 = time.monotonic()
         logps = forward_logprobs(
             self.model, samples, self.layout, max_tokens=4096, temperature=gen["logprob_temperature"]

@@ -90,12 +90,12 @@ def main(argv: list[str]) -> int:
     spec_path, out_path = argv
     with open(spec_path) as f:
         spec = json.load(f)
-    shape = load_hf_config(os.path.join(spec["hf_dir"], "config.json"))
-    layout = init_parallel(ParallelConfig(), shape, seed=0)
-    model = build_model(shape, ParallelConfig(), ModelOptions(use_te=False), seed=None)
+    arch = load_hf_config(os.path.join(spec["hf_dir"], "config.json"))
+    layout = init_parallel(ParallelConfig(), arch, seed=0)
+    model = build_model(arch, ParallelConfig(), ModelOptions(use_te=False), seed=None)
     load_hf_weights(model, spec["hf_dir"])
     optimizer, scheduler = build_optimizer(model, OptimConfig(lr=spec["lr"], clip_grad=0.0, weight_decay=0.0))
-    dims = (shape.num_hidden_layers, shape.num_experts_per_tok)
+    dims = (arch.num_hidden_layers, arch.num_experts_per_tok)
     config = SGLangClientConfig(request_timeout_s=600.0, max_attempts=1, routed_experts=dims)
 
     async def generate():

@@ -92,11 +92,11 @@ def run(model_name, packing):
     )
 
     cfg = toy.MODELS[model_name]
-    shape = load_hf_config(cfg)
-    layout = init_parallel(ParallelConfig(), shape, seed=1234)
-    model = build_model(shape, ParallelConfig(), seed=11)
+    arch = load_hf_config(cfg)
+    layout = init_parallel(ParallelConfig(), arch, seed=1234)
+    model = build_model(arch, ParallelConfig(), seed=11)
     # an odd number of samples, two of them prompt-only (not in N)
-    samples = toy.toy_samples(vocab=shape.vocab_size, seed=3, num_samples=13, prompt_only=(2, 7))
+    samples = toy.toy_samples(vocab=arch.vocab_size, seed=3, num_samples=13, prompt_only=(2, 7))
     logp = forward_logprobs(model, samples, layout, max_tokens=40, packing=packing)
     batch = toy.with_offset_old_logprobs(samples, logp, "gspo")
     for chunk in model:

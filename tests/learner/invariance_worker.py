@@ -153,13 +153,13 @@ def run_case(case, args):
     from gspo_mcore.learner.optimizer import zero_grads
 
     t0 = time.time()
-    shape = load_hf_config(toy.MODELS[case["model"]])
+    arch = load_hf_config(toy.MODELS[case["model"]])
     pc = ParallelConfig(
         tensor=case.get("tp", 1), pipeline=case.get("pp", 1), expert=case.get("ep", 1), context=case.get("cp", 1)
     )
-    layout = init_parallel(pc, shape, seed=1234)
+    layout = init_parallel(pc, arch, seed=1234)
     distopt = case.get("distopt", False)
-    model = build_model(shape, pc, seed=7, use_distributed_optimizer=distopt)
+    model = build_model(arch, pc, seed=7, use_distributed_optimizer=distopt)
     optim = OptimConfig(
         lr=1e-3,
         clip_grad=1.0,
@@ -171,7 +171,7 @@ def run_case(case, args):
     max_tokens = case.get("max_tokens", MAX_TOKENS)
     packing = case.get("packing", "padded")
     initial = toy.local_shards(model)
-    samples = toy.toy_samples(vocab=shape.vocab_size, env_spans=case.get("env_spans", False), **BATCH)
+    samples = toy.toy_samples(vocab=arch.vocab_size, env_spans=case.get("env_spans", False), **BATCH)
 
     # a fused-LM-head case compares with the logits path's reference (chunks of 48 < the toy vocabulary's 128)
     head = dict(fused_lm_head=True, fused_lm_head_chunk=case.get("chunk", 48)) if case.get("fused") else {}

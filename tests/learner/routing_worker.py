@@ -80,12 +80,12 @@ def run_case(case, args):
     )
     from gspo_mcore.learner.optimizer import optimizer_step, zero_grads
 
-    shape = load_hf_config(toy.MODELS["moe"])
+    arch = load_hf_config(toy.MODELS["moe"])
     pc = ParallelConfig(expert=case.get("ep", 1), pipeline=case.get("pp", 1))
-    layout = init_parallel(pc, shape, seed=1234)
-    model = build_model(shape, pc, seed=7)
+    layout = init_parallel(pc, arch, seed=1234)
+    model = build_model(arch, pc, seed=7)
     optimizer, scheduler = build_optimizer(model, OptimConfig(lr=5e-2, clip_grad=0.0, weight_decay=0.0))
-    samples = toy.toy_samples(vocab=shape.vocab_size)
+    samples = toy.toy_samples(vocab=arch.vocab_size)
     packing = case.get("packing", "padded")
     logp, recorded = forward_logprobs_with_routing(
         model, samples, layout, max_tokens=case.get("max_tokens", 1000), packing=packing
@@ -136,7 +136,7 @@ def run_case(case, args):
         counts[mode] = covered.tolist()
     result["replay_wrong_tokens"], result["replay_samples_seen"] = counts["replay"]
     result["free_wrong_tokens"], _ = counts["free"]
-    result.update(check_rollout_replay(model, optimizer, scheduler, samples, layout, shape))
+    result.update(check_rollout_replay(model, optimizer, scheduler, samples, layout, arch))
     return result
 
 
@@ -152,7 +152,7 @@ def rollout_routing(samples, num_layers, topk, num_experts, seed=0):
     return out
 
 
-def check_rollout_replay(model, optimizer, scheduler, samples, layout, shape):
+def check_rollout_replay(model, optimizer, scheduler, samples, layout, arch):
     """R3: replay routing the model would not choose, in the old-log-prob and training forwards."""
     from gspo_mcore.learner import (
         BatchConfig,
@@ -165,7 +165,7 @@ def check_rollout_replay(model, optimizer, scheduler, samples, layout, shape):
     )
     from gspo_mcore.learner.optimizer import zero_grads
 
-    given = rollout_routing(samples, shape.num_hidden_layers, shape.num_experts_per_tok, shape.num_experts)
+    given = rollout_routing(samples, arch.num_hidden_layers, arch.num_experts_per_tok, arch.num_experts)
     batch = [replace(s, routed_experts=r) for s, r in zip(samples, given)]
     loss_cfg = LossConfig(variant="grpo")
     out = {}

@@ -13,14 +13,14 @@ from helpers.worker_cases import run_cases
 
 def batch(vocab: int):
     """Six samples of varied lengths (prompt + response), ids drawn from the whole vocabulary."""
-    from gspo_mcore.learner import Sample
+    from gspo_mcore.learner import TrainSample
 
     g = torch.Generator().manual_seed(7)
     out = []
     for prompt, response in ((5, 3), (4, 6), (7, 1), (3, 9), (6, 4), (2, 2)):
         tokens = torch.randint(0, vocab, (prompt + response,), generator=g)
         mask = torch.cat([torch.zeros(prompt), torch.ones(response)])
-        out.append(Sample(tokens=tokens, loss_mask=mask, advantage=0.0))
+        out.append(TrainSample(tokens=tokens, loss_mask=mask, advantage=0.0))
     return out
 
 
@@ -31,10 +31,10 @@ def run_case(case, args):
     pc = ParallelConfig(tensor=case.get("tp", 1), pipeline=case.get("pp", 1))
     import os
 
-    shape = check_teacher_fits(args.teacher, pc, int(os.environ.get("WORLD_SIZE", "1")))
-    layout = init_parallel(pc, shape, seed=1234)
-    teacher = Teacher(args.teacher, shape, pc, layout)
-    samples = batch(shape.vocab_size)
+    arch = check_teacher_fits(args.teacher, pc, int(os.environ.get("WORLD_SIZE", "1")))
+    layout = init_parallel(pc, arch, seed=1234)
+    teacher = Teacher(args.teacher, arch, pc, layout)
+    samples = batch(arch.vocab_size)
     logps = teacher.logprobs(samples, layout, max_tokens=24, packing="padded", temperature=case.get("temperature", 1.0))
     params = [p for chunk in teacher.model for p in chunk.parameters()]
     return dict(

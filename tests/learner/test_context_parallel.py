@@ -5,7 +5,7 @@ prompt-only sample, in both splittable packings."""
 import pytest
 import torch
 
-from gspo_mcore.learner import Sample
+from gspo_mcore.learner import TrainSample
 from gspo_mcore.learner.batching import build_microbatch
 from gspo_mcore.learner.context_parallel import check_packing, pad_multiple, split, unsplit
 from gspo_mcore.platform.cp_attention import load_balanced_positions
@@ -26,7 +26,7 @@ def _samples():
         mask = torch.zeros(n, dtype=torch.int64)
         if i != 3:  # sample 3 is prompt-only
             mask[1:] = 1
-        out.append(Sample(tokens=tokens, loss_mask=mask, advantage=float(i), old_logprobs=-torch.rand(n - 1)))
+        out.append(TrainSample(tokens=tokens, loss_mask=mask, advantage=float(i), old_logprobs=-torch.rand(n - 1)))
     return out
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gspo_mcore.learner.batching import (
-    Sample,
+    TrainSample,
     block_causal_mask,
     build_microbatch,
     count_sequences,
@@ -21,7 +21,9 @@ from gspo_mcore.learner.batching import (
 def _sample(length, prompt=2, adv=1.0, old=None):
     mask = torch.zeros(length, dtype=torch.int64)
     mask[prompt:] = 1
-    return Sample(tokens=torch.arange(length, dtype=torch.int64) + 10, loss_mask=mask, advantage=adv, old_logprobs=old)
+    return TrainSample(
+        tokens=torch.arange(length, dtype=torch.int64) + 10, loss_mask=mask, advantage=adv, old_logprobs=old
+    )
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -109,19 +111,19 @@ def test_block_causal_mask():
 
 def test_sample_validation_and_count():
     with pytest.raises(ValueError, match="int64"):
-        Sample(tokens=torch.zeros(4), loss_mask=torch.ones(4), advantage=0.0)
+        TrainSample(tokens=torch.zeros(4), loss_mask=torch.ones(4), advantage=0.0)
     with pytest.raises(ValueError, match="at least 2"):
-        Sample(tokens=torch.zeros(1, dtype=torch.int64), loss_mask=torch.ones(1), advantage=0.0)
+        TrainSample(tokens=torch.zeros(1, dtype=torch.int64), loss_mask=torch.ones(1), advantage=0.0)
     with pytest.raises(ValueError, match="loss_mask"):
-        Sample(tokens=torch.zeros(4, dtype=torch.int64), loss_mask=torch.ones(3), advantage=0.0)
+        TrainSample(tokens=torch.zeros(4, dtype=torch.int64), loss_mask=torch.ones(3), advantage=0.0)
     with pytest.raises(ValueError, match="old_logprobs"):
-        Sample(
+        TrainSample(
             tokens=torch.zeros(4, dtype=torch.int64),
             loss_mask=torch.ones(4),
             advantage=0.0,
             old_logprobs=torch.zeros(4),
         )
-    prompt_only = Sample(tokens=torch.zeros(4, dtype=torch.int64), loss_mask=torch.zeros(4), advantage=0.0)
+    prompt_only = TrainSample(tokens=torch.zeros(4, dtype=torch.int64), loss_mask=torch.zeros(4), advantage=0.0)
     assert count_sequences([_sample(4), prompt_only, _sample(5)]) == 2
 
 

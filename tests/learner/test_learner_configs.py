@@ -33,7 +33,7 @@ def test_good_layouts_give_the_data_parallel_size():
 
 
 @pytest.mark.parametrize(
-    "cfg, world, shape, message",
+    "cfg, world, arch, message",
     [
         (ParallelConfig(tensor=2), 3, dense, "world size 3 is not divisible by TP\\*PP\\*CP"),
         (ParallelConfig(tensor=4), 4, dense, "TP=4 does not divide num_key_value_heads=2"),
@@ -45,9 +45,9 @@ def test_good_layouts_give_the_data_parallel_size():
         (ParallelConfig(tensor=2), 2, moe, "sequence parallelism"),
     ],
 )
-def test_impossible_layouts_are_refused(cfg, world, shape, message):
+def test_impossible_layouts_are_refused(cfg, world, arch, message):
     with pytest.raises(ValueError, match=message):
-        validate_layout(cfg, world, shape, on_gpu=False)
+        validate_layout(cfg, world, arch, on_gpu=False)
 
 
 def test_every_problem_is_listed():

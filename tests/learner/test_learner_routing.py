@@ -15,14 +15,14 @@ import pytest
 import torch
 from helpers.launch import run_ranks
 
-from gspo_mcore.learner import Sample
+from gspo_mcore.learner import TrainSample
 from gspo_mcore.learner.routing import RoutingConfig, microbatch_routing, routing_change
 
 
-def _sample(length: int, response: int) -> Sample:
+def _sample(length: int, response: int) -> TrainSample:
     mask = torch.zeros(length)
     mask[length - response :] = 1
-    return Sample(tokens=torch.arange(length), loss_mask=mask, advantage=1.0)
+    return TrainSample(tokens=torch.arange(length), loss_mask=mask, advantage=1.0)
 
 
 def test_routing_change_counts_sets_not_order_and_only_scored_moe_positions():
@@ -62,14 +62,14 @@ def test_microbatch_routing_is_sequence_major_with_distinct_padding_experts():
 
 def test_sample_routed_experts_shape_is_checked():
     with pytest.raises(ValueError, match="routed_experts"):
-        Sample(
+        TrainSample(
             tokens=torch.arange(4),
             loss_mask=torch.ones(4),
             advantage=0.0,
             routed_experts=torch.zeros(3, 2, 2, dtype=torch.int32),
         )
     with pytest.raises(ValueError, match="routed_experts"):
-        Sample(tokens=torch.arange(4), loss_mask=torch.ones(4), advantage=0.0, routed_experts=torch.zeros(4, 2, 2))
+        TrainSample(tokens=torch.arange(4), loss_mask=torch.ones(4), advantage=0.0, routed_experts=torch.zeros(4, 2, 2))
 
 
 def test_routing_config_rejects_negative_interval():
@@ -180,7 +180,7 @@ def _rollout_sample(length=5):
     r = torch.zeros(length, 2, 2, dtype=torch.int32)
     r[..., 1] = 1
     r[-1] = -1
-    return Sample(tokens=torch.arange(length), loss_mask=torch.ones(length), advantage=0.0, routed_experts=r)
+    return TrainSample(tokens=torch.arange(length), loss_mask=torch.ones(length), advantage=0.0, routed_experts=r)
 
 
 def test_check_rollout_routing_names_the_sample_and_position():
@@ -190,7 +190,7 @@ def test_check_rollout_routing_names_the_sample_and_position():
     good = _rollout_sample()
     check_rollout_routing([good], **kw)
     with pytest.raises(ValueError, match="sample 1 carries no routed_experts"):
-        check_rollout_routing([good, Sample(tokens=torch.arange(4), loss_mask=torch.ones(4), advantage=0.0)], **kw)
+        check_rollout_routing([good, TrainSample(tokens=torch.arange(4), loss_mask=torch.ones(4), advantage=0.0)], **kw)
     with pytest.raises(ValueError, match=r"sample 0 has routed_experts of shape \(5, 2, 2\), expected \[L=5, num_l"):
         check_rollout_routing([good], **dict(kw, num_layers=3))
     bad = _rollout_sample()

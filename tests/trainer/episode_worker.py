@@ -51,7 +51,7 @@ def main():
     from gspo_mcore.envs import EpisodeConfig
     from gspo_mcore.learner import (
         ParallelConfig,
-        Sample,
+        TrainSample,
         build_model,
         destroy_parallel,
         forward_logprobs,
@@ -63,10 +63,10 @@ def main():
     from gspo_mcore.rollout.episode import EpisodeDriver
 
     parallel = ParallelConfig(tensor=2) if layout_name == "tp2" else ParallelConfig()
-    shape = load_hf_config(DENSE)
-    layout = init_parallel(parallel, shape, seed=7)
-    model = build_model(shape, parallel, seed=7)
-    kw = {"eos_token_id": 2, "vocab_size": shape.vocab_size, "max_batch_size": 8}
+    arch = load_hf_config(DENSE)
+    layout = init_parallel(parallel, arch, seed=7)
+    model = build_model(arch, parallel, seed=7)
+    kw = {"eos_token_id": 2, "vocab_size": arch.vocab_size, "max_batch_size": 8}
     kv_model = decode_model(model, layout)
     assert kv_model.own_cache
     engine = InProcessEngine(kv_model, **kw)
@@ -89,7 +89,7 @@ def main():
         p = len(s.prompt_ids)
         tokens = torch.tensor(s.prompt_ids + s.response_ids)
         mask = torch.cat([torch.zeros(p, dtype=torch.long), torch.tensor(s.response_mask, dtype=torch.long)])
-        samples.append(Sample(tokens=tokens, loss_mask=mask, advantage=0.0))
+        samples.append(TrainSample(tokens=tokens, loss_mask=mask, advantage=0.0))
         engine_lp.append(torch.tensor(s.response_logprobs))
         masks.append(torch.tensor(s.response_mask, dtype=torch.bool))
     learner_lp = forward_logprobs(model, samples, layout, max_tokens=512, temperature=tau)

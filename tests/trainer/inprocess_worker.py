@@ -21,7 +21,7 @@ def main():
     layout_name, tau = sys.argv[1], float(sys.argv[2])
     from gspo_mcore.learner import (
         ParallelConfig,
-        Sample,
+        TrainSample,
         build_model,
         destroy_parallel,
         forward_logprobs,
@@ -33,10 +33,10 @@ def main():
     from gspo_mcore.rollout import InProcessEngine, SamplingParams
 
     parallel = ParallelConfig(tensor=2) if layout_name == "tp2" else ParallelConfig()
-    shape = load_hf_config(DENSE)
-    layout = init_parallel(parallel, shape, seed=7)
-    model = build_model(shape, parallel, seed=7)
-    kw = {"eos_token_id": 2, "vocab_size": shape.vocab_size, "max_batch_size": 8}
+    arch = load_hf_config(DENSE)
+    layout = init_parallel(parallel, arch, seed=7)
+    model = build_model(arch, parallel, seed=7)
+    kw = {"eos_token_id": 2, "vocab_size": arch.vocab_size, "max_batch_size": 8}
     if layout_name == "1-megatron-cache":
         kv_model = MegatronDecodeModel(unwrap(model[0]), layout, megatron_cache=True)
         assert not kv_model.own_cache
@@ -64,7 +64,7 @@ def main():
             p, r = len(s.prompt_ids), len(s.response_ids)
             tokens = torch.tensor(s.prompt_ids + s.response_ids)
             mask = torch.cat([torch.zeros(p, dtype=torch.long), torch.ones(r, dtype=torch.long)])
-            samples.append(Sample(tokens=tokens, loss_mask=mask, advantage=0.0))
+            samples.append(TrainSample(tokens=tokens, loss_mask=mask, advantage=0.0))
             engine_lp.append(torch.tensor(s.response_logprobs))
     learner_lp = forward_logprobs(model, samples, layout, max_tokens=256, temperature=tau)
     diff = max(

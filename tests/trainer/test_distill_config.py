@@ -92,7 +92,7 @@ def _teacher(tmp_path, name, vocab=None, **config):
 
 def test_a_teacher_with_the_same_tokenizer_and_any_size_passes(tmp_path, tiny):
     plan = _plan(tiny, _teacher(tmp_path, "big", num_hidden_layers=3, hidden_size=96, head_dim=24))
-    assert plan.shape.num_hidden_layers == 3 and plan.shape.hidden_size == 96
+    assert plan.arch.num_hidden_layers == 3 and plan.arch.hidden_size == 96
 
 
 def test_a_teacher_with_another_tokenizer_is_refused_by_name(tmp_path, tiny):
