@@ -40,6 +40,8 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.jsonl.previous", "metrics.
 
 RESUME_MAY_DIFFER = (
     "steps",
+    "log.output_dir",
+    "checkpoint.dir",
     "checkpoint.resume",
     "checkpoint.save_every",
     "checkpoint.keep_last",
@@ -56,8 +58,10 @@ RESUME_MAY_DIFFER = (
     "rollout.max_batch_size",
     "rollout.sglang",
 )
-"""Keys (and whole sections) a resumed run may change. They say how long the run goes, how often it saves and
-what it prints (``steps``, ``checkpoint.*`` but the directory, ``log.*`` but the folder), what it measures
+"""Keys (and whole sections) a resumed run may change. They say where the run folder is now (``log.output_dir``,
+``checkpoint.dir``: a run folder moved or copied elsewhere is still that run, since a resume only looks in this
+run's own checkpoint directory), how long the run goes, how often it saves and
+what it prints (``steps``, ``checkpoint.*``, ``log.*``), what it measures
 (``eval``: evaluations draw nothing from the training streams), and how the same computation is laid out
 (``parallel``: checkpoints reshard; ``model.options``; the micro-batch and engine batch sizes; the SGLang
 servers' addresses and launch): these change results by floating-point rounding at most. Everything else

@@ -93,6 +93,7 @@ def test_overwrite_and_resume_contradict(tmp_path):
         ("parallel.tensor", 2),
         ("log.progress_bar", False),
         ("checkpoint.resume", True),
+        ("log.output_dir", "moved"),
     ],
 )
 def test_a_resume_may_change_what_does_not_define_the_run(tmp_path, key, value):
