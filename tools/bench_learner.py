@@ -73,7 +73,7 @@ def worker(args):
         load_hf_config,
     )
     from gspo_mcore.learner.model import have_transformer_engine
-    from gspo_mcore.learner.step import uses_transformer_engine
+    from gspo_mcore.learner.schedule import uses_transformer_engine
 
     torch.set_num_threads(args.threads)
     _, model_name, tp, pp, ep = LAYOUTS[args.layout]

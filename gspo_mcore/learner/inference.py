@@ -1,7 +1,7 @@
 """The learner's own model as a sampler, for the in-process rollout engine.
 
-:func:`decode_model` returns a :class:`gspo_mcore.rollout.inprocess.DecodeModel` over the live
-``GPTModel`` of this rank: a prefill of left-padded prompts, then one token per step over a KV cache
+:func:`decode_model` returns what :class:`gspo_mcore.rollout.inprocess.InProcessEngine` samples from, over the
+live ``GPTModel`` of this rank: a prefill of left-padded prompts, then one token per step over a KV cache
 (:class:`MegatronDecodeModel`). :func:`logits_fn` returns ``tokens [B, L] -> logits
 [B, L, V]`` (float32 on the CPU), one full causal forward, for the recompute baseline and for tests.
 Unlike training, the vocabulary-parallel logits ARE gathered over the tensor-parallel group here:
@@ -68,8 +68,6 @@ def decode_model(model, layout: Layout, *, kv_cache: bool = True):
     cache). ``kv_cache=False``, or a model with sequence parallelism (a single decode token
     cannot be split over the sequence): every step recomputes the batch through :func:`logits_fn`.
     """
-    from gspo_mcore.rollout.inprocess import RecomputeModel
-
     gpt = unwrap(model[0])
     if layout.cp_size > 1:
         # context parallelism: every CP rank decodes the whole sequences, the CPU CP attention's layers running
@@ -86,7 +84,7 @@ def decode_model(model, layout: Layout, *, kv_cache: bool = True):
         return MegatronDecodeModel(gpt, layout)
     fn = logits_fn(model, layout)  # checks the layout
     if not kv_cache or gpt.config.sequence_parallel:
-        return RecomputeModel(fn)
+        return fn  # the engine recomputes the whole batch through it every step
     return MegatronDecodeModel(gpt, layout)
 
 

@@ -54,6 +54,13 @@ def check_supported(model) -> None:
         raise ValueError(f"{KEY}=true is not supported for this model: " + "; ".join(problems))
 
 
+def fused_head(model, loss) -> FusedHead | None:
+    """The fused head ``loss`` (a :class:`~gspo_mcore.algo.LossConfig`) asks for: ``None`` when
+    ``loss.fused_lm_head`` is off or on another pipeline stage; raises ``ValueError`` naming the key for a model
+    it cannot serve."""
+    return head_for(model, loss.fused_lm_head_chunk) if loss.fused_lm_head else None
+
+
 def head_for(model, chunk: int) -> FusedHead | None:
     """The last stage's :class:`FusedHead` (``None`` on other pipeline stages)."""
     check_supported(model)

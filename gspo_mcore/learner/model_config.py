@@ -151,6 +151,11 @@ class ModelShape:
             for i in range(self.num_hidden_layers)
         ]
 
+    def dense_layer_indices(self) -> tuple[int, ...]:
+        """The 0-based dense layers of a MoE model (no router: ``-1`` in routing records); ``()`` for a dense
+        model."""
+        return tuple(i for i, m in enumerate(self.moe_layer_pattern()) if not m) if self.is_moe else ()
+
 
 def load_hf_config(source: str | os.PathLike | dict) -> ModelShape:
     """A :class:`ModelShape` from a ``config.json`` path, a checkpoint folder holding one, or a dict.

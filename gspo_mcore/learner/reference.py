@@ -30,7 +30,7 @@ class ReferencePolicy:
     @torch.no_grad()
     def logprobs(self, model, samples, layout, **kw) -> list[torch.Tensor]:
         """:func:`~gspo_mcore.learner.forward_logprobs` of ``samples`` under the reference weights."""
-        from gspo_mcore.learner.step import forward_logprobs
+        from gspo_mcore.learner.logprobs import forward_logprobs
 
         params = _params(model)
         if len(params) != len(self._state):

@@ -308,3 +308,62 @@ def check_rollout_routing(samples, *, num_layers: int, topk: int, num_experts: i
                 f"routing.replay=rollout: sample {i} has no valid experts at position {bad[0]} in MoE layer "
                 f"{moe_layers[bad[1]]} (ids must be in [0, {num_experts}); only the last position may be -1)"
             )
+
+
+def tape(model, layout, *, record: bool = False, replay: bool = False) -> RoutingTape | None:
+    """A :class:`RoutingTape` for one pass of the schedule (``None`` when it neither records nor replays)."""
+    if not (record or replay):
+        return None
+    if replay:
+        check_replay_supported(model)
+    return RoutingTape(model, record=record, replay=replay, tp_rank=layout.tp_rank, tp_size=layout.tp_size)
+
+
+@dataclass(frozen=True)
+class RoutingPlan:
+    """What one training step does with MoE routing, decided once from the config, the model and the batch
+    (:func:`plan`)."""
+
+    mode: str
+    """``off`` (dense models too), ``learner`` (R2) or ``rollout`` (R3)."""
+    measure: bool
+    """Measure routing volatility this step (MoE only)."""
+    record_old: bool
+    """The old-log-prob forward records every token's experts: R2 (samples without ``routed_experts``), or a
+    volatility measurement outside R3 (the routing before the update)."""
+
+    @property
+    def replay_old(self) -> bool:
+        """The old-log-prob forward replays the engine's routing (R3)."""
+        return self.mode == "rollout"
+
+    @property
+    def replay_training(self) -> bool:
+        """The training forwards replay the samples' ``routed_experts`` (R2 or R3)."""
+        return self.mode != "off"
+
+    @property
+    def keep_recorded(self) -> bool:
+        """The experts recorded in the old-log-prob forward become the samples' ``routed_experts`` (R2)."""
+        return self.mode == "learner"
+
+
+def plan(model, samples, config: RoutingConfig, *, measure: bool) -> RoutingPlan:
+    """The step's :class:`RoutingPlan`. Under R3 it checks the engine's routing of every sample first
+    (:func:`check_rollout_routing`), naming the sample it refuses."""
+    moe = is_moe(model)
+    mode = config.replay if moe else "off"
+    measure = measure and moe
+    if mode == "rollout":
+        c = model[0].config
+        check_rollout_routing(
+            samples,
+            num_layers=int(c.num_layers),
+            topk=int(c.moe_router_topk),
+            num_experts=int(c.num_moe_experts),
+            moe_layers=moe_layer_indices(model),
+        )
+    record_old = (mode == "learner" and any(s.routed_experts is None for s in samples)) or (
+        measure and mode != "rollout"
+    )
+    return RoutingPlan(mode=mode, measure=measure, record_old=record_old)

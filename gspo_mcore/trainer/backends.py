@@ -42,10 +42,10 @@ class RolloutBackend(Protocol):
     def before_train(self) -> None:
         """The learner is about to train (colocated engines free their memory)."""
 
-    def sync_weights(self, model, shape, version: int) -> None:
+    def sync_weights(self, learner, version: int) -> None:
         """The learner's parameters changed: serve them from now on, tagged ``version``."""
 
-    def restore_weights(self, model, shape, version: int) -> None:
+    def restore_weights(self, learner, version: int) -> None:
         """A resumed run: serve the parameters just restored from a checkpoint, tagged ``version`` (before
         the first rollout; the engine may still hold the weights it was started with)."""
 
@@ -98,15 +98,16 @@ class SGLangConfig:
 class InProcessRollout:
     """Sampling from the learner's live model on the same ranks (see :mod:`gspo_mcore.rollout.inprocess`)."""
 
-    def __init__(self, model, layout, shape, tokenizer, *, max_batch_size: int):
+    def __init__(self, learner, tokenizer, *, max_batch_size: int):
+        """``learner``: the :class:`~gspo_mcore.learner.Learner` whose live model samples."""
         from gspo_mcore.learner.inference import decode_model
         from gspo_mcore.rollout.inprocess import InProcessEngine
 
-        self.layout = layout
+        self.layout = learner.layout
         self.engine = InProcessEngine(
-            decode_model(model, layout),
+            decode_model(learner.model, learner.layout),
             eos_token_id=tokenizer.eos_token_id,
-            vocab_size=shape.vocab_size,
+            vocab_size=learner.arch.vocab_size,
             pad_token_id=tokenizer.pad_token_id or 0,
             max_batch_size=max_batch_size,
         )
@@ -130,10 +131,10 @@ class InProcessRollout:
     def before_train(self) -> None:
         pass
 
-    def sync_weights(self, model, shape, version: int) -> None:
+    def sync_weights(self, learner, version: int) -> None:
         self.engine.set_weight_version(version)  # it reads the updated parameters directly
 
-    def restore_weights(self, model, shape, version: int) -> None:
+    def restore_weights(self, learner, version: int) -> None:
         self.engine.set_weight_version(version)  # it reads the restored parameters directly
 
     def close(self) -> None:
@@ -233,23 +234,21 @@ class SGLangRollout:
         if self.is_driver and self.cfg.colocate:
             self._run(self.engine.release_memory())
 
-    def sync_weights(self, model, shape, version: int) -> None:
+    def sync_weights(self, learner, version: int) -> None:
         """Every rank exports; rank 0 pushes the buckets to the servers and tags them ``version``."""
         if self.is_driver and self.cfg.colocate:
             self._run(self.engine.resume_memory())
-        self._push(model, shape, version)
+        self._push(learner, version)
 
-    def restore_weights(self, model, shape, version: int) -> None:
+    def restore_weights(self, learner, version: int) -> None:
         """The servers were started from (or still serve) other weights: push the restored ones. They have
         not released their memory yet (that happens before the first training step)."""
-        self._push(model, shape, version)
+        self._push(learner, version)
 
-    def _push(self, model, shape, version: int) -> None:
-        from gspo_mcore.convert.export import hf_buckets
-
+    def _push(self, learner, version: int) -> None:
         dtype = getattr(torch, self.cfg.sync_dtype)
         if self.cfg.weight_sync in ("tensor", "distributed"):
-            buckets = hf_buckets(model, shape, bucket_bytes=self.cfg.bucket_mb * 2**20, dtype=dtype, layout=self.layout)
+            buckets = learner.export_weights(dtype=dtype, bucket_bytes=self.cfg.bucket_mb * 2**20)
             if self.is_driver:
                 if self.cfg.weight_sync == "distributed" and self.group is None:
                     self._init_group()
@@ -258,7 +257,7 @@ class SGLangRollout:
                 for _ in buckets:  # take part in the gather's collectives
                     pass
         else:
-            path = self._export_to_disk(model, shape, dtype, version)
+            path = self._export_to_disk(learner, dtype, version)
             if self.is_driver:
                 self._run(self.engine.update_weights_from_disk(path, version))
         if self.layout.world_size > 1:
@@ -291,19 +290,16 @@ class SGLangRollout:
         )
         self.group = holder["group"]
 
-    def _export_to_disk(self, model, shape, dtype, version: int) -> str:
+    def _export_to_disk(self, learner, dtype, version: int) -> str:
         """Every rank takes part in the export; rank 0 writes it as a Hugging Face folder ``weights/step_<v>``."""
-        from gspo_mcore.convert.export import export_plan, hf_buckets
         from gspo_mcore.convert.hf_io import copy_files, side_files, write_safetensors
 
         path = os.path.join(self.output_dir, "weights", f"step_{version}")
         tmp = path + ".tmp"
-        plan = export_plan(model, shape, dtype=dtype, layout=self.layout)
+        plan = learner.export_plan(dtype=dtype)
         named = (
             item
-            for bucket in hf_buckets(
-                model, shape, bucket_bytes=self.cfg.bucket_mb * 2**20, dtype=dtype, plan=plan, layout=self.layout
-            )
+            for bucket in learner.export_weights(dtype=dtype, bucket_bytes=self.cfg.bucket_mb * 2**20, plan=plan)
             for item in bucket
         )
         if not self.is_driver:

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -30,17 +31,10 @@ from gspo_mcore.data.dataset import PromptDataset
 from gspo_mcore.data.loader import PromptLoader
 from gspo_mcore.data.sampler import PromptSampler
 from gspo_mcore.data.template import PromptTemplate, load_tokenizer
-from gspo_mcore.learner import (
-    ReferencePolicy,
-    build_model,
-    build_optimizer,
-    init_parallel,
-    load_hf_config,
-    train_step,
-)
+from gspo_mcore.learner import Learner, load_hf_config
 from gspo_mcore.learner.checkpoint import Checkpointer
 from gspo_mcore.metrics import MetricsLogger, step_metrics
-from gspo_mcore.rewards import check_reward_setup
+from gspo_mcore.rewards import RewardRunner, check_reward_setup
 from gspo_mcore.trainer.asynchronous import Prefetcher, fresh_groups
 from gspo_mcore.trainer.backends import InProcessRollout, RolloutBackend, SGLangRollout
 from gspo_mcore.trainer.batch import decode_responses, learner_samples, overlong_penalties, staleness_metrics
@@ -51,57 +45,70 @@ from gspo_mcore.trainer.sampling import RolloutBatch, collect, rollout_seed
 logger = logging.getLogger(__name__)
 
 
+@dataclass
+class Run:
+    """What a run holds while it trains: its configuration, the learner, the rollout backend, the prompt stream,
+    the rewards, the tokenizer, and (asynchronous rollouts) the next step's batch in flight."""
+
+    cfg: TrainConfig
+    learner: Learner
+    rollout: RolloutBackend
+    loader: PromptLoader
+    rewards: RewardRunner
+    tokenizer: object
+    prefetch: Prefetcher | None = None
+
+
 def run(cfg: TrainConfig) -> list[dict]:
     """Train; returns the per-step metrics (on every rank)."""
     cfg = resolve(cfg)
-    shape = load_hf_config(os.path.join(cfg.model.hf_dir, "config.json"))
-    if cfg.routing.replay == "rollout" and not shape.is_moe:
+    arch = load_hf_config(os.path.join(cfg.model.hf_dir, "config.json"))
+    if cfg.routing.replay == "rollout" and not arch.is_moe:
         raise ValueError(
             f"routing.replay=rollout needs a MoE model, and {cfg.model.hf_dir}/config.json describes a dense "
-            f"{shape.model_type!r} model (no router to replay)"
+            f"{arch.model_type!r} model (no router to replay)"
         )
     tokenizer = load_tokenizer(cfg.template.tokenizer_dir)
     template = PromptTemplate(cfg.template, tokenizer)
     dataset = PromptDataset(cfg.data)
     eval_sets = [_eval_set(s, template) for s in cfg.eval.datasets]
-    _check_lengths(cfg, shape, dataset, template, eval_sets)  # before anything is built
+    _check_lengths(cfg, arch, dataset, template, eval_sets)  # before anything is built
     loader = PromptLoader(dataset, PromptSampler(len(dataset), cfg.sampler), template)
     rewards = check_reward_setup(cfg.reward, dataset)  # names, sandbox, every row's fields: before any model
 
-    layout = init_parallel(cfg.parallel, shape, seed=cfg.seed)
-    is_writer = layout.rank == 0
+    learner = Learner.build(
+        arch,
+        parallel=cfg.parallel,
+        options=cfg.model.options,
+        optim=cfg.optim,
+        loss=cfg.loss,
+        batch=cfg.batch,
+        routing=cfg.routing,
+        seed=cfg.seed,
+        init_seed=cfg.model.init_seed,
+        hf_weights=cfg.model.hf_dir if cfg.model.load_hf_weights else None,
+        temperature=cfg.temperature,
+        recompute_old_logprobs=cfg.rollout.old_logprobs == "recompute",
+        progress=True,
+    )
+    is_writer = learner.is_writer
     if is_writer:
         os.makedirs(cfg.log.output_dir, exist_ok=True)
         save_yaml(cfg, os.path.join(cfg.log.output_dir, "config.yaml"))
-    model = build_model(
-        shape,
-        cfg.parallel,
-        cfg.model.options,
-        seed=None if cfg.model.load_hf_weights else cfg.model.init_seed,
-        use_distributed_optimizer=cfg.optim.use_distributed_optimizer,
-    )
-    if cfg.model.load_hf_weights:
-        from gspo_mcore.convert.hf_import import load_hf_weights
-
-        load_hf_weights(model, cfg.model.hf_dir, shape, progress=is_writer, layout=layout)
-    cfg.loss.head(model)  # loss.fused_lm_head: refuses, naming the key, a model it cannot serve (None if off)
-    optimizer, scheduler = build_optimizer(model, cfg.optim)
-    # the KL reference is the initial policy: snapshot it before a checkpoint is restored
-    reference = ReferencePolicy(model) if cfg.loss.uses_reference else None
-    if reference is not None and is_writer:
-        logger.info("KL reference policy: %.1f MiB of CPU memory per rank", reference.nbytes / 2**20)
-    engine = _rollout_backend(cfg, model, layout, shape, tokenizer)
+        if learner.reference is not None:
+            logger.info("KL reference policy: %.1f MiB of CPU memory per rank", learner.reference.nbytes / 2**20)
+    rollout = _rollout_backend(cfg, learner, tokenizer)
     samples_dir = os.path.join(cfg.log.output_dir, "eval_samples") if is_writer and cfg.eval.save_samples else None
-    evaluator = Evaluator(cfg.eval, eval_sets, engine, tokenizer, samples_dir=samples_dir)
+    evaluator = Evaluator(cfg.eval, eval_sets, rollout, tokenizer, samples_dir=samples_dir)
     checkpoints = Checkpointer(
-        cfg.checkpoint, cfg.checkpoint.dir, layout, run_config=to_dict(cfg), total_steps=cfg.steps
+        cfg.checkpoint, cfg.checkpoint.dir, learner.layout, run_config=to_dict(cfg), total_steps=cfg.steps
     )
 
     start = 0
-    resumed = checkpoints.resume(model, optimizer, scheduler)
+    resumed = learner.load(checkpoints)
     if resumed is not None:
         loader.load_state_dict(resumed.extra["data"])
-        engine.restore_weights(model, shape, resumed.extra["weight_version"])
+        rollout.restore_weights(learner, resumed.extra["weight_version"])
         start = resumed.step + 1
         if is_writer:
             _drop_metrics_after(os.path.join(cfg.log.output_dir, "metrics.jsonl"), resumed.step)
@@ -111,12 +118,13 @@ def run(cfg: TrainConfig) -> list[dict]:
     prefetch = (
         Prefetcher(
             loader,
-            lambda ids, seed: engine.start_generate(ids, cfg.rollout.group_size, cfg.rollout.sampling, seed=seed),
-            engine.finish_generate,
+            lambda ids, seed: rollout.start_generate(ids, cfg.rollout.group_size, cfg.rollout.sampling, seed=seed),
+            rollout.finish_generate,
         )
         if cfg.rollout.max_staleness > 0
         else None
     )
+    state = Run(cfg, learner, rollout, loader, rewards, tokenizer, prefetch)
     history, evaluated = [], set()
     try:
         step = start
@@ -124,71 +132,88 @@ def run(cfg: TrainConfig) -> list[dict]:
             if evaluator.due(step):
                 _log_eval(metrics, step, evaluator.run(step))
                 evaluated.add(step)
-            record = _train_one_step(
-                cfg,
-                step,
-                loader,
-                engine,
-                rewards,
-                tokenizer,
-                model,
-                optimizer,
-                scheduler,
-                layout,
-                shape,
-                reference,
-                prefetch,
-            )
+            record = gspo_step(state, step)
             if record is None:  # the prompts ran out (a finite number of epochs)
                 break
             history.append(record)
             metrics.log(step, record)
             if checkpoints.due(step):
-                checkpoints.save(
-                    step,
-                    model,
-                    optimizer,
-                    scheduler,
-                    extra={"data": _data_state(loader, prefetch), "weight_version": step + 1},
+                learner.save(
+                    checkpoints, step, extra={"data": _data_state(loader, prefetch), "weight_version": step + 1}
                 )
             step += 1
         if evaluator.sets and step not in evaluated:  # after the last step
             _log_eval(metrics, step, evaluator.run(step))
     finally:
         metrics.close()
-        engine.close()
+        rollout.close()
     return history
 
 
-def _train_one_step(
-    cfg: TrainConfig,
-    step,
-    loader,
-    engine,
-    rewards,
-    tokenizer,
-    model,
-    optimizer,
-    scheduler,
-    layout,
-    shape,
-    reference,
-    prefetch,
-) -> dict | None:
-    """One GSPO step; its metrics record, or ``None`` when no prompts are left. With ``prefetch``
-    (asynchronous rollouts) the first round was generated during the previous step, and this step starts
+def gspo_step(run: Run, step: int) -> dict | None:
+    """One GSPO step: roll out and score groups (dynamic sampling may add rounds), take group advantages,
+    train (the learner computes old log-probs where needed, then one update per mini-batch), and serve the new
+    weights as version ``step + 1``. Returns the step's metrics record, or ``None`` when no prompts are left.
+    With asynchronous rollouts the first round was generated during the previous step, and this step starts
     the next one's before it trains."""
+    cfg, learner, rollout = run.cfg, run.learner, run.rollout
     phases = _Phases()
+    batch, generation_s = _rollout_batch(run, step, phases)  # rollout + reward
+    if batch is None:
+        return None
+    if run.prefetch is not None and step + 1 < cfg.steps:  # step s+1's first round, made while step s trains
+        run.prefetch.start(step + 1, cfg.rollout.prompts_per_step, seed=rollout_seed(cfg.seed, step + 1, 0))
+    with phases("train"):
+        advantages = group_advantages(batch.shaped, cfg.rollout.group_size, normalize_std=cfg.rollout.normalize_std)
+        samples, left_out = learner_samples(
+            batch.groups,
+            advantages,
+            batch.keep,
+            mask_truncated=cfg.rollout.mask_truncated,
+            token_shaping=batch.token_shaping,
+            dense_layers=learner.arch.dense_layer_indices(),
+        )
+        rollout.before_train()  # colocated SGLang frees its GPU memory
+        skipped = _too_few_samples(samples, cfg.batch.num_minibatches, step)
+        measure = cfg.routing.measure_every > 0 and step % cfg.routing.measure_every == 0
+        updates = [] if skipped else learner.train(samples, measure_routing=measure)
+    if run.prefetch is not None and not cfg.rollout.partial_rollouts:
+        with phases("rollout_wait"):  # the learner idles here while the next batch is still generating
+            run.prefetch.wait()
+    # with rollout.partial_rollouts the next batch is still generating: the update pauses it (retract),
+    # loads the new weights and continues it, and the step that takes it waits for the rest
+    with phases("weight_sync"):
+        rollout.sync_weights(learner, step + 1)  # the engine serves the updated policy as version step+1
+    record = step_metrics(
+        batch.groups,
+        batch.scores,
+        batch.shaped,
+        batch.keep,
+        updates,
+        run.rewards.metrics(),
+        cfg.rollout.group_size,
+        timings=phases.seconds,
+        left_out=left_out,
+        update_skipped=skipped,
+    ) | _sampling_metrics(cfg, batch, step)
+    record.update(staleness_metrics(batch.groups, step))  # the learner trains weight version `step`
+    # the engine's generation time for this step's batch (in the background, for a prefetched one); not a
+    # phase of the learner's step, so not part of time_step_s
+    record["time_generation_s"] = generation_s
+    return record
+
+
+def _rollout_batch(run: Run, step: int, phases: _Phases) -> tuple[RolloutBatch | None, float]:
+    """The step's scored rollout batch (:func:`~gspo_mcore.trainer.sampling.collect`: rounds of fresh prompts
+    until enough groups have a reward spread, with dynamic sampling), and the engine's generation seconds."""
+    cfg = run.cfg
     G = cfg.rollout.group_size
     with phases("rollout"):
-        first = prefetch.take(step) if prefetch is not None else None  # (prompts, groups) or None
-    generation_s = prefetch.seconds if first is not None else 0.0  # the engine's busy time for this batch
+        first = run.prefetch.take(step) if run.prefetch is not None else None  # (prompts, groups) or None
+    generation_s = run.prefetch.seconds if first is not None else 0.0  # the engine's busy time for this batch
 
     def draw(n):
-        nonlocal first
-        if first is not None:
-            return first[0]
-        return loader.next_batch(n)
+        return first[0] if first is not None else run.loader.next_batch(n)
 
     def roll(prompts, round_):
         nonlocal first, generation_s
@@ -197,12 +222,12 @@ def _train_one_step(
                 groups, first = first[1], None
             else:
                 t0 = time.perf_counter()
-                groups = engine.generate(
+                groups = run.rollout.generate(
                     [p.input_ids for p in prompts], G, cfg.rollout.sampling, seed=rollout_seed(cfg.seed, step, round_)
                 )
                 generation_s += time.perf_counter() - t0
         with phases("reward"):
-            scores, shaped, token_shaping = _score(cfg, groups, prompts, rewards, tokenizer)
+            scores, shaped, token_shaping = _score(cfg, groups, prompts, run.rewards, run.tokenizer)
         return groups, scores, shaped, token_shaping
 
     stale = cfg.rollout.max_staleness
@@ -216,11 +241,7 @@ def _train_one_step(
         drop_zero_advantage_groups=cfg.rollout.drop_zero_advantage_groups,
         usable=(lambda groups: fresh_groups(groups, version=step, max_staleness=stale)) if stale else None,
     )
-    if batch is None:
-        return None
-    if prefetch is not None and step + 1 < cfg.steps:  # step s+1's first round, made while step s trains
-        prefetch.start(step + 1, cfg.rollout.prompts_per_step, seed=rollout_seed(cfg.seed, step + 1, 0))
-    if batch.short:
+    if batch is not None and batch.short:
         logger.warning(
             "step %d: dynamic sampling kept %d of rollout.prompts_per_step=%d groups after %d round(s) "
             "(rollout.max_sampling_rounds=%d): training on those",
@@ -230,69 +251,20 @@ def _train_one_step(
             batch.rounds,
             cfg.rollout.max_sampling_rounds,
         )
-    groups, scores, shaped, keep = batch.groups, batch.scores, batch.shaped, batch.keep
-    with phases("train"):
-        advantages = group_advantages(shaped, G, normalize_std=cfg.rollout.normalize_std)
-        samples, left_out = learner_samples(
-            groups,
-            advantages,
-            keep,
-            mask_truncated=cfg.rollout.mask_truncated,
-            token_shaping=batch.token_shaping,
-            dense_layers=[i for i, m in enumerate(shape.moe_layer_pattern()) if not m] if shape.is_moe else (),
-        )
-        engine.before_train()  # colocated SGLang frees its GPU memory
-        skipped = len(samples) < cfg.batch.num_minibatches
-        if skipped:
-            logger.warning(
-                "step %d: %d samples to train on, fewer than batch.num_minibatches=%d: no update",
-                step,
-                len(samples),
-                cfg.batch.num_minibatches,
-            )
-        measure = cfg.routing.measure_every > 0 and step % cfg.routing.measure_every == 0
-        updates = (
-            []
-            if skipped
-            else train_step(
-                model,
-                optimizer,
-                scheduler,
-                samples,
-                layout,
-                cfg.loss,
-                cfg.batch,
-                cfg.routing,
-                temperature=cfg.temperature,
-                recompute_old_logprobs=cfg.rollout.old_logprobs == "recompute",
-                measure_routing=measure,
-                reference=reference,
-            )
-        )
-    if prefetch is not None and not cfg.rollout.partial_rollouts:
-        with phases("rollout_wait"):  # the learner idles here while the next batch is still generating
-            prefetch.wait()
-    # with rollout.partial_rollouts the next batch is still generating: the update pauses it (retract),
-    # loads the new weights and continues it, and the step that takes it waits for the rest
-    with phases("weight_sync"):
-        engine.sync_weights(model, shape, step + 1)  # the engine serves the updated policy as version step+1
-    record = step_metrics(
-        groups,
-        scores,
-        shaped,
-        keep,
-        updates,
-        rewards.metrics(),
-        G,
-        timings=phases.seconds,
-        left_out=left_out,
-        update_skipped=skipped,
-    ) | _sampling_metrics(cfg, batch, step)
-    record.update(staleness_metrics(groups, step))  # the learner trains weight version `step`
-    # the engine's generation time for this step's batch (in the background, for a prefetched one); not a
-    # phase of the learner's step, so not part of time_step_s
-    record["time_generation_s"] = generation_s
-    return record
+    return batch, generation_s
+
+
+def _too_few_samples(samples, num_minibatches: int, step: int) -> bool:
+    """Whether the step makes no update: fewer samples than ``batch.num_minibatches`` (warned)."""
+    if len(samples) >= num_minibatches:
+        return False
+    logger.warning(
+        "step %d: %d samples to train on, fewer than batch.num_minibatches=%d: no update",
+        step,
+        len(samples),
+        num_minibatches,
+    )
+    return True
 
 
 def _score(cfg: TrainConfig, groups, prompts, rewards, tokenizer) -> tuple[torch.Tensor, torch.Tensor, list]:
@@ -349,18 +321,19 @@ class _Phases:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
 
-def _rollout_backend(cfg: TrainConfig, model, layout, shape, tokenizer) -> RolloutBackend:
+def _rollout_backend(cfg: TrainConfig, learner: Learner, tokenizer) -> RolloutBackend:
     if cfg.rollout.engine == "sglang":
+        arch = learner.arch
         return SGLangRollout(
             cfg.rollout.sglang,
             model_dir=cfg.model.hf_dir,
             output_dir=cfg.log.output_dir,
-            layout=layout,
-            routed_experts=(shape.num_hidden_layers, shape.num_experts_per_tok)
+            layout=learner.layout,
+            routed_experts=(arch.num_hidden_layers, arch.num_experts_per_tok)
             if cfg.routing.replay == "rollout"
             else None,
         )
-    return InProcessRollout(model, layout, shape, tokenizer, max_batch_size=cfg.rollout.max_batch_size)
+    return InProcessRollout(learner, tokenizer, max_batch_size=cfg.rollout.max_batch_size)
 
 
 def _eval_set(cfg, template: PromptTemplate) -> EvalSet:
@@ -374,9 +347,9 @@ def _eval_set(cfg, template: PromptTemplate) -> EvalSet:
     )
 
 
-def _check_lengths(cfg: TrainConfig, shape, dataset, template, eval_sets) -> None:
+def _check_lengths(cfg: TrainConfig, arch, dataset, template, eval_sets) -> None:
     """Refuse prompts that cannot fit ``max_position_embeddings`` with their ``max_new_tokens``."""
-    limit = shape.max_position_embeddings
+    limit = arch.max_position_embeddings
     checks = [("data", cfg.rollout.sampling.max_new_tokens, ((r.source, template.encode(r)) for r in dataset))]
     checks += [
         (

@@ -1,0 +1,193 @@
+"""The learner as one object: this rank's built training state and the few verbs a trainer needs.
+
+:meth:`Learner.build` sets up the process groups, builds the model chunks (Megatron DDP), loads Hugging Face
+weights if asked, builds the optimizer and LR schedule, and snapshots the KL reference when the loss needs one.
+Then a trainer only calls verbs::
+
+    learner = Learner.build(arch, parallel=cfg.parallel, optim=cfg.optim, loss=cfg.loss, batch=cfg.batch)
+    old = learner.logprobs(samples)      # forward only: [L-1] float32 per sample, on every rank
+    metrics = learner.train(samples)     # one step: old log-probs where needed, one update per mini-batch
+    for bucket in learner.export_weights(dtype=torch.bfloat16):  # Hugging Face names and full tensors
+        ...
+    learner.save(checkpointer, step, extra={...}); resumed = learner.load(checkpointer)
+
+Every rank calls every verb with the same arguments (the verbs run collectives).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from gspo_mcore.algo.loss_config import LossConfig
+from gspo_mcore.learner import lm_head
+from gspo_mcore.learner.logprobs import forward_logprobs
+from gspo_mcore.learner.model import ModelOptions, build_model
+from gspo_mcore.learner.model_config import ModelShape
+from gspo_mcore.learner.optimizer import OptimConfig, build_optimizer
+from gspo_mcore.learner.parallel import Layout, ParallelConfig, init_parallel
+from gspo_mcore.learner.reference import ReferencePolicy
+from gspo_mcore.learner.routing import RoutingConfig
+from gspo_mcore.learner.step import BatchConfig, train_step
+
+
+class Learner:
+    """This rank's model chunks, optimizer, LR schedule, parallel layout and architecture, with the loss, batching
+    and routing settings they are trained with. Build it with :meth:`build`."""
+
+    def __init__(
+        self,
+        *,
+        model: list,
+        optimizer,
+        scheduler,
+        layout: Layout,
+        arch: ModelShape,
+        loss: LossConfig = LossConfig(),
+        batch: BatchConfig = BatchConfig(),
+        routing: RoutingConfig = RoutingConfig(),
+        temperature: float = 1.0,
+        recompute_old_logprobs: bool = False,
+        reference: ReferencePolicy | None = None,
+    ):
+        self.model = model
+        """Megatron's list of model chunks (one per virtual pipeline stage), each wrapped in DDP."""
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.layout = layout
+        self.arch = arch
+        """The model's architecture (from the Hugging Face ``config.json``)."""
+        self.loss = loss
+        self.batch = batch
+        self.routing = routing
+        self.temperature = temperature
+        """The policy is ``softmax(logits / temperature)``: the rollout's sampling temperature."""
+        self.recompute_old_logprobs = recompute_old_logprobs
+        """Replace the engine's log-probs by the learner's recompute (kept as the behaviour log-probs)."""
+        self.reference = reference
+        """The frozen initial policy of the KL term (``None`` when the loss needs none)."""
+
+    @classmethod
+    def build(
+        cls,
+        arch: ModelShape,
+        *,
+        parallel: ParallelConfig = ParallelConfig(),
+        options: ModelOptions = ModelOptions(),
+        optim: OptimConfig = OptimConfig(),
+        loss: LossConfig = LossConfig(),
+        batch: BatchConfig = BatchConfig(),
+        routing: RoutingConfig = RoutingConfig(),
+        seed: int = 1234,
+        init_seed: int = 1234,
+        hf_weights: str | None = None,
+        temperature: float = 1.0,
+        recompute_old_logprobs: bool = False,
+        progress: bool = False,
+    ) -> Learner:
+        """Set up the process groups (validating the layout first), build the model, and either initialise it
+        from ``init_seed`` (layout independent) or load ``hf_weights`` (a Hugging Face directory's safetensors,
+        any layout); then the optimizer and schedule, and the KL reference when ``loss`` needs one (the initial
+        policy: built before any checkpoint is restored). ``seed``: the run's seed for Megatron's RNG set-up.
+        A fused LM head the model cannot serve is refused here, naming ``loss.fused_lm_head``."""
+        layout = init_parallel(parallel, arch, seed=seed)
+        model = build_model(
+            arch,
+            parallel,
+            options,
+            seed=None if hf_weights else init_seed,
+            use_distributed_optimizer=optim.use_distributed_optimizer,
+        )
+        if hf_weights:
+            from gspo_mcore.convert.hf_import import load_hf_weights
+
+            load_hf_weights(model, hf_weights, arch, progress=progress, layout=layout)
+        lm_head.fused_head(model, loss)  # refuses, naming the key, a model it cannot serve
+        optimizer, scheduler = build_optimizer(model, optim)
+        reference = ReferencePolicy(model) if loss.uses_reference else None
+        return cls(
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            layout=layout,
+            arch=arch,
+            loss=loss,
+            batch=batch,
+            routing=routing,
+            temperature=temperature,
+            recompute_old_logprobs=recompute_old_logprobs,
+            reference=reference,
+        )
+
+    @property
+    def is_writer(self) -> bool:
+        """Whether this is global rank 0 (the one that writes files and logs)."""
+        return self.layout.rank == 0
+
+    def logprobs(self, samples, *, replay_routing: bool = False) -> list[torch.Tensor]:
+        """Forward only: the current policy's log-probs of ``tokens[1:]`` for every sample (``[L-1]`` float32 on
+        the CPU, on every rank), through the training's schedule and micro-batching."""
+        return forward_logprobs(
+            self.model,
+            samples,
+            self.layout,
+            max_tokens=self.batch.max_tokens_per_microbatch,
+            packing=self.batch.packing,
+            temperature=self.temperature,
+            loss_cfg=self.loss,
+            replay_routing=replay_routing,
+        )
+
+    def train(self, samples, *, measure_routing: bool = False) -> list[dict[str, float]]:
+        """One training step on the rollout batch ``samples`` (the same list on every rank): old log-probs where
+        needed, then one optimizer update per mini-batch. Returns one metrics dict per mini-batch (see
+        :func:`gspo_mcore.learner.step.train_step`)."""
+        return train_step(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            samples,
+            self.layout,
+            self.loss,
+            self.batch,
+            self.routing,
+            temperature=self.temperature,
+            recompute_old_logprobs=self.recompute_old_logprobs,
+            measure_routing=measure_routing,
+            reference=self.reference,
+        )
+
+    def export_plan(self, *, dtype: torch.dtype | None = None) -> list:
+        """What :meth:`export_weights` yields, in order: one item per Hugging Face tensor (name, shape, bytes)."""
+        from gspo_mcore.convert.export import export_plan
+
+        return export_plan(self.model, self.arch, dtype=dtype, layout=self.layout)
+
+    def export_weights(
+        self, *, dtype: torch.dtype | None = None, bucket_bytes: int | None = None, plan=None
+    ) -> Iterator:
+        """The weights as Hugging Face tensors, in buckets of at most ``bucket_bytes`` (lists of ``(name,
+        tensor)``), gathered over TP, PP and EP. Every rank must iterate to the end (the gathers are
+        collectives); only rank 0's buckets hold the tensors to keep."""
+        from gspo_mcore.convert.export import DEFAULT_BUCKET_BYTES, hf_buckets
+
+        return hf_buckets(
+            self.model,
+            self.arch,
+            bucket_bytes=bucket_bytes or DEFAULT_BUCKET_BYTES,
+            dtype=dtype,
+            plan=plan,
+            layout=self.layout,
+        )
+
+    def save(self, checkpointer, step: int, *, extra: dict | None = None) -> str:
+        """Save model, optimizer, LR schedule and RNG states as checkpoint ``step`` (``checkpointer``: a
+        :class:`~gspo_mcore.learner.checkpoint.Checkpointer`); ``extra``: the trainer's own state. Returns the
+        checkpoint's path."""
+        return checkpointer.save(step, self.model, self.optimizer, self.scheduler, extra=extra)
+
+    def load(self, checkpointer):
+        """Restore the newest valid checkpoint, if any: a :class:`~gspo_mcore.learner.checkpoint.Resumed` (its
+        step and the trainer's ``extra``), or ``None`` when there is nothing to resume."""
+        return checkpointer.resume(self.model, self.optimizer, self.scheduler)
