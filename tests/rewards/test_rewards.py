@@ -441,8 +441,8 @@ def test_runner_mixed_code_batch_with_attacks_keeps_going():
                 1.0,
             ),
             (
-                "import _socket\ns = _socket.socket()\ntry:\n"
-                f"    s.connect(('127.0.0.1', {port}))\n    NET = True\nexcept OSError:\n    NET = False\n"
+                "import _socket\ntry:\n    s = _socket.socket()\n"  # refused by the system-call filter, or
+                f"    s.connect(('127.0.0.1', {port}))\n    NET = True\nexcept OSError:\n    NET = False\n"  # no route
                 "def add(a, b):\n    return 0 if NET else a + b\n",
                 1.0,
             ),
