@@ -35,7 +35,9 @@ from gspo_mcore.rewards.extract import last_code_block
 from gspo_mcore.rewards.plain import NotPlain, decode, decode_line, strict_equal
 from gspo_mcore.rewards.sandbox import SandboxConfig, run_python
 
-_HARNESS = Path(__file__).with_name("_harness.py").read_text()
+_HERE = Path(__file__).parent
+_HARNESS = (_HERE / "_harness.py").read_text()
+_HARNESS_FILES = {name: (_HERE / name).read_text() for name in ("_wire.py", "_solution_server.py")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,14 +148,9 @@ def _call_cases(fn_name: Any, inputs: list, outputs: list) -> CallCases:
     return CallCases(fn_name, args, outs)
 
 
-def run_assert_tests(code: str, tests: list[str], *, config: CodeRewardConfig, hide_literals: bool = True) -> float:
-    """Fraction of assert-style tests that pass, judged on the host (``asserts.judge``).
-
-    ``hide_literals=False`` is for tests only: it sends literal expected values into the sandbox.
-    """
-    compiled = [
-        asserts.compile_test(t, hide_literals=hide_literals, filename=f"<test {i}>") for i, t in enumerate(tests)
-    ]
+def run_assert_tests(code: str, tests: list[str], *, config: CodeRewardConfig) -> float:
+    """Fraction of assert-style tests that pass, judged on the host (``asserts.judge``)."""
+    compiled = [asserts.compile_test(t, filename=f"<test {i}>") for i, t in enumerate(tests)]
     payload = {"mode": "assert", "tests": [c.source for c in compiled], "test_timeout_s": config.test_timeout_s}
     records = _records(_run_harness(code, payload, config))
     return sum(asserts.judge(compiled, records)) / len(tests)
@@ -192,7 +189,8 @@ def _call_ok(record: Mapping[str, Any], want: Any, tol: float | None) -> bool:
 
 
 def _run_harness(code: str, payload: dict, config: CodeRewardConfig):
-    return run_python(_HARNESS, stdin=json.dumps(payload).encode(), files={"solution.py": code}, config=config.sandbox)
+    files = {**_HARNESS_FILES, "solution.py": code}
+    return run_python(_HARNESS, stdin=json.dumps(payload).encode(), files=files, config=config.sandbox)
 
 
 def _records(result) -> list[dict]:

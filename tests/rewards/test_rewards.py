@@ -233,21 +233,20 @@ def test_assert_literals_never_enter_the_sandbox():
     assert compile_test("assert f(1) == 'SECRET'", hide_literals=False).source.count("SECRET") == 1
 
 
-def test_documented_boundary_a_truth_only_assert_can_be_forged():
-    """``assert pred(x)`` has a known expected value (true): code that writes the channel can forge it.
-
-    This is the trust boundary the docs state for assert-style tests; it is why stdio and call-based
-    tests are the recommended formats. Should the boundary move, update the docs with this test.
-    """
+def test_a_truth_only_assert_is_no_longer_forgeable():
+    """``assert pred(x)`` has a known expected value (true). It used to be forgeable by code that wrote the
+    report channel from the test's interpreter; the tests now run in a process the solution cannot reach
+    (``_harness.py``), so writing every descriptor it has, or the frame-walk forgery, scores 0."""
     forge = (
-        "import json, os, sys\nloc = sys._getframe(1).f_locals\n"
-        "records = [{'i': 0, 's': 0, 'v': [True]}, {'done': 0}]\n"
-        "os.write(loc['out'], ''.join(json.dumps(r) + '\\n' for r in records).encode())\n"
-        "os._exit(0)"
+        "import json, os, sys\nrecords = [{'i': 0, 's': 0, 'v': [True]}, {'done': 0}]\n"
+        "data = ''.join(json.dumps(r) + '\\n' for r in records).encode()\n"
+        "for fd in range(1, 64):\n    try:\n        os.write(fd, data)\n    except OSError:\n        pass\n"
+        "loc = sys._getframe(1).f_locals\nif 'out' in loc:\n    os.write(loc['out'], data)\nos._exit(0)"
     )
-    assert code_reward(fenced(forge), {"tests": ["assert is_prime(7)"]}, config=FAST) == 1.0
-    assert code_reward(fenced(forge), {"tests": ["assert is_prime(7) == True"]}, config=FAST) == 1.0
-    assert code_reward(fenced(forge), {"tests": ["assert next_prime(7) == 11"]}, config=FAST) == 0.0
+    honest = "def is_prime(n):\n    return n > 1 and all(n % k for k in range(2, n))"
+    for test in ("assert is_prime(7)", "assert is_prime(7) == True", "assert not is_prime(8)"):
+        assert code_reward(fenced(forge), {"tests": [test]}, config=FAST) == 0.0
+        assert code_reward(fenced(honest), {"tests": [test]}, config=FAST) == 1.0
 
 
 def test_malformed_json_tests_are_refused():
@@ -415,8 +414,9 @@ def test_runner_mixed_code_batch_with_attacks_keeps_going():
     """Attacks in a batch are stopped by the sandbox, and the honest sample and the caller are undisturbed.
 
     Each attack defines a correct ``add`` after (or around) its attack, so its score shows what the
-    sandbox did: 0 where the attack itself is stopped before ``add`` exists (CPU and memory limits),
-    1 where the attack is contained and the program goes on (fork bomb, kill(-1)), and for the network
+    sandbox did: 0 where the attack itself is stopped before ``add`` exists (CPU and memory limits) or
+    kills the run's own test process (kill(-1)), 1 where the attack is contained and the program goes on
+    (fork bomb), and for the network
     1 only if the host's listener could not be reached (``add`` is wrong when the connection succeeds).
     """
     import socket
@@ -446,7 +446,8 @@ def test_runner_mixed_code_batch_with_attacks_keeps_going():
                 "def add(a, b):\n    return 0 if NET else a + b\n",
                 1.0,
             ),
-            ("import os\ntry:\n    os.kill(-1, 9)\nexcept OSError:\n    pass\n" + add, 1.0),
+            # kill(-1) reaches only the run's own processes: the test process among them, so the test fails
+            ("import os\ntry:\n    os.kill(-1, 9)\nexcept OSError:\n    pass\n" + add, 0.0),
         ]
         responses = [fenced(add)] + [fenced(a) for a, _ in attacks]
         scores = runner.score(responses, [{"tests": ["assert add(1, 2) == 3"]}] * len(responses))
