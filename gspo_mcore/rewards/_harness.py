@@ -12,7 +12,9 @@ values it never sends here:
   code. The solution runs in a process of its own (``_solution_server.py``); its names reach the test
   as proxies that call it over a pipe and return only plain data (any other object stays there, as a
   handle that compares by identity here; an exception there is raised here as the builtin exception of
-  that name, else as ``RemoteError``). Each rewritten test (``asserts.compile_test``) runs here: its
+  that name, else as ``RemoteError``); a module it imported is imported here afresh; a name that is a
+  builtin (``abs``, ``sorted``, ``len`` ...) is never taken from it, so it cannot change what a test
+  computes around its calls. Each rewritten test (``asserts.compile_test``) runs here: its
   probes report ``{"i": test, "s": site, "v": [values]}``; a test that ends (its code, then any
   ``unittest.TestCase`` and any argument-less ``test*()`` function it defines, all passing; or
   ``sys.exit(0)``, e.g. from ``unittest.main()``) reports ``{"done": i}``.
@@ -26,6 +28,7 @@ solution can write. The solution can make a test fail (kill this process, stall 
 
 import builtins
 import ctypes
+import importlib
 import json
 import os
 import signal
@@ -39,6 +42,7 @@ from _wire import NotPlain, Reader, dec, enc, send  # noqa: E402 - the only impo
 
 del sys.path[0]  # the work directory is writable by the solution: never import from it again
 _PR_SET_DUMPABLE = 4
+_BUILTINS = frozenset(vars(builtins))
 _BUILTIN_EXCEPTIONS = {n: c for n, c in vars(builtins).items() if isinstance(c, type) and issubclass(c, Exception)}
 
 
@@ -247,12 +251,14 @@ def _namespace(names):
     main = types.ModuleType("__main__")
     solution = types.ModuleType("solution")
     for name, what in names.items():
-        if type(name) is not str:
+        if type(name) is not str or name in _BUILTINS:  # the test's abs / sorted / len are Python's own
             continue
         if what == "call":
             value = _Remote(["name", name])
         elif type(what) is dict and "v" in what:
             value = dec(what["v"])
+        elif type(what) is dict and type(what.get("module")) is str:
+            value = importlib.import_module(what["module"])  # its own copy, from the read-only library
         else:
             continue
         setattr(solution, name, value)

@@ -2,7 +2,8 @@
 
 The test harness (``_harness.py``, the test process) starts it with the requests on fd 3 and the replies
 on fd 4, standard input and output on /dev/null. It runs ``solution.py`` (the model's code), replies
-``{"names": ...}`` (each public name: ``"call"`` for a callable, else its plain value), then serves one
+``{"names": ...}`` (each public name: ``"call"`` for a callable, ``{"module": name}`` for a module,
+else ``{"v": its plain value}``), then serves one
 request at a time: ``call`` / ``getattr`` / ``iter`` / ``next`` / ``len`` / ``getitem`` / ``contains``
 on a name or a handle. A reply is ``{"v": value}`` (plain data, or a handle for any other object),
 ``{"raise": type name, "msg": text}``, plus ``"after"``: the new value of each list / dict / set argument
@@ -72,9 +73,11 @@ def main():
         os._exit(0)
     names = {}
     for name, value in list(namespace.items()):
-        if name.startswith("__") or type(value).__name__ == "module":
+        if name.startswith("__"):
             continue
-        if callable(value):
+        if type(value).__name__ == "module":
+            names[name] = {"module": value.__name__}
+        elif callable(value):
             names[name] = "call"
         else:
             try:

@@ -53,6 +53,8 @@ _F = {"F_DUPFD": 0, "F_GETFD": 1, "F_SETFD": 2, "F_GETFL": 3, "F_SETFL": 4, "F_D
 _IOCTL = {"TCGETS": 0x5401, "TIOCGWINSZ": 0x5413, "FIONREAD": 0x541B, "FIONBIO": 0x5421, "FIONCLEX": 0x5450}
 _IOCTL["FIOCLEX"] = 0x5451
 _PRCTL = {"PR_GET_DUMPABLE": 3, "PR_SET_DUMPABLE": 4, "PR_SET_NAME": 15, "PR_GET_NAME": 16}
+# fcntl commands refused with EPERM (the rest of those not allowed: ENOSYS): locks, leases, dnotify, owners
+_F_DENIED = (5, 6, 7, 36, 37, 38, 1024, 1025, 1026, 8, 10, 15, 16)
 _AF_UNIX = 1
 _BY_ARGUMENT = {
     "fcntl": (1, tuple(_F.values())),
@@ -92,6 +94,8 @@ def build() -> bytes:
         for name, (index, values) in _BY_ARGUMENT.items():
             for v in values:
                 _rule(sc, f, sc.ALLOW, name, sc.Arg(index, sc.EQ, v))
+        for cmd in _F_DENIED:
+            _rule(sc, f, sc.ERRNO(errno.EPERM), "fcntl", sc.Arg(1, sc.EQ, cmd))
         for name in ("socket", "socketpair"):  # other families: "not permitted", as without a network
             _rule(sc, f, sc.ERRNO(errno.EPERM), name, sc.Arg(0, sc.NE, _AF_UNIX))
         _rule(sc, f, sc.ALLOW, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_NAMESPACES, 0))

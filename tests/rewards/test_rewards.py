@@ -372,7 +372,12 @@ def test_runner_hanging_and_throwing_rewards_give_zero_and_are_counted(test_rewa
     }
     assert m["reward/t_throws/errors/RuntimeError"] == 1.0 and m["reward/t_nan/errors/ValueError"] == 1.0
     assert m["reward/t_hangs/timeouts"] == 1.0 and m["reward/exact/mean"] == 1.0 and m["reward/math/calls"] == 1.0
-    assert runner.metrics() == {"reward_calls": 0.0, "reward_errors": 0.0, "reward_timeouts": 0.0}  # reset
+    assert runner.metrics() == {
+        "reward_calls": 0.0,
+        "reward_errors": 0.0,
+        "reward_timeouts": 0.0,
+        "reward_code_over_budget": 0.0,
+    }  # reset
 
 
 def test_runner_stops_the_run_when_too_many_calls_fail(test_rewards):
