@@ -9,10 +9,10 @@ are decided on the host (``code.py``).
 """
 
 from gspo_mcore.rewards.config import RewardRunnerConfig, RewardTermConfig
+from gspo_mcore.rewards.preflight import check_reward_setup
 from gspo_mcore.rewards.registry import RewardFn, TokenRewards, get, names, register, unregister
 from gspo_mcore.rewards.resolve import RewardError, RewardSetupError
 from gspo_mcore.rewards.runner import RewardFailure, RewardRunner
-from gspo_mcore.rewards.setup import check_reward_setup
 
 __all__ = [
     "RewardError",

@@ -1,11 +1,15 @@
 """Sandbox launcher: a script, never imported by the package (it must run with ``python -I -S``).
 
-``sandbox.py`` starts it in a fresh session with the run's work directory as cwd and a one-line JSON
-plan in ``argv[1]``; a pipe for the report is ``argv[2]``. It then, in this order:
+``sandbox.py`` starts it in a fresh session with the run's work directory as cwd, as
+``python -I -S -B -c BOOT <source fd> <plan fd> <status fd>``: its own source and the JSON plan come
+through inherited descriptors (read, then closed), never on the command line, so ``/proc/1/cmdline``
+in the sandbox shows no host pid or path; a pipe for the report is the status fd. It then, in this order:
 
 0. dies with its caller (parent-death signal) and joins the run's cgroups, if any;
 1. enters new namespaces where the kernel lets it: network (no interfaces but a down loopback), mount,
-   PID, IPC, UTS; as a non-root user through a user namespace;
+   PID, IPC, UTS (then sets the hostname ``plan["hostname"]``: the host's stays hidden), cgroup (the
+   run's cgroup is the root of what ``/proc/self/cgroup`` shows); as a non-root user through a user
+   namespace;
 2. in the mount namespace (made private first, so nothing propagates to the host) builds a private
    root: a small tmpfs holding read-only binds of the plan's ``root_paths`` (/usr, /bin, /lib*, the
    interpreter's prefix), a few device nodes, an empty /proc, and a ``tmpfs_bytes`` tmpfs at /tmp
@@ -17,11 +21,14 @@ plan in ``argv[1]``; a pipe for the report is ``argv[2]``. It then, in this orde
 3. becomes a child subreaper and forks; with a PID namespace the child is the namespace's PID 1, an
    init that mounts a fresh ``/proc`` (host processes become invisible) and forks the program (when
    PID 1 exits the kernel kills every process left in the namespace, including ones that left the
-   process group); without one the child is the program;
+   process group; PID 1 then points its standard descriptors at ``/dev/null``); without one the child
+   is the program;
 4. in the program's process: joins the cgroups the plan names, sets the resource limits, drops to the
    sandbox uid/gid with no supplementary groups when it runs as root, sets ``no_new_privs`` (setuid
-   binaries cannot regain root) and a parent-death signal, writes the report of what held to the pipe,
-   and ``execve``s the program with a clean environment (the pipe is close-on-exec);
+   binaries cannot regain root) and a parent-death signal, loads the system-call allow-list the plan
+   carries (``syscalls.py``: a BPF program exported by libseccomp on the host), writes the report of
+   what held to the pipe, and ``execve``s the program with a clean environment (the pipe is
+   close-on-exec);
 5. the program's parent writes its raw wait status to the pipe (``{"status": ...}``) and exits.
 
 A layer the plan marks as required that cannot be applied stops the run before any untrusted code runs
@@ -36,6 +43,7 @@ import signal
 import sys
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
@@ -44,7 +52,8 @@ CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_NOATIME, MS_NODIRATIME = 1, 2, 4, 8, 32, 1024, 2048
 MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 4096, 16384, 1 << 18, 1 << 21, 1 << 24
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
+PR_SET_PDEATHSIG, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 22, 36, 38
+SECCOMP_MODE_FILTER = 2
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "ppc64": 203, "s390x": 217}
 DEVICES = ("null", "zero", "full", "random", "urandom")
 REFUSED = 125
@@ -80,6 +89,29 @@ def _prctl(option, value):
     _check(_libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0), "prctl")
 
 
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _load_seccomp(bpf_hex, report):
+    """Load the allow-list (needs no_new_privs); from here on every syscall of this process is filtered."""
+    program = bytes.fromhex(bpf_hex)
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    _check(_libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(prog), 0, 0), "seccomp")
+    report["layers"].append("seccomp")
+
+
+def _set_hostname(name, report):
+    raw = name.encode()
+    try:
+        _check(_libc.sethostname(raw, ctypes.c_size_t(len(raw))), "sethostname")
+        _check(_libc.setdomainname(raw, ctypes.c_size_t(len(raw))), "setdomainname")
+        report["layers"].append("hostname")
+    except OSError as e:
+        report["notes"].append(str(e))
+
+
 def _write(path, text):
     with open(path, "w") as f:
         f.write(text)
@@ -87,7 +119,14 @@ def _write(path, text):
 
 def _enter_namespaces(plan, report):
     """Namespaces first all at once, then one by one (a kernel may allow some and not others)."""
-    wanted = {"net": CLONE_NEWNET, "mount": CLONE_NEWNS, "pid": CLONE_NEWPID, "ipc": CLONE_NEWIPC, "uts": CLONE_NEWUTS}
+    wanted = {
+        "net": CLONE_NEWNET,
+        "mount": CLONE_NEWNS,
+        "pid": CLONE_NEWPID,
+        "ipc": CLONE_NEWIPC,
+        "uts": CLONE_NEWUTS,
+        "cgroup": CLONE_NEWCGROUP,
+    }
     need_user = os.geteuid() != 0  # without root, namespaces need a user namespace of our own
     uid, gid = os.geteuid(), os.getegid()
     try:
@@ -109,6 +148,8 @@ def _enter_namespaces(plan, report):
         _write("/proc/self/gid_map", f"0 {gid} 1")
         report["layers"].append("userns")
     report["layers"] += [f"{n}ns" for n in sorted(got)]
+    if "uts" in got:
+        _set_hostname(plan["hostname"], report)
     return got
 
 
@@ -285,6 +326,11 @@ def _program(plan, report, status_fd):
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # after setuid, which clears it
     report["layers"].append("no_new_privs")
+    if plan.get("seccomp_bpf"):
+        try:
+            _load_seccomp(plan["seccomp_bpf"], report)
+        except OSError as e:
+            report["notes"].append(str(e))
     missing = [layer for layer in plan["require"] if not _holds(layer, report["layers"])]
     if missing:
         report["refused"] = f"required isolation unavailable: {missing}"
@@ -315,6 +361,10 @@ def _init(plan, report, status_fd):
     pid = os.fork()
     if pid == 0:
         _guarded(_program, plan, report, status_fd)
+    null = os.open("/dev/null", os.O_RDWR)  # nothing of the run's stdio stays reachable through PID 1
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
     _send(status_fd, {"status": _wait(pid)})
     os._exit(0)
 
@@ -363,9 +413,17 @@ def _reap_orphans(block):
             return
 
 
+def _read_fd(fd):
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
+
+
 def main():
-    plan = json.loads(sys.argv[1])
-    status_fd = int(sys.argv[2])
+    plan = json.loads(_read_fd(int(sys.argv[2])))
+    status_fd = int(sys.argv[3])
     os.set_inheritable(status_fd, False)
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the caller died: so do we (and PID 1, and the namespace)
     if os.getppid() != plan["caller_pid"]:

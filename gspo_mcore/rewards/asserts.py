@@ -32,6 +32,7 @@ What this protects, and what it cannot (the trust boundary of assert-style tests
 from __future__ import annotations
 
 import ast
+import operator
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -167,10 +168,63 @@ _NO = object()
 
 
 def _literal(node: ast.expr) -> Any:
+    """The value of an operand written as a literal, or ``_NO``. Arithmetic on numbers counts
+    (``10**9 + 7``, ``2**31 - 1``, ``1 / 3``): it is evaluated here, with bounded sizes."""
     try:
         return ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        pass
+    try:
+        return _arithmetic(node, 0)
+    except (_NotConstant, ArithmeticError, ValueError, TypeError, MemoryError, RecursionError):
         return _NO
+
+
+class _NotConstant(Exception):
+    pass
+
+
+_MAX_BITS = 4096  # results and operands of constant arithmetic (a larger one is sent to the sandbox)
+_BINOPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.LShift: operator.lshift,
+    ast.RShift: operator.rshift,
+    ast.BitOr: operator.or_,
+    ast.BitAnd: operator.and_,
+    ast.BitXor: operator.xor,
+}
+_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert}
+
+
+def _arithmetic(node: ast.expr, depth: int) -> int | float:
+    """Numbers combined with + - * / // % ** << >> | & ^ ~ (no names, no calls); sizes bounded."""
+    if depth > 32:
+        raise _NotConstant
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _bounded(_UNARY[type(node.op)](_arithmetic(node.operand, depth + 1)))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        a, b = _arithmetic(node.left, depth + 1), _arithmetic(node.right, depth + 1)
+        if isinstance(node.op, ast.Pow) and type(a) is int and type(b) is int:
+            if b < 0 or abs(a) > 1 and b * abs(a).bit_length() > _MAX_BITS:
+                raise _NotConstant
+        if isinstance(node.op, ast.LShift) and (type(b) is not int or b > _MAX_BITS):
+            raise _NotConstant
+        return _bounded(_BINOPS[type(node.op)](a, b))
+    raise _NotConstant
+
+
+def _bounded(x: Any) -> int | float:
+    if type(x) is int and x.bit_length() > _MAX_BITS or type(x) not in (int, float):
+        raise _NotConstant
+    return x
 
 
 def _split(expr: ast.expr, negate: bool) -> list[tuple[ast.expr, bool]]:

@@ -25,7 +25,10 @@ runs through ``sandbox.run_python``; nothing it prints or writes decides a verdi
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -35,7 +38,9 @@ from gspo_mcore.rewards.extract import last_code_block
 from gspo_mcore.rewards.plain import NotPlain, decode, decode_line, strict_equal
 from gspo_mcore.rewards.sandbox import SandboxConfig, run_python
 
-_HARNESS = Path(__file__).with_name("_harness.py").read_text()
+_HERE = Path(__file__).parent
+_HARNESS = (_HERE / "_harness.py").read_text()
+_HARNESS_FILES = {name: (_HERE / name).read_text() for name in ("_wire.py", "_solution_server.py")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +56,10 @@ class CodeRewardConfig:
     float_tolerance: float | None = None
     """Call-based tests: None compares numbers exactly and type-strictly; a value t accepts an int or
     float result within ``math.isclose(rel_tol=t, abs_tol=t)`` of an expected number."""
+    stdio_time_budget_s: float | None = 30.0
+    """Wall-clock budget of all stdio cases of one response together (each case also has the sandbox's
+    ``wall_time_s``): a response that runs past it scores 0 and is counted
+    (``reward_code_over_budget``), so the reward call ends before ``reward.timeout_s``. None: no budget."""
 
     def __post_init__(self):
         if not self.tests_key:
@@ -59,6 +68,10 @@ class CodeRewardConfig:
             raise ValueError(f"CodeRewardConfig.max_cases must be an int >= 1, got {self.max_cases!r}")
         if self.test_timeout_s is not None and not self.test_timeout_s > 0:
             raise ValueError(f"CodeRewardConfig.test_timeout_s must be > 0 or None, got {self.test_timeout_s!r}")
+        if self.stdio_time_budget_s is not None and not self.stdio_time_budget_s > 0:
+            raise ValueError(
+                f"CodeRewardConfig.stdio_time_budget_s must be > 0 or None, got {self.stdio_time_budget_s!r}"
+            )
         if self.float_tolerance is not None and not self.float_tolerance >= 0:
             raise ValueError(f"CodeRewardConfig.float_tolerance must be >= 0 or None, got {self.float_tolerance!r}")
 
@@ -146,14 +159,9 @@ def _call_cases(fn_name: Any, inputs: list, outputs: list) -> CallCases:
     return CallCases(fn_name, args, outs)
 
 
-def run_assert_tests(code: str, tests: list[str], *, config: CodeRewardConfig, hide_literals: bool = True) -> float:
-    """Fraction of assert-style tests that pass, judged on the host (``asserts.judge``).
-
-    ``hide_literals=False`` is for tests only: it sends literal expected values into the sandbox.
-    """
-    compiled = [
-        asserts.compile_test(t, hide_literals=hide_literals, filename=f"<test {i}>") for i, t in enumerate(tests)
-    ]
+def run_assert_tests(code: str, tests: list[str], *, config: CodeRewardConfig) -> float:
+    """Fraction of assert-style tests that pass, judged on the host (``asserts.judge``)."""
+    compiled = [asserts.compile_test(t, filename=f"<test {i}>") for i, t in enumerate(tests)]
     payload = {"mode": "assert", "tests": [c.source for c in compiled], "test_timeout_s": config.test_timeout_s}
     records = _records(_run_harness(code, payload, config))
     return sum(asserts.judge(compiled, records)) / len(tests)
@@ -180,19 +188,21 @@ def run_call_tests(code: str, cases: CallCases, *, config: CodeRewardConfig) -> 
 
 
 def _call_ok(record: Mapping[str, Any], want: Any, tol: float | None) -> bool:
+    """Total: a malformed report, a value that is not plain data, or one that cannot be compared is a fail."""
     if set(record) != {"c", "v"}:
         return False  # "not plain data", or malformed
     try:
         got = decode(record["v"])
-    except (NotPlain, RecursionError):
+        if strict_equal(got, want, float_tolerance=tol):
+            return True
+        return type(want) is list and len(want) == 1 and strict_equal(got, want[0], float_tolerance=tol)
+    except (NotPlain, ArithmeticError, RecursionError, TypeError, ValueError, MemoryError):
         return False
-    if strict_equal(got, want, float_tolerance=tol):
-        return True
-    return type(want) is list and len(want) == 1 and strict_equal(got, want[0], float_tolerance=tol)
 
 
 def _run_harness(code: str, payload: dict, config: CodeRewardConfig):
-    return run_python(_HARNESS, stdin=json.dumps(payload).encode(), files={"solution.py": code}, config=config.sandbox)
+    files = {**_HARNESS_FILES, "solution.py": code}
+    return run_python(_HARNESS, stdin=json.dumps(payload).encode(), files=files, config=config.sandbox)
 
 
 def _records(result) -> list[dict]:
@@ -204,10 +214,47 @@ def _records(result) -> list[dict]:
     return out
 
 
+class _Tally:
+    """A thread-safe count (reward calls run on several threads)."""
+
+    def __init__(self):
+        self._lock, self._n = threading.Lock(), 0
+
+    def add(self) -> None:
+        with self._lock:
+            self._n += 1
+
+    def take(self, reset: bool = True) -> int:
+        with self._lock:
+            n = self._n
+            if reset:
+                self._n = 0
+            return n
+
+
+OVER_BUDGET = _Tally()
+"""Responses whose stdio cases ran past ``stdio_time_budget_s`` (scored 0); read by ``RewardRunner.metrics``."""
+
+
 def run_stdio_tests(code: str, cases: list[tuple[str, str]], *, config: CodeRewardConfig) -> float:
+    """Fraction of stdio cases passed; 0 (counted in ``OVER_BUDGET``) when all of them together run past
+    ``config.stdio_time_budget_s``: the last case's wall clock is cut to what is left of the budget."""
+    budget = config.stdio_time_budget_s
+    deadline = None if budget is None else time.monotonic() + budget
     passed = 0
     for stdin, expected in cases:
-        result = run_python(code, stdin=stdin.encode(), config=config.sandbox)
+        sandbox = config.sandbox
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                OVER_BUDGET.add()
+                return 0.0
+            if left < sandbox.wall_time_s:
+                sandbox = dataclasses.replace(sandbox, wall_time_s=left)
+        result = run_python(code, stdin=stdin.encode(), config=sandbox)
+        if result.timed_out and sandbox is not config.sandbox:  # the budget, not the case's own limit
+            OVER_BUDGET.add()
+            return 0.0
         passed += result.ok and _lines(result.stdout.decode(errors="replace")) == _lines(expected)
     return passed / len(cases)
 

@@ -81,6 +81,12 @@ class RewardRunnerConfig:
             raise ValueError(
                 f"RewardRunnerConfig.max_error_fraction must be in [0, 1], got {self.max_error_fraction!r}"
             )
+        budget = self.code.stdio_time_budget_s
+        if budget is not None and budget >= self.timeout_s:
+            raise ValueError(
+                f"reward.code.stdio_time_budget_s ({budget:g}) must be below reward.timeout_s ({self.timeout_s:g}): "
+                "a response over the budget must score 0, not time the reward call out"
+            )
         object.__setattr__(self, "required_fields", tuple(self.required_fields))
         object.__setattr__(self, "terms", tuple(self.terms))
         names = [t.name for t in self.terms]

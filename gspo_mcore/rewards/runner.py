@@ -27,6 +27,7 @@ import threading
 import time
 from typing import Any, Mapping, Sequence
 
+from gspo_mcore.rewards import code
 from gspo_mcore.rewards.config import RewardRunnerConfig, RewardTermConfig
 from gspo_mcore.rewards.registry import RESPONSE_IDS_KEY, TokenRewards
 from gspo_mcore.rewards.resolve import Reward, RewardError, RewardSetupError, default_terms, resolve, short_name
@@ -136,7 +137,8 @@ class RewardRunner:
     def metrics(self, reset: bool = True) -> dict[str, float]:
         """Since the last reset: ``reward_calls`` / ``reward_errors`` / ``reward_timeouts`` (all rewards),
         and per reward ``reward/<name>/mean`` (failed calls count 0), ``/calls``, ``/errors``,
-        ``/timeouts`` and ``/errors/<cause>`` (the exception type)."""
+        ``/timeouts`` and ``/errors/<cause>`` (the exception type); ``reward_code_over_budget``: code
+        responses scored 0 for running their stdio cases past ``reward.code.stdio_time_budget_s``."""
         c = self._counts
         out = {k: float(c[k]) for k in ("reward_calls", "reward_errors", "reward_timeouts")}
         for name in sorted({k.split("/")[1] for k in c if k.startswith("reward/")}):
@@ -145,6 +147,7 @@ class RewardRunner:
             for k in ("calls", "errors", "timeouts"):
                 out[f"reward/{name}/{k}"] = float(c[f"reward/{name}/{k}"])
         out.update({k: float(v) for k, v in c.items() if "/errors/" in k})
+        out["reward_code_over_budget"] = float(code.OVER_BUDGET.take(reset))
         if reset:
             self._counts.clear()
             self._sums.clear()

@@ -67,9 +67,15 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from gspo_mcore.rewards import cgroups
+from gspo_mcore.rewards import cgroups, syscalls
 
-_LAUNCHER = str(Path(__file__).with_name("_launcher.py"))
+_LAUNCHER_SOURCE = Path(__file__).with_name("_launcher.py").read_bytes()
+# The launcher's command line: its source and plan come through descriptors (argv: source fd, plan fd,
+# status fd), so the sandbox's /proc/1/cmdline holds no host path or pid.
+_BOOT = (
+    "import os, sys\nfd = int(sys.argv[1])\nsrc = b''\nwhile c := os.read(fd, 65536):\n    src += c\n"
+    "os.close(fd)\nexec(compile(src, '<sandbox launcher>', 'exec'))"
+)
 _PY_FLAGS = ("-E", "-s", "-S", "-B")
 _LAUNCHER_OVERHEAD_MB = 64
 _NO_REPORT = "the launcher died before reporting"
@@ -88,8 +94,11 @@ _KNOWN_LAYERS = frozenset(
         "private_proc",
         "private_root",
         "cgroup",
+        "cgroupns",
+        "hostname",
         "rlimits",
         "no_new_privs",
+        "seccomp",
     }
 )
 # Read-only in the private root: the system's programs and libraries (and the interpreter's prefix).
@@ -157,6 +166,13 @@ class SandboxConfig:
     cpu_cores: float | None = 1.0
     """CPU bandwidth of the whole run in cores (cgroup ``cpu.max`` / CFS quota); None: no bandwidth cap
     (RLIMIT_CPU still bounds the CPU time)."""
+    seccomp: bool = True
+    """Load the system-call allow-list (``syscalls.py``, built with libseccomp) before the program starts."""
+    require_seccomp: bool = False
+    """Refuse to run (``SandboxUnavailable``) when the allow-list cannot be built or loaded on this host
+    (False: one loud warning per process, and runs go on without it)."""
+    hostname: str = "sandbox"
+    """Hostname (and NIS domain name) inside the run's UTS namespace: the host's stays hidden."""
     require: tuple[str, ...] = ("netns", "privilege", "private_root")
     """Layers without which a run is refused (before the program starts). 'privilege': a uid drop, or a
     user namespace with a read-only filesystem; 'private_root': host files outside the work directory
@@ -182,6 +198,9 @@ class SandboxConfig:
             raise ValueError(f"SandboxConfig.uid_range must be 0 < lo < hi < 2**32-1, got {self.uid_range!r}")
         if self.cpu_cores is not None and not (isinstance(self.cpu_cores, (int, float)) and self.cpu_cores >= 0.01):
             raise ValueError(f"SandboxConfig.cpu_cores must be >= 0.01 or None, got {self.cpu_cores!r}")
+        name = self.hostname
+        if not (isinstance(name, str) and 0 < len(name.encode()) <= 64 and name.isprintable()):
+            raise ValueError(f"SandboxConfig.hostname must be 1-64 printable bytes, got {self.hostname!r}")
         object.__setattr__(self, "require", tuple(self.require))
         unknown = set(self.require) - _KNOWN_LAYERS
         if unknown:
@@ -253,7 +272,16 @@ def run_python(
                     f"sandbox.require_cgroup is set but no cgroup layer is available: "
                     f"{notes[-1] if notes else 'use_cgroup is false'}"
                 )
-        plan = _plan(config, python, args, uid, groups, os.path.join(outer, "root"))
+        bpf = None
+        if config.seccomp:
+            bpf, why = syscalls.availability()
+            if bpf is None:
+                syscalls.warn_once_if_unavailable()
+                if config.require_seccomp:
+                    raise SandboxUnavailable(f"sandbox.require_seccomp is set but no filter can be built: {why}")
+        elif config.require_seccomp:
+            raise SandboxUnavailable("sandbox.require_seccomp is set but sandbox.seccomp is false")
+        plan = _plan(config, python, args, uid, groups, os.path.join(outer, "root"), bpf)
         paths = {k: os.path.join(outer, k) for k in ("stdin", "stdout", "stderr")}
         for k in paths:  # only the launcher's inherited descriptors reach them, never a path
             os.close(os.open(paths[k], os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600))
@@ -291,9 +319,11 @@ def run_python(
 def startup_check(config: SandboxConfig = SandboxConfig()) -> tuple[str, ...]:
     """Run a trivial program with ``config``'s requirements; its layers, or ``SandboxUnavailable``.
 
-    Logs (once per process, as a warning) when no cgroup layer is available.
+    Logs (once per process, as a warning) when no cgroup layer or no system-call filter is available.
     """
     cgroups.warn_once_if_unavailable(config.cgroup_parent)
+    if config.seccomp:
+        syscalls.warn_once_if_unavailable()
     result = run_python("pass", config=config)
     if not result.ok:
         raise SandboxUnavailable(
@@ -308,7 +338,9 @@ def _privileged_apart(layers: tuple[str, ...]) -> bool:
     return "uid" in layers or {"userns", "readonly_fs"} <= set(layers)
 
 
-def _plan(config: SandboxConfig, python: str, args: tuple[str, ...], uid: int | None, groups, root_dir: str) -> dict:
+def _plan(
+    config: SandboxConfig, python: str, args: tuple[str, ...], uid: int | None, groups, root_dir: str, bpf: bytes | None
+) -> dict:
     """What the launcher is to do (it runs with ``-I -S`` and takes this as JSON)."""
     nproc = config.max_processes if uid is not None else _user_tasks(os.getuid()) + config.max_processes
     return {
@@ -328,7 +360,9 @@ def _plan(config: SandboxConfig, python: str, args: tuple[str, ...], uid: int | 
         "private_root": config.private_root,
         "root_dir": root_dir,
         "root_paths": _root_paths(python),
-        "require": list(config.require),
+        "require": list(config.require) + (["seccomp"] if config.require_seccomp else []),
+        "hostname": config.hostname,
+        "seccomp_bpf": bpf.hex() if bpf else None,
         "argv": [python, *_PY_FLAGS, "main.py", *args],
         "guard_argv": [python, *_PY_FLAGS, "-c", _SOCKET_GUARD, "main.py", *args],
         "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": "/tmp", "PYTHONHASHSEED": "0"},
@@ -348,6 +382,7 @@ def _root_paths(python: str) -> list[str]:
 def _launch(plan: dict, paths: dict[str, str], work: str, wall_time_s: float):
     """Start the launcher, enforce the wall clock, kill what is left; ``(status, timed_out, wall, report)``."""
     status_r, status_w = os.pipe()
+    source_fd, plan_fd = _pipe_with(_LAUNCHER_SOURCE), _pipe_with(json.dumps(plan).encode())
     proc = None
     try:
         t0 = time.monotonic()
@@ -358,18 +393,20 @@ def _launch(plan: dict, paths: dict[str, str], work: str, wall_time_s: float):
                 open(paths["stderr"], "wb") as ferr,
             ):
                 proc = subprocess.Popen(
-                    [sys.executable, "-I", "-S", "-B", _LAUNCHER, json.dumps(plan), str(status_w)],
+                    ["sandbox-launcher", "-I", "-S", "-B", "-c", _BOOT, str(source_fd), str(plan_fd), str(status_w)],
+                    executable=sys.executable,  # argv[0] names no host path (CPython finds its prefix anyway)
                     stdin=fin,
                     stdout=fout,
                     stderr=ferr,
                     cwd=work,
                     env={"PATH": "/usr/bin:/bin"},
                     start_new_session=True,
-                    pass_fds=(status_w,),
+                    pass_fds=(source_fd, plan_fd, status_w),
                     close_fds=True,
                 )
         finally:
-            os.close(status_w)
+            for fd in (source_fd, plan_fd, status_w):
+                os.close(fd)
         timed_out = not _wait_exit(proc.pid, wall_time_s)
         if timed_out:  # the launcher kills the program's tree and reaps it (no zombies for the host)
             _signal(proc.pid, signal.SIGTERM)
@@ -385,6 +422,25 @@ def _launch(plan: dict, paths: dict[str, str], work: str, wall_time_s: float):
         raise
     report, status = _read_report(status_r)
     return status, timed_out, wall, report
+
+
+def _pipe_with(data: bytes) -> int:
+    """The read end of a pipe that holds ``data`` (then EOF)."""
+    r, w = os.pipe()
+    try:
+        if len(data) > 65536:  # a pipe's default capacity: grow it (the launcher reads only after it starts)
+            import fcntl
+
+            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << (len(data) - 1).bit_length())
+        view = memoryview(data)
+        while view:
+            view = view[os.write(w, view) :]
+    except BaseException:
+        os.close(r)
+        raise
+    finally:
+        os.close(w)
+    return r
 
 
 def probe(config: SandboxConfig = SandboxConfig()) -> tuple[str, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 import threading
 import time
@@ -233,21 +234,20 @@ def test_assert_literals_never_enter_the_sandbox():
     assert compile_test("assert f(1) == 'SECRET'", hide_literals=False).source.count("SECRET") == 1
 
 
-def test_documented_boundary_a_truth_only_assert_can_be_forged():
-    """``assert pred(x)`` has a known expected value (true): code that writes the channel can forge it.
-
-    This is the trust boundary the docs state for assert-style tests; it is why stdio and call-based
-    tests are the recommended formats. Should the boundary move, update the docs with this test.
-    """
+def test_a_truth_only_assert_is_no_longer_forgeable():
+    """``assert pred(x)`` has a known expected value (true). It used to be forgeable by code that wrote the
+    report channel from the test's interpreter; the tests now run in a process the solution cannot reach
+    (``_harness.py``), so writing every descriptor it has, or the frame-walk forgery, scores 0."""
     forge = (
-        "import json, os, sys\nloc = sys._getframe(1).f_locals\n"
-        "records = [{'i': 0, 's': 0, 'v': [True]}, {'done': 0}]\n"
-        "os.write(loc['out'], ''.join(json.dumps(r) + '\\n' for r in records).encode())\n"
-        "os._exit(0)"
+        "import json, os, sys\nrecords = [{'i': 0, 's': 0, 'v': [True]}, {'done': 0}]\n"
+        "data = ''.join(json.dumps(r) + '\\n' for r in records).encode()\n"
+        "for fd in range(1, 64):\n    try:\n        os.write(fd, data)\n    except OSError:\n        pass\n"
+        "loc = sys._getframe(1).f_locals\nif 'out' in loc:\n    os.write(loc['out'], data)\nos._exit(0)"
     )
-    assert code_reward(fenced(forge), {"tests": ["assert is_prime(7)"]}, config=FAST) == 1.0
-    assert code_reward(fenced(forge), {"tests": ["assert is_prime(7) == True"]}, config=FAST) == 1.0
-    assert code_reward(fenced(forge), {"tests": ["assert next_prime(7) == 11"]}, config=FAST) == 0.0
+    honest = "def is_prime(n):\n    return n > 1 and all(n % k for k in range(2, n))"
+    for test in ("assert is_prime(7)", "assert is_prime(7) == True", "assert not is_prime(8)"):
+        assert code_reward(fenced(forge), {"tests": [test]}, config=FAST) == 0.0
+        assert code_reward(fenced(honest), {"tests": [test]}, config=FAST) == 1.0
 
 
 def test_malformed_json_tests_are_refused():
@@ -373,7 +373,12 @@ def test_runner_hanging_and_throwing_rewards_give_zero_and_are_counted(test_rewa
     }
     assert m["reward/t_throws/errors/RuntimeError"] == 1.0 and m["reward/t_nan/errors/ValueError"] == 1.0
     assert m["reward/t_hangs/timeouts"] == 1.0 and m["reward/exact/mean"] == 1.0 and m["reward/math/calls"] == 1.0
-    assert runner.metrics() == {"reward_calls": 0.0, "reward_errors": 0.0, "reward_timeouts": 0.0}  # reset
+    assert runner.metrics() == {
+        "reward_calls": 0.0,
+        "reward_errors": 0.0,
+        "reward_timeouts": 0.0,
+        "reward_code_over_budget": 0.0,
+    }  # reset
 
 
 def test_runner_stops_the_run_when_too_many_calls_fail(test_rewards):
@@ -415,8 +420,9 @@ def test_runner_mixed_code_batch_with_attacks_keeps_going():
     """Attacks in a batch are stopped by the sandbox, and the honest sample and the caller are undisturbed.
 
     Each attack defines a correct ``add`` after (or around) its attack, so its score shows what the
-    sandbox did: 0 where the attack itself is stopped before ``add`` exists (CPU and memory limits),
-    1 where the attack is contained and the program goes on (fork bomb, kill(-1)), and for the network
+    sandbox did: 0 where the attack itself is stopped before ``add`` exists (CPU and memory limits) or
+    kills the run's own test process (kill(-1)), 1 where the attack is contained and the program goes on
+    (fork bomb), and for the network
     1 only if the host's listener could not be reached (``add`` is wrong when the connection succeeds).
     """
     import socket
@@ -441,12 +447,13 @@ def test_runner_mixed_code_batch_with_attacks_keeps_going():
                 1.0,
             ),
             (
-                "import _socket\ns = _socket.socket()\ntry:\n"
-                f"    s.connect(('127.0.0.1', {port}))\n    NET = True\nexcept OSError:\n    NET = False\n"
+                "import _socket\ntry:\n    s = _socket.socket()\n"  # refused by the system-call filter, or
+                f"    s.connect(('127.0.0.1', {port}))\n    NET = True\nexcept OSError:\n    NET = False\n"  # no route
                 "def add(a, b):\n    return 0 if NET else a + b\n",
                 1.0,
             ),
-            ("import os\ntry:\n    os.kill(-1, 9)\nexcept OSError:\n    pass\n" + add, 1.0),
+            # kill(-1) reaches only the run's own processes: the test process among them, so the test fails
+            ("import os\ntry:\n    os.kill(-1, 9)\nexcept OSError:\n    pass\n" + add, 0.0),
         ]
         responses = [fenced(add)] + [fenced(a) for a, _ in attacks]
         scores = runner.score(responses, [{"tests": ["assert add(1, 2) == 3"]}] * len(responses))
@@ -511,3 +518,122 @@ def test_judge_refuses_malformed_or_forged_records():
     assert judge(tests, good + [{"i": 0, "s": 9, "v": [2]}]) == [False]  # no such site
     assert judge(tests, [{"i": 0, "s": 0, "v": [{"$": "evil", "v": 1}]}] + good[1:]) == [False]
     assert judge(tests, [{"i": 0, "s": 0, "v": [2, 2]}] + good[1:]) == [False]  # wrong operand count
+
+
+# ------------------------------------------------------------------------- the host judge is total
+
+
+@pytest.fixture
+def no_int_digit_limit():
+    """Whatever the host process allows (here: no limit on int digits), the judge's own bound holds."""
+    import sys
+
+    old = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    yield
+    sys.set_int_max_str_digits(old)
+
+
+def test_decode_is_total_malformed_values_are_not_plain(no_int_digit_limit):
+    from gspo_mcore.rewards.plain import NotPlain, decode, decode_line
+
+    for bad in (
+        {"$": "bytes", "v": "zz"},  # malformed hex: a ValueError inside, "not plain" outside
+        {"$": "bytes", "v": 5},
+        {"$": "tuple", "v": 5},
+        {"$": "dict", "v": [[[1], 2]]},  # an unhashable key
+        {"$": "set", "v": [{"$": "dict", "v": []}]},
+    ):
+        with pytest.raises(NotPlain):
+            decode(bad)
+    assert decode_line("1" * 5000) is None  # decimal parsing is quadratic: long literals are refused
+    assert decode_line("[" * 100_000 + "]" * 100_000) is None  # deeper than the parser's recursion
+    assert decode_line("-" + "9" * 4300) == -int("9" * 4300)
+
+
+def test_decode_refuses_hash_collisions_instead_of_going_quadratic():
+    """``hash(k * (2**61 - 1)) == 0`` for every int ``k``: a set of such ints makes n**2 / 2 comparisons."""
+    from gspo_mcore.rewards.plain import MAX_SAME_HASH, NotPlain, decode
+
+    p = 2**61 - 1
+    colliding = [k * p for k in range(20_000)]
+    for enc in (
+        {"$": "set", "v": colliding},
+        {"$": "frozenset", "v": colliding},
+        {"$": "dict", "v": [[x, 0] for x in colliding]},
+        {"$": "set", "v": [{"$": "tuple", "v": [x]} for x in colliding]},  # tuples of colliding ints collide
+    ):
+        with pytest.raises(NotPlain, match="hash"):
+            decode(enc)
+    assert decode({"$": "set", "v": colliding[:MAX_SAME_HASH]}) == set(colliding[:MAX_SAME_HASH])
+    assert decode({"$": "set", "v": list(range(20_000))}) == set(range(20_000))  # honest sets are fine
+
+
+def test_an_overflowing_comparison_is_not_equal():
+    from gspo_mcore.rewards.plain import strict_equal
+
+    assert not strict_equal(10**400, 1.5, float_tolerance=1e-6)
+    assert not strict_equal(1.5, 10**400, float_tolerance=1e-6)
+    assert strict_equal(10**400, 10**400, float_tolerance=1e-6)
+
+
+HOSTILE_REPORTS = """
+import json, os
+lines = [
+    '{"c": 0, "v": {"$": "bytes", "v": "zz"}}',                       # decoding raised ValueError
+    '{"c": 1, "v": ' + "1" * 4400 + '}',                               # a huge int literal
+    json.dumps({"c": 2, "v": 10 ** 4000}),                             # vs a float with float_tolerance
+    json.dumps({"c": 3, "v": {"$": "set", "v": [k * (2**61 - 1) for k in range(30_000)]}}),  # collisions
+    '{"c": 4, "v": ' + "[" * 50_000 + "]" * 50_000 + '}',             # nesting
+]
+data = "".join(line + "\\n" for line in lines).encode()
+for fd in range(3, 64):
+    try:
+        os.write(fd, data)
+    except OSError:
+        pass
+os._exit(0)
+"""
+
+
+def test_hostile_reports_score_zero_and_never_raise():
+    tests = {"fn_name": "f", "inputs": [[0]] * 5, "outputs": [b"x".hex(), 1, 1.5, [1], [[]]]}
+    cfg = CodeRewardConfig(sandbox=FAST.sandbox, float_tolerance=1e-6)
+    assert code_reward(fenced(HOSTILE_REPORTS), {"tests": tests}, config=cfg) == 0.0
+
+
+@pytest.mark.parametrize(
+    "expected, value",
+    [("10**9 + 7", 1_000_000_007), ("2**31 - 1", 2**31 - 1), ("-(3 * 4)", -12), ("1 / 4", 0.25), ("1 << 10", 1024)],
+)
+def test_an_arithmetic_expected_side_stays_on_the_host(expected, value):
+    from gspo_mcore.rewards.asserts import compile_test
+
+    c = compile_test(f"assert f(1) == {expected}")
+    assert c.source == "__gspo_probe__(0, (f(1),))" and c.sites[0].operands[1] == ("lit", value)
+    assert compile_test("assert f(1) == 2 ** 100000").sites[0].num_reported == 2  # too large: not evaluated
+    assert code_reward(
+        fenced(f"def f(x):\n    return {expected}"), {"tests": [f"assert f(1) == {expected}"]}, config=FAST
+    )
+
+
+# --------------------------------------------------------------------------- the stdio time budget
+
+
+def test_stdio_cases_past_the_overall_budget_score_zero_and_are_counted():
+    """Two cases of 1.5 s each (within the case limit of 5 s) against a 2 s budget for both: 0 and one
+    count; the reward call ends near the budget instead of running into the runner's timeout."""
+    from gspo_mcore.rewards import code as code_mod
+
+    slow = fenced("import time\ntime.sleep(1.5)\nprint(input())")
+    cases = [{"input": f"{k}\n", "output": f"{k}\n"} for k in range(2)]
+    sandbox = dataclasses.replace(FAST.sandbox, wall_time_s=5)
+    code_mod.OVER_BUDGET.take()
+    budgeted = CodeRewardConfig(sandbox=sandbox, stdio_time_budget_s=2.0)
+    assert code_reward(slow, {"tests": cases}, config=budgeted) == 0.0
+    assert code_mod.OVER_BUDGET.take() == 1
+    unbudgeted = CodeRewardConfig(sandbox=sandbox, stdio_time_budget_s=None)  # the control: every case passes
+    assert code_reward(slow, {"tests": cases}, config=unbudgeted) == 1.0
+    assert code_mod.OVER_BUDGET.take() == 0
+    with pytest.raises(ValueError, match="stdio_time_budget_s"):
+        RewardRunnerConfig(timeout_s=10, code=CodeRewardConfig(stdio_time_budget_s=30))

@@ -3,16 +3,22 @@
 Each exploit in ``test_reward_exploits.py`` must beat one of these (so the battery can fail), and score 0
 against the package's harness. ``OLD`` is the assert-style harness the package used before verdicts
 moved to the host: it ran the tests in the model's interpreter and trusted lines carrying a nonce held
-in that interpreter's memory.
+in that interpreter's memory. ``IN_PROCESS`` is the next one (``weak_in_process_harness.py``): verdicts
+judged on the host from probes, but the tests still ran in the model's interpreter, so a test without
+probes (one that raises, a bare call, a unittest case) passed on a forged "done".
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+from pathlib import Path
 
-from gspo_mcore.rewards.code import CodeRewardConfig, run_assert_tests
+from gspo_mcore.rewards import asserts
+from gspo_mcore.rewards.code import CodeRewardConfig, _records
 from gspo_mcore.rewards.sandbox import run_python
+
+IN_PROCESS = (Path(__file__).parent / "weak_in_process_harness.py").read_text()
 
 OLD = '''
 """Assert-style test harness: a script run inside the sandbox as ``main.py`` (stdlib only).
@@ -148,9 +154,28 @@ def markers_fd(code: str, tests: list[str], config: CodeRewardConfig) -> float:
     return _count_markers(MARKERS_FD_MAIN, code, tests, config)
 
 
+def _in_process(code: str, tests: list[str], config: CodeRewardConfig, hide_literals: bool) -> float:
+    compiled = [asserts.compile_test(t, hide_literals=hide_literals) for t in tests]
+    payload = {"mode": "assert", "tests": [c.source for c in compiled], "test_timeout_s": config.test_timeout_s}
+    r = run_python(IN_PROCESS, stdin=json.dumps(payload).encode(), files={"solution.py": code}, config=config.sandbox)
+    return sum(asserts.judge(compiled, _records(r))) / len(tests)
+
+
+def in_process(code: str, tests: list[str], config: CodeRewardConfig) -> float:
+    """Host-judged probes with literals hidden, but the tests run in the solution's interpreter."""
+    return _in_process(code, tests, config, hide_literals=True)
+
+
 def both_sides(code: str, tests: list[str], config: CodeRewardConfig) -> float:
-    """The package's host-judged harness, but with the literal expected values sent into the sandbox."""
-    return run_assert_tests(code, tests, config=config, hide_literals=False)
+    """``in_process``, and the literal expected values are sent into the sandbox too."""
+    return _in_process(code, tests, config, hide_literals=False)
 
 
-WEAK = {"old": old, "exit_status": exit_status, "markers": markers, "markers_fd": markers_fd, "both_sides": both_sides}
+WEAK = {
+    "old": old,
+    "exit_status": exit_status,
+    "markers": markers,
+    "markers_fd": markers_fd,
+    "both_sides": both_sides,
+    "in_process": in_process,
+}

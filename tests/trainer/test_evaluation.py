@@ -120,7 +120,7 @@ def test_evaluator_reports_each_term_of_a_composed_reward(tmp_path):
     """A weight-0 term is measured beside the one that decides pass@k (e.g. format beside correctness), on the
     same samples, for the sampled and the greedy responses; counts never leak between evaluations."""
     from gspo_mcore.rewards import RewardRunnerConfig, RewardTermConfig
-    from gspo_mcore.rewards.setup import check_reward_setup
+    from gspo_mcore.rewards.preflight import check_reward_setup
 
     reward = RewardRunnerConfig(
         terms=(
