@@ -82,7 +82,8 @@ class RewardRunnerConfig:
                 f"RewardRunnerConfig.max_error_fraction must be in [0, 1], got {self.max_error_fraction!r}"
             )
         budget = self.code.stdio_time_budget_s
-        if budget is not None and budget >= self.timeout_s:
+        uses_code = self.reward == "code" or any(t.reward == "code" for t in self.terms)
+        if uses_code and budget is not None and budget >= self.timeout_s:
             raise ValueError(
                 f"reward.code.stdio_time_budget_s ({budget:g}) must be below reward.timeout_s ({self.timeout_s:g}): "
                 "a response over the budget must score 0, not time the reward call out"

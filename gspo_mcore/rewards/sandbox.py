@@ -38,7 +38,9 @@ secrets in the environment clean environment (PATH, LANG, HOME)      same
 setuid binaries            no_new_privs                              same
 =========================  ========================================  ======================================
 
-Not covered (no seccomp filter): kernel exploits, the contents of the read-only system directories
+Also: a seccomp allow-list (``syscalls.py``), a UTS namespace with its own hostname, a cgroup namespace, and the
+launcher's plan passed through descriptors (docs/rewards.md). Not covered: kernel exploits through the allowed
+system calls, the contents of the read-only system directories
 (/usr ...), and disk-bandwidth contention. Verdicts never depend on the program's honesty: see
 ``code.py`` and ``asserts.py``.
 

@@ -636,4 +636,5 @@ def test_stdio_cases_past_the_overall_budget_score_zero_and_are_counted():
     assert code_reward(slow, {"tests": cases}, config=unbudgeted) == 1.0
     assert code_mod.OVER_BUDGET.take() == 0
     with pytest.raises(ValueError, match="stdio_time_budget_s"):
-        RewardRunnerConfig(timeout_s=10, code=CodeRewardConfig(stdio_time_budget_s=30))
+        RewardRunnerConfig(reward="code", timeout_s=10, code=CodeRewardConfig(stdio_time_budget_s=30))
+    RewardRunnerConfig(reward="math", timeout_s=10)  # the budget binds only where the code reward is used
