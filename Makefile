@@ -5,9 +5,10 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 EXT_SOURCES := setup.py pyproject.toml $(shell find csrc -name '*.cpp' -o -name '*.cu' -o -name '*.h' 2>/dev/null)
 
-.PHONY: install test test-fast lint bench demo clean
+.PHONY: install test test-fast lint bench demo demo-agent clean
 
 DEMO_OUT ?= runs/tiny
+DEMO_AGENT_OUT ?= runs/agent_tiny
 # the demo saves a checkpoint every DEMO_SAVE_EVERY steps and after the last one (docs/export.md exports it);
 # a second `make demo` replaces the first run in DEMO_OUT (log.overwrite=true)
 DEMO_SAVE_EVERY ?= 100
@@ -51,6 +52,14 @@ demo: install
 	  model.hf_dir=$(DEMO_OUT)/model 'data.paths=[$(DEMO_OUT)/prompts.jsonl]' \
 	  'eval.datasets=[{name: heldout, data: {paths: [$(DEMO_OUT)/heldout.jsonl]}}]'
 	$(PY) tools/plot_metrics.py $(DEMO_OUT)/metrics.jsonl --title "tiny GSPO job (2 CPU ranks)"
+
+demo-agent: install
+	$(PY) -m examples.agent_tiny.prepare --out $(DEMO_AGENT_OUT)
+	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) \
+	  -m gspo_mcore.train --config examples/agent_tiny/config.yaml log.output_dir=$(DEMO_AGENT_OUT) \
+	  log.overwrite=true model.hf_dir=$(DEMO_AGENT_OUT)/model 'data.paths=[$(DEMO_AGENT_OUT)/prompts.jsonl]' \
+	  'eval.datasets=[{name: heldout, data: {paths: [$(DEMO_AGENT_OUT)/heldout.jsonl]}}]'
+	$(PY) tools/plot_metrics.py $(DEMO_AGENT_OUT)/metrics.jsonl --title "tiny agent GSPO job (2 CPU ranks)"
 
 # On-policy distillation (docs/distill.md, docs/results/distill.md): the tiny GSPO job trains the teacher (make
 # demo's run, plus a final checkpoint and an evaluation every 10 steps), its checkpoint becomes a Hugging Face

@@ -24,6 +24,9 @@ PANELS = [
     ("response length", ["response_length_mean"], {}),
     ("grad norm", ["grad_norm"], {}),
     ("how responses end", ["finish_stop_fraction", "truncated_fraction"], {}),
+    # multi-turn episodes (rollout.env): tool use and how the episodes ended
+    ("tool use", ["episode_tool_use_fraction", "episode_tool_calls_mean", "episode_tool_errors_mean"], {}),
+    ("how episodes end", ["episode_end_done", "episode_end_max_turns", "episode_end_max_total_tokens"], {}),
 ]
 BAND_SUFFIX = "_stderr"
 """An evaluation key ``K_stderr`` is drawn as a band around the curve ``K``, never as a curve of its own."""
