@@ -16,6 +16,7 @@ them to every worker. All wire-format details live in :mod:`gspo_mcore.rollout.s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 from gspo_mcore.rollout import _http
 from gspo_mcore.rollout import sglang_api as api
 from gspo_mcore.rollout.sglang_control import SGLangClientConfig, SGLangControl
+from gspo_mcore.rollout.turns import OnTurns, TurnEnd
 from gspo_mcore.rollout.types import (
     NamedTensors,
     RolloutEngine,
@@ -30,6 +32,7 @@ from gspo_mcore.rollout.types import (
     Sample,
     SamplingParams,
     check_generate_args,
+    derive_sample_seed,
     normalize_prompts,
 )
 
@@ -119,27 +122,43 @@ class SGLangEngine(RolloutEngine):
         if not prompts:
             return []
         await self._readmit_down_servers()
-        urls = self.generate_urls
-        slots = {u: asyncio.Semaphore(self.config.max_inflight_per_server) for u in urls}
-        inflight = dict.fromkeys(urls, 0)
+        slots, inflight = self._slots()
         tasks = [
             asyncio.create_task(self._generate_group(i, p, n, params, slots, inflight)) for i, p in enumerate(prompts)
         ]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        for t in tasks:  # the first failure in prompt order
-            if not t.cancelled() and t.exception() is not None:
-                raise t.exception()
-        return [t.result() for t in tasks]
+        return await _all_or_first_error(tasks)
+
+    def _slots(self) -> tuple[dict, dict]:
+        """Per-call concurrency state: a semaphore and an in-flight count per generate URL."""
+        urls = self.generate_urls
+        return {u: asyncio.Semaphore(self.config.max_inflight_per_server) for u in urls}, dict.fromkeys(urls, 0)
 
     async def _generate_group(self, index, prompt, n, params, slots, inflight) -> list[Sample]:
         dims = self.config.routed_experts
         body = api.build_generate_request(prompt, n, params, prompt_index=index, routed_experts=dims is not None)
         what = f"prompt {index} ({len(prompt)} tokens, n={n})"
+        return await self._request(
+            body,
+            index,
+            what,
+            slots,
+            inflight,
+            lambda answer: [
+                api.parse_generate_output(
+                    item,
+                    prompt_ids=prompt,
+                    prompt_index=index,
+                    sample_index=j,
+                    initial_weight_version=self.config.initial_weight_version,
+                    routing_dims=dims,
+                )
+                for j, item in enumerate(api.split_generate_outputs(answer, 1, n)[0])
+            ],
+        )
+
+    async def _request(self, body, index: int, what: str, slots, inflight, parse):
+        """POST ``body`` to ``/generate`` with the engine's retries (another server after a transport failure
+        or a 5xx); ``parse(decoded JSON)`` of the first good answer (a :class:`ProtocolError` there fails)."""
         failures: list[str] = []
         tried: set[str] = set()
         while len(failures) < self.config.max_attempts:
@@ -172,24 +191,118 @@ class SGLangEngine(RolloutEngine):
                     f"{url}{api.GENERATE} rejected {what}: HTTP {resp.status}: {api.error_message(resp)}"
                 )
             try:
-                groups = api.split_generate_outputs(api.decode_json(resp), 1, n)
-                return [
-                    api.parse_generate_output(
-                        item,
-                        prompt_ids=prompt,
-                        prompt_index=index,
-                        sample_index=j,
-                        initial_weight_version=self.config.initial_weight_version,
-                        routing_dims=dims,
-                    )
-                    for j, item in enumerate(groups[0])
-                ]
+                return parse(api.decode_json(resp))
             except api.ProtocolError as e:
                 raise RolloutError(
                     f"malformed response from {url}{api.GENERATE} to {what} (SGLang {api.SGLANG_VERSION} shape "
                     f"expected): {e}"
                 ) from None
         raise RolloutError(f"{what} failed after {len(failures)} attempts: " + "; ".join(failures))
+
+    # ------------------------------------------------------------------------------ multi-turn episodes
+    async def generate_turns(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        keys: Sequence[int],
+        max_total_tokens: int,
+        on_turns: OnTurns,
+    ) -> None:
+        """Multi-turn episodes, one per prompt (row); the contract of :mod:`gspo_mcore.rollout.turns` (the
+        in-process engine's ``generate_turns``, here a coroutine).
+
+        Each turn is one ``/generate`` request whose ``input_ids`` are the row's whole sequence so far (the
+        prompt, every sampled id as SGLang returned it, every environment span as ``on_turns`` gave it), so the
+        server's radix cache serves the prefix and only the new environment span is prefilled; it samples at
+        most ``params.max_new_tokens`` and at most what is left of ``max_total_tokens``. Rows run independently:
+        whenever requests finish, ``on_turns`` gets their turns (in a thread, so the other rows keep decoding
+        while the environments step), and each answered row sends its next turn. Each turn's ``sampling_seed``
+        is derived from the row's key and the turn's index. With routed experts asked for (R3), each turn's
+        ``routed_experts`` cover the whole sequence so far (SGLang reads them by KV-cache slot, so a prefix the
+        radix cache served keeps the routing of the request that computed it)."""
+        check_generate_args(1, params)
+        rows = normalize_prompts(prompts)
+        if len(keys) != len(rows):
+            raise ValueError(f"generate_turns: {len(keys)} keys for {len(rows)} prompts")
+        too_long = [i for i, p in enumerate(rows) if len(p) >= max_total_tokens]
+        if too_long:
+            raise ValueError(f"generate_turns: prompt {too_long[0]} leaves no room under max_total_tokens")
+        if not rows:
+            return
+        await self._readmit_down_servers()
+        slots, inflight = self._slots()
+        seqs = [list(p) for p in rows]
+        turn = [0] * len(rows)
+
+        def start(b: int) -> asyncio.Task:
+            budget = min(params.max_new_tokens, max_total_tokens - len(seqs[b]))
+            turn_params = dataclasses.replace(
+                params, max_new_tokens=budget, seed=derive_sample_seed(int(keys[b]), 0, turn[b])
+            )
+            return asyncio.create_task(self._turn(b, tuple(seqs[b]), turn[b], turn_params, slots, inflight))
+
+        pending = {start(b) for b in range(len(rows))}
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                ends = sorted((t.result() for t in done), key=lambda e: e.row)  # raises the first failure
+                answers = await asyncio.to_thread(on_turns, ends)
+                if len(answers) != len(ends):
+                    raise RolloutError(f"on_turns answered {len(answers)} of {len(ends)} turn ends")
+                for end, more in zip(ends, answers):
+                    b = end.row
+                    seqs[b] += end.ids
+                    if more is None:
+                        continue
+                    more = [int(x) for x in more]
+                    if len(seqs[b]) + len(more) >= max_total_tokens:
+                        raise RolloutError(
+                            f"on_turns gave row {b} {len(more)} tokens: no room left under max_total_tokens "
+                            f"{max_total_tokens}"
+                        )
+                    seqs[b] += more
+                    turn[b] += 1
+                    pending.add(start(b))
+        finally:
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _turn(self, row: int, seq: tuple[int, ...], turn: int, params: SamplingParams, slots, inflight):
+        """One policy turn of ``row``: sample a continuation of ``seq`` (all of it sent as ``input_ids``)."""
+        sample = (await self._generate_group(row, seq, 1, params, slots, inflight))[0]
+        if sample.finish_reason == "abort":
+            raise RolloutError(
+                f"episode row {row}, turn {turn}: the SGLang request was aborted (a pause or weight update inside "
+                "an episode is not supported)"
+            )
+        ids = sample.response_ids
+        versions = sample.token_versions or (sample.weight_version,) * len(ids)
+        return TurnEnd(row, ids, sample.response_logprobs, tuple(versions), sample.finish_reason, sample.routed_experts)
+
+    # ------------------------------------------------------------------------------------ scoring
+    async def score(self, sequences: Sequence[Sequence[int]], starts: Sequence[int]) -> list[tuple[float, ...]]:
+        """A teacher's log-probs of given token ids (nothing is generated): for sequence ``i``,
+        ``log p(ids[t] | ids[:t])`` for ``t = starts[i] .. len(ids) - 1`` (``log_softmax`` of the raw logits;
+        see :func:`sglang_api.build_score_request`). One request per sequence, with the engine's retries."""
+        if len(sequences) != len(starts):
+            raise ValueError(f"score: {len(starts)} starts for {len(sequences)} sequences")
+        seqs = normalize_prompts(sequences)
+        bodies = [api.build_score_request(ids, int(s)) for ids, s in zip(seqs, starts)]
+        if not seqs:
+            return []
+        await self._readmit_down_servers()
+        slots, inflight = self._slots()
+
+        async def one(i: int):
+            ids, start = seqs[i], int(starts[i])
+            what = f"scoring sequence {i} ({len(ids)} tokens from position {start})"
+            return await self._request(
+                bodies[i], i, what, slots, inflight, lambda a: api.parse_input_logprobs(a, ids, start, what)
+            )
+
+        return await _all_or_first_error([asyncio.create_task(one(i)) for i in range(len(seqs))])
 
     def _pick_server(self, tried, inflight, index, what, failures) -> str:
         up = [u for u in inflight if u not in self._down]
@@ -337,3 +450,17 @@ class SGLangEngine(RolloutEngine):
         group in bucket order."""
         await self.control.update_from_distributed(buckets, version, broadcast=broadcast, load_format=load_format)
         self._version = version
+
+
+async def _all_or_first_error(tasks: list[asyncio.Task]) -> list:
+    """Every task's result in order, or (the others cancelled) the first failure in task order."""
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for t in tasks:
+        if not t.cancelled() and t.exception() is not None:
+            raise t.exception()
+    return [t.result() for t in tasks]

@@ -20,6 +20,17 @@ Shapes relied on:
   token_id, text|null], ...], "weight_version": str, "weight_versions"?: [{"version", "start",
   "end"}], ...}}``. ``output_token_logprobs`` (and ``output_ids``) include a matched stop token.
   An aborted request still answers 200, with ``finish_reason.type == "abort"`` and partial tokens.
+- Scoring (a teacher, :meth:`~gspo_mcore.rollout.sglang.SGLangEngine.score`): ``POST /generate`` with
+  ``{"input_ids": [int], "sampling_params": {"max_new_tokens": 0}, "return_logprob": true,
+  "logprob_start_len": s}`` generates nothing and returns ``meta_info.input_token_logprobs``: one
+  ``[logprob, token_id, text]`` per input position ``s, s+1, ..., L-1``, the first with logprob ``null``
+  (position ``s``'s own token is not predicted), entry ``k >= 1`` holding ``log p(ids[s+k] | ids[:s+k])``
+  (``srt/managers/scheduler_components/logprob_result_processor.py``, ``_process_input_token_logprobs``:
+  ``[None] + logprobs[:-1]`` over ``origin_input_ids[s:]``). ``max_new_tokens`` 0 is accepted
+  (``srt/sampling/sampling_params.py`` refuses only < 0). These input log-probs are ``log_softmax`` of the
+  raw logits: 0.5.23 applies no temperature to them (``srt/layers/logprob_processor.py``), so a teacher
+  temperature other than 1 cannot be asked for. The radix cache may reuse a prefix only up to ``s``
+  (``Req._compute_max_prefix_len``), so the prompt of a group's samples is computed once.
 - Errors: ``{"error": "..."}`` or ``{"error": {"message": "..."}}`` with a 4xx/5xx status.
 - Control endpoints (POST, JSON): ``/pause_generation {mode}``, ``/continue_generation {}``,
   ``/flush_cache`` (plain text; 200, or 400 while requests run), ``/begin_weight_update {selector}``
@@ -123,6 +134,51 @@ def build_generate_request(
             sampling_params_json(params, seed=derive_sample_seed(params.seed, prompt_index, j)) for j in range(n)
         ]
     return body
+
+
+def build_score_request(ids: Sequence[int], start: int) -> dict[str, Any]:
+    """The ``/generate`` body that scores ``ids`` without generating: the log-prob of every token from
+    position ``start`` on (``1 <= start < len(ids)``), each given the tokens before it."""
+    if not 1 <= start < len(ids):
+        raise ValueError(f"score: start {start} must be in [1, {len(ids)}) for {len(ids)} tokens")
+    return {
+        "input_ids": list(ids),
+        "sampling_params": {"max_new_tokens": 0, "temperature": 1.0},
+        "return_logprob": True,
+        "logprob_start_len": start - 1,
+        "stream": False,
+    }
+
+
+def parse_input_logprobs(item: Any, ids: Sequence[int], start: int, where: str = "output") -> tuple[float, ...]:
+    """The answer to :func:`build_score_request`: ``log p(ids[t] | ids[:t])`` for ``t = start .. len(ids)-1``.
+    The token ids SGLang echoes must be ``ids[start-1:]`` (else the server scored something else)."""
+    if not isinstance(item, dict) or not isinstance(item.get("meta_info"), dict):
+        raise ProtocolError(f"{where}: missing 'meta_info' object")
+    entries = item["meta_info"].get("input_token_logprobs")
+    if not isinstance(entries, list):
+        raise ProtocolError(f"{where}: missing 'meta_info.input_token_logprobs' (was return_logprob sent?)")
+    expected = list(ids[start - 1 :])
+    if len(entries) != len(expected):
+        raise ProtocolError(
+            f"{where}: {len(entries)} input_token_logprobs for positions {start - 1}..{len(ids) - 1} "
+            f"({len(expected)} expected)"
+        )
+    out = []
+    for k, (e, tok) in enumerate(zip(entries, expected)):
+        if not (isinstance(e, (list, tuple)) and len(e) >= 2):
+            raise ProtocolError(f"{where}: input_token_logprobs[{k}] is not [logprob, token_id, text]: {e!r}")
+        if e[1] != tok:
+            raise ProtocolError(
+                f"{where}: input_token_logprobs[{k}] is for token {e[1]!r}, position {start - 1 + k} holds {tok}"
+            )
+        if k == 0:
+            continue  # the first position's own token is not predicted (logprob null)
+        lp = e[0]
+        if not (isinstance(lp, (int, float)) and not isinstance(lp, bool) and (math.isfinite(lp) or lp == -math.inf)):
+            raise ProtocolError(f"{where}: input_token_logprobs[{k}] has logprob {lp!r}")
+        out.append(float(lp))
+    return tuple(out)
 
 
 def decode_json(resp: HttpResponse) -> Any:

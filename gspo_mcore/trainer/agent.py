@@ -1,8 +1,13 @@
-"""Multi-turn rollouts for the trainer (``rollout.env``): the in-process engine driven by the episode driver.
+"""Multi-turn rollouts for the trainer (``rollout.env``): an engine driven by the episode driver.
 
-Each data-parallel rank runs the episodes of its share of the prompts; within a tensor-parallel group only
-TP rank 0 runs the environment and broadcasts what it answers, so that every rank feeds the engine the same
-tokens. The groups are gathered so every rank holds the whole batch, as :class:`InProcessRollout` does.
+In-process (:class:`AgentRollout`): each data-parallel rank runs the episodes of its share of the prompts;
+within a tensor-parallel group only TP rank 0 runs the environment and broadcasts what it answers, so that
+every rank feeds the engine the same tokens. The groups are gathered so every rank holds the whole batch, as
+:class:`InProcessRollout` does.
+
+SGLang (:class:`SGLangAgentRollout`): global rank 0 runs every episode (the environments and the driver) against
+the servers, each turn a request continuing from the sequence's token ids (:meth:`SGLangEngine.generate_turns`),
+and broadcasts the groups, as :class:`SGLangRollout` does.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import torch.distributed as dist
 from gspo_mcore.envs import ChatRenderer, load_env
 from gspo_mcore.rollout.episode import EpisodeDriver
 from gspo_mcore.rollout.types import SamplingParams
-from gspo_mcore.trainer.backends import InProcessRollout, dp_share
+from gspo_mcore.trainer.backends import InProcessRollout, SGLangRollout, dp_share
 
 
 class AgentRollout(InProcessRollout):
@@ -56,6 +61,47 @@ class AgentRollout(InProcessRollout):
         parts = [None] * layout.dp_size
         dist.all_gather_object(parts, mine, group=layout.dp_group)
         return [g for part in parts for g in part]
+
+
+class SGLangAgentRollout(SGLangRollout):
+    """:class:`SGLangRollout` whose ``generate`` runs episodes of ``rollout.env`` on rank 0 (prompts: the loader's
+    items or the dataset's rows; evaluation runs the same environment)."""
+
+    runs_episodes = True
+
+    def __init__(self, rollout_cfg, tokenizer, *, model_dir: str, output_dir: str, layout):
+        super().__init__(rollout_cfg.sglang, model_dir=model_dir, output_dir=output_dir, layout=layout)
+        self.driver = None
+        if self.is_driver:
+            env = load_env(rollout_cfg.env, rollout_cfg.env_kwargs)  # errors name rollout.env
+            renderer = ChatRenderer(tokenizer, tool_format=rollout_cfg.episode.tool_format)
+            self.driver = EpisodeDriver(env, renderer, rollout_cfg.episode)
+
+    def generate(self, prompts, n: int, params: SamplingParams, *, seed: int):
+        """``n`` episodes per prompt item, on every rank."""
+        groups = [None]
+        if self.is_driver:
+            rows = [_row(p) for p in prompts]
+            params = dataclasses.replace(params, seed=seed)
+            groups = [self.driver.run(_Turns(self), rows, n, params, seed=seed) if rows else []]
+        return self._broadcast(groups)
+
+    def start_generate(self, prompts, n: int, params: SamplingParams, *, seed: int):
+        raise RuntimeError("rollout.env: episodes are generated synchronously (rollout.max_staleness: 0)")
+
+
+class _Turns:
+    """The episode driver's engine: SGLang's ``generate_turns`` run on the rollout's event loop."""
+
+    def __init__(self, rollout: SGLangRollout):
+        self.rollout = rollout
+
+    def generate_turns(self, prompts, params, *, keys, max_total_tokens, on_turns) -> None:
+        self.rollout._run(
+            self.rollout.engine.generate_turns(
+                prompts, params, keys=keys, max_total_tokens=max_total_tokens, on_turns=on_turns
+            )
+        )
 
 
 def _row(item) -> dict:

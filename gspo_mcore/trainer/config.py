@@ -113,11 +113,6 @@ class RolloutConfig:
     def __post_init__(self):
         check_literals(self)
         if self.env:
-            if self.engine != "inprocess":
-                raise ValueError(
-                    "rollout.env: multi-turn episodes run on rollout.engine=inprocess only so far "
-                    "(the SGLang turn loop is not implemented)"
-                )
             if self.max_staleness or self.partial_rollouts:
                 raise ValueError(
                     "rollout.env: multi-turn episodes do not support rollout.max_staleness / rollout.partial_rollouts "
@@ -260,6 +255,11 @@ class TrainConfig:
             raise ValueError(
                 f"routing.replay=rollout needs rollout.engine=sglang (got {self.rollout.engine!r}): it replays the "
                 "experts the rollout engine routed each token to, and only SGLang returns them"
+            )
+        if self.routing.replay == "rollout" and self.rollout.env:
+            raise ValueError(
+                "routing.replay=rollout with rollout.env: routed experts across the turns of an episode are not "
+                "verified against a real MoE server yet; use routing.replay=learner"
             )
         if self.loss.off_policy.mode != "none" and self.rollout.old_logprobs != "recompute":
             raise ValueError(

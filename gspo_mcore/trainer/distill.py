@@ -3,8 +3,9 @@ checks, and the step's part: the teacher scores the rollout batch and the sample
 
 Start-up (:func:`plan`, before any process group or model): the teacher's ``config.json`` must be a
 supported architecture, its tokenizer must be the student's (same vocabulary, same special tokens: refused
-naming the first difference), its vocabulary must hold every token id, and the learner's layout must split it.
-After the student is built, :meth:`DistillPlan.build` builds the teacher in-process (forward only). Each
+naming the first difference), its vocabulary must hold every token id, and (in-process) the learner's layout
+must split it. After the student is built, :meth:`DistillPlan.build` builds the teacher in-process (forward
+only), or launches / connects the SGLang servers that score (:mod:`gspo_mcore.trainer.sglang_teacher`). Each
 step, :meth:`Distiller.apply` computes the teacher's log-probs of the batch and sets every sample's
 ``token_advantages`` (:func:`gspo_mcore.algo.distill.distill_advantages`; the student's log-probs are the
 behaviour log-probs the engine sampled with), which ``loss.variant: gspo_token`` trains on.
@@ -16,13 +17,14 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
 
 from gspo_mcore.algo.distill import distill_advantages, distill_kl
 from gspo_mcore.config import check_literals
+from gspo_mcore.trainer.sglang_teacher import TeacherSGLangConfig
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +41,10 @@ class DistillConfig:
     supported architecture and size, with the student's tokenizer (checked at start-up)."""
     engine: Literal["inprocess", "sglang"] = "inprocess"
     """Where the teacher runs: ``inprocess`` (a second, forward-only Megatron model on the learner's ranks,
-    sharded under the same layout). ``sglang`` (a server scoring the student's ids) is not implemented yet."""
+    sharded under the same layout) or ``sglang`` (SGLang servers scoring the student's token ids, see
+    ``sglang``; ``teacher_temperature`` must then be 1)."""
+    sglang: TeacherSGLangConfig = field(default_factory=TeacherSGLangConfig)
+    """``engine: sglang``: the teacher's servers (connected by URL, or launched on ``teacher_dir``)."""
     kl_coef: float = 1.0
     """Weight of the teacher term ``log p_teacher(y_t) - log p_student(y_t)`` in every token's advantage (> 0)."""
     reward_weight: float = 0.0
@@ -52,11 +57,6 @@ class DistillConfig:
         check_literals(self)
         if not self.teacher_dir:
             raise ValueError("distill.teacher_dir must be set (the teacher's Hugging Face directory)")
-        if self.engine == "sglang":
-            raise ValueError(
-                "distill.engine=sglang is not implemented yet: the teacher runs in-process on the learner's ranks "
-                "(distill.engine: inprocess)"
-            )
         for key, lo, strict in (
             ("kl_coef", 0.0, True),
             ("reward_weight", 0.0, False),
@@ -66,6 +66,13 @@ class DistillConfig:
             ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
             if not ok or (v <= lo if strict else v < lo):
                 raise ValueError(f"distill.{key} must be a finite number {'>' if strict else '>='} {lo}, got {v!r}")
+        if self.engine == "sglang" and self.teacher_temperature != 1:
+            raise ValueError(
+                f"distill.teacher_temperature={self.teacher_temperature} with distill.engine=sglang: SGLang "
+                "0.5.23 scores input tokens with the raw logits' log-softmax (no temperature), so only 1 is possible"
+            )
+        if self.engine == "inprocess" and self.sglang.urls:
+            raise ValueError("distill.sglang.urls is set but distill.engine=inprocess: set distill.engine=sglang")
 
 
 def check_distill(cfg) -> None:
@@ -121,10 +128,23 @@ class DistillPlan:
     arch: object
     """The teacher's :class:`~gspo_mcore.learner.ModelArch`."""
 
+    output_dir: str = "."
+    """The run's folder (launched teacher servers log under it)."""
+
     def build(self, parallel, layout, options=None) -> Distiller:
         """Build the teacher on this rank (after the student; every rank calls this)."""
         from gspo_mcore.learner.teacher import Teacher
+        from gspo_mcore.trainer import sglang_teacher
 
+        if self.cfg.engine == "sglang":
+            log_dir = sglang_teacher.log_dir(self.output_dir)
+            teacher = sglang_teacher.SGLangTeacher(
+                self.cfg.sglang, teacher_dir=self.cfg.teacher_dir, layout=layout, log_dir=log_dir
+            )
+            if layout.rank == 0:
+                where = ", ".join(self.cfg.sglang.urls) or f"{self.cfg.sglang.num_servers} launched server(s)"
+                logger.info("distillation teacher %s served by SGLang (%s)", self.cfg.teacher_dir, where)
+            return Distiller(self.cfg, teacher, layout)
         teacher = Teacher(self.cfg.teacher_dir, self.arch, parallel, layout, options)
         if layout.rank == 0:
             logger.info(
@@ -147,7 +167,10 @@ def plan(cfg, student_arch, tokenizer) -> DistillPlan | None:
     if d is None:
         return None
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    arch = check_teacher_fits(d.teacher_dir, cfg.parallel, world, where="distill.teacher_dir")
+    if d.engine == "sglang":  # served apart from the learner: its layout does not apply
+        arch = served_teacher_arch(d.teacher_dir)
+    else:
+        arch = check_teacher_fits(d.teacher_dir, cfg.parallel, world, where="distill.teacher_dir")
     try:
         teacher_tok = load_tokenizer(d.teacher_dir)
     except (OSError, ValueError) as exc:
@@ -166,7 +189,17 @@ def plan(cfg, student_arch, tokenizer) -> DistillPlan | None:
             f"{arch.max_position_embeddings} is below the student's {student_arch.max_position_embeddings}, so it "
             "could not score the student's longest sequences"
         )
-    return DistillPlan(d, arch)
+    return DistillPlan(d, arch, output_dir=cfg.log.output_dir)
+
+
+def served_teacher_arch(teacher_dir: str):
+    """The shape of a teacher SGLang serves (``teacher_dir/config.json``), errors naming ``distill.teacher_dir``."""
+    from gspo_mcore.learner.model_config import load_hf_config
+
+    try:
+        return load_hf_config(os.path.join(teacher_dir, "config.json"))
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"distill.teacher_dir={teacher_dir}: {exc}") from exc
 
 
 class Distiller:
@@ -210,6 +243,12 @@ class Distiller:
             kl_sum, count = kl_sum + k, count + n
             out.append(replace(s, token_advantages=adv))
         return out, {"distill_kl": kl_sum / max(count, 1), "time_teacher_s": time.perf_counter() - t0}
+
+    def close(self) -> None:
+        """Release the teacher (launched SGLang servers are stopped)."""
+        close = getattr(self.teacher, "close", None)
+        if close is not None:
+            close()
 
 
 def step_metrics(metrics: dict, record: dict) -> dict:

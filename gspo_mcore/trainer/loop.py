@@ -34,7 +34,7 @@ from gspo_mcore.learner.checkpoint import Checkpointer
 from gspo_mcore.metrics import MetricsLogger, step_metrics
 from gspo_mcore.rewards import RewardRunner
 from gspo_mcore.trainer import distill, preflight, run_dir
-from gspo_mcore.trainer.agent import AgentRollout
+from gspo_mcore.trainer.agent import AgentRollout, SGLangAgentRollout
 from gspo_mcore.trainer.asynchronous import Prefetcher, fresh_groups
 from gspo_mcore.trainer.backends import InProcessRollout, RolloutBackend, SGLangRollout
 from gspo_mcore.trainer.batch import (
@@ -91,12 +91,12 @@ def run(cfg: TrainConfig) -> list[dict]:
         recompute_old_logprobs=cfg.rollout.old_logprobs == "recompute",
         progress=True,
     )
-    distiller = distill_plan.build(cfg.parallel, learner.layout, cfg.model.options) if distill_plan else None
     is_writer = learner.is_writer
     if is_writer:
         run_dir.prepare(inputs.run_dir, to_dict(cfg))  # the run's first write: config.yaml (after log.overwrite)
         if learner.reference is not None:
             logger.info("KL reference policy: %.1f MiB of CPU memory per rank", learner.reference.nbytes / 2**20)
+    distiller = distill_plan.build(cfg.parallel, learner.layout, cfg.model.options) if distill_plan else None
     rollout = _rollout_backend(cfg, learner, tokenizer)
     samples_dir = os.path.join(cfg.log.output_dir, "eval_samples") if is_writer and cfg.eval.save_samples else None
     evaluator = Evaluator(cfg.eval, eval_sets, rollout, tokenizer, samples_dir=samples_dir)
@@ -147,6 +147,8 @@ def run(cfg: TrainConfig) -> list[dict]:
     finally:
         metrics.close()
         rollout.close()
+        if distiller is not None:
+            distiller.close()
     return history
 
 
@@ -328,6 +330,10 @@ class _Phases:
 
 
 def _rollout_backend(cfg: TrainConfig, learner: Learner, tokenizer) -> RolloutBackend:
+    if cfg.rollout.engine == "sglang" and cfg.rollout.env:
+        return SGLangAgentRollout(
+            cfg.rollout, tokenizer, model_dir=cfg.model.hf_dir, output_dir=cfg.log.output_dir, layout=learner.layout
+        )
     if cfg.rollout.engine == "sglang":
         arch = learner.arch
         return SGLangRollout(

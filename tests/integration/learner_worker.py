@@ -227,6 +227,120 @@ class Worker:
             "min_logprob": min((x for ea in engine for x in ea), default=0.0),
         }
 
+    async def op_teacher_score(self, name: str, label: str):
+        """The SGLang-served teacher (:class:`gspo_mcore.trainer.sglang_teacher.SGLangTeacher`, connected to the
+        spec's servers) and the in-process teacher (:class:`gspo_mcore.learner.teacher.Teacher` on the same HF
+        folder) score those samples' token ids; their log-probs of every counted token go to
+        ``report["teacher"][label]``. Every other sample counts from its third response token on (a later start)."""
+        from gspo_mcore.learner.teacher import Teacher
+        from gspo_mcore.trainer.sglang_teacher import SGLangTeacher, TeacherSGLangConfig
+
+        gen = self.report["generate"][name]
+        flat = [s for g in gen["groups"] for s in g if len(s["response_ids"]) >= 3]
+        samples = []
+        for k, s in enumerate(flat):
+            tokens = torch.tensor(list(s["prompt_ids"]) + list(s["response_ids"]), dtype=torch.int64)
+            mask = torch.zeros_like(tokens)
+            mask[len(s["prompt_ids"]) + (2 if k % 2 else 0) :] = 1
+            samples.append(TrainSample(tokens=tokens, loss_mask=mask, advantage=0.0))
+        served = SGLangTeacher(
+            TeacherSGLangConfig(urls=tuple(self.spec["urls"])), teacher_dir=self.hf_dir, layout=self.layout, log_dir="."
+        )
+        t0 = time.monotonic()
+        try:
+            sglang_lp = await asyncio.to_thread(served.logprobs, samples, self.layout)
+        finally:
+            served.close()
+        seconds = time.monotonic() - t0
+        inproc = Teacher(self.hf_dir, self.arch, ParallelConfig(), self.layout, ModelOptions(use_te=False))
+        local_lp = inproc.logprobs(samples, self.layout, max_tokens=4096, packing="padded")
+        a, b, outside = [], [], 0.0
+        for s, x, y in zip(samples, sglang_lp, local_lp):
+            counted = s.loss_mask[1:].bool()
+            assert x.shape == y.shape == counted.shape, (x.shape, y.shape, counted.shape)
+            a += x[counted].tolist()
+            b += y[counted].tolist()
+            outside = max(outside, float(x[~counted].abs().max()) if (~counted).any() else 0.0)
+        diffs = [abs(u - v) for u, v in zip(a, b)]
+        self.report.setdefault("teacher", {})[label] = {
+            "num_samples": len(samples),
+            "num_tokens": len(diffs),
+            "max_abs_diff": max(diffs),
+            "mean_abs_diff": sum(diffs) / len(diffs),
+            "min_logprob": min(a),
+            "max_abs_outside_counted": outside,
+            "seconds": seconds,
+        }
+
+    async def op_episodes(self, name: str, rows, n: int, params: dict, max_turns: int, max_total_tokens: int):
+        """``n`` episodes per row of the echo environment below on the SGLang engine (the episode driver over
+        :meth:`SGLangEngine.generate_turns`), recording every turn SGLang returned and every environment span the
+        driver appended, then the learner's log-probs of the whole episodes in ``report["episodes"][name]``."""
+        from gspo_mcore.envs import EpisodeConfig
+        from gspo_mcore.rollout.episode import EpisodeDriver
+
+        sp = SamplingParams(**params)
+        log: dict[int, list] = {}
+
+        class Recorded:
+            def generate_turns(_, prompts, params, *, keys, max_total_tokens, on_turns):
+                def on(ends):
+                    answers = on_turns(ends)
+                    for e, more in zip(ends, answers):
+                        log.setdefault(e.row, []).append(("policy", list(e.ids)))
+                        if more is not None:
+                            log[e.row].append(("env", list(more)))
+                    return answers
+
+                asyncio.run(
+                    self.engine.generate_turns(
+                        prompts, params, keys=keys, max_total_tokens=max_total_tokens, on_turns=on
+                    )
+                )
+
+        config = EpisodeConfig(max_turns=max_turns, max_total_tokens=max_total_tokens)
+        driver = EpisodeDriver(EchoEnv(), CharRenderer(), config)
+        t0 = time.monotonic()
+        groups = await asyncio.to_thread(driver.run, Recorded(), rows, n, sp, seed=sp.seed or 0)
+        seconds = time.monotonic() - t0
+        flat = [s for g in groups for s in g]
+        samples = []
+        for s in flat:
+            tokens = torch.tensor(list(s.prompt_ids) + list(s.response_ids), dtype=torch.int64)
+            mask = torch.tensor([0] * len(s.prompt_ids) + list(s.response_mask), dtype=torch.int64)
+            samples.append(TrainSample(tokens=tokens, loss_mask=mask, advantage=0.0))
+        logps = forward_logprobs(self.model, samples, self.layout, max_tokens=4096, temperature=sp.logprob_temperature)
+        diffs, policy, env = [], 0, 0
+        for s, lp in zip(flat, logps):
+            r = len(s.response_ids)
+            learner = lp[-r:].tolist()
+            for m, x, y in zip(s.response_mask, learner, s.response_logprobs):
+                if m:
+                    diffs.append(abs(x - y))
+            policy += sum(s.response_mask)
+            env += r - sum(s.response_mask)
+        self.report.setdefault("episodes", {})[name] = {
+            "samples": [
+                {
+                    "prompt_ids": list(s.prompt_ids),
+                    "response_ids": list(s.response_ids),
+                    "response_mask": list(s.response_mask),
+                    "response_logprobs": list(s.response_logprobs),
+                    "token_versions": s.token_versions,
+                    "weight_version": s.weight_version,
+                    "turns": s.episode.turns,
+                    "end": s.episode.end,
+                }
+                for s in flat
+            ],
+            "turn_log": [log[k] for k in sorted(log)],
+            "max_abs_diff": max(diffs),
+            "mean_abs_diff": sum(diffs) / len(diffs),
+            "policy_tokens": policy,
+            "env_tokens": env,
+            "seconds": seconds,
+        }
+
     # ----------------------------------------------------------------------------------------- main
     async def run(self):
         try:
@@ -240,6 +354,42 @@ class Worker:
         finally:
             await self.engine.close()  # owns no process: only drops connections
         return self.report
+
+
+class EchoEnv:
+    """Answers each turn with ``"<k>:"`` and the turn's last three characters (so the observation depends on the
+    action); never done (episodes end at ``max_turns``)."""
+
+    def reset(self, row):
+        from gspo_mcore.envs import Reset
+
+        return Reset(observation=row["prompt"], state={"turn": 0})
+
+    def step(self, state, action):
+        from gspo_mcore.envs import Step
+
+        state["turn"] += 1
+        return Step(observation=f"{state['turn']}:{action[-3:]}>", info={"tool_calls": 1})
+
+
+class CharRenderer:
+    """Observations <-> ids of the tiny checkpoint's character tokenizer (sglang_cpu.encode, no template)."""
+
+    def first(self, observation, tools=()):
+        from sglang_cpu import encode
+
+        return encode(observation)
+
+    def after_turn(self, observation, last):
+        from sglang_cpu import encode
+
+        return encode(observation)[1:]  # no BOS inside the episode
+
+    def decode(self, ids):
+        from examples.tiny.task import CHARS, SPECIALS
+
+        k = len(SPECIALS)
+        return "".join(CHARS[i - k] for i in ids if k <= i < k + len(CHARS))  # specials and fillers dropped
 
 
 def _get_json(url: str):

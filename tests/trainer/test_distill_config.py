@@ -23,7 +23,14 @@ def test_example_config_parses():
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("distill.engine=sglang", r"distill.engine=sglang is not implemented yet"),
+        (
+            "distill.engine=sglang distill.teacher_temperature=2",
+            r"distill.teacher_temperature=2.0 with distill.engine=sglang: SGLang 0.5.23 scores input tokens with the "
+            r"raw logits' log-softmax",
+        ),
+        ("distill.sglang.urls=[http://127.0.0.1:1]", r"distill.sglang.urls is set but distill.engine=inprocess"),
+        ("distill.engine=sglang distill.sglang.urls=[127.0.0.1:1]", r"distill.sglang.urls: '127.0.0.1:1' is not an"),
+        ("distill.engine=sglang distill.sglang.num_servers=0", r"distill.sglang.num_servers must be an integer >= 1"),
         ("distill.engine=vllm", r"engine"),
         ("distill.kl_coef=0", r"distill.kl_coef must be a finite number > 0"),
         ("distill.reward_weight=-1", r"distill.reward_weight must be a finite number >= 0"),
@@ -35,7 +42,16 @@ def test_example_config_parses():
 )
 def test_bad_values_are_refused_by_key(override, message):
     with pytest.raises(ValueError, match=message):
-        parse_config(["--config", DISTILL, override])
+        parse_config(["--config", DISTILL, *override.split(" ")])
+
+
+def test_an_sglang_teacher_parses_connected_or_launched():
+    cfg = parse_config(["--config", DISTILL, "distill.engine=sglang", "distill.sglang.urls=[http://127.0.0.1:30000]"])
+    assert cfg.distill.engine == "sglang" and cfg.distill.sglang.urls == ("http://127.0.0.1:30000",)
+    launched = parse_config(
+        ["--config", DISTILL, "distill.engine=sglang", "distill.sglang.extra_args=[--dtype,float32]"]
+    )
+    assert launched.distill.sglang.urls == () and launched.distill.sglang.extra_args == ("--dtype", "float32")
 
 
 @pytest.mark.parametrize("variant", ["sapo", "cispo", "gmpo", "grpo"])
@@ -127,3 +143,20 @@ def test_a_teacher_the_layout_cannot_split_is_refused_with_the_reason(tmp_path, 
     short = _teacher(tmp_path, "short", max_position_embeddings=32)
     with pytest.raises(ValueError, match=r"max_position_embeddings 32 is below the student's 64"):
         _plan(tiny, short)
+
+
+def test_an_sglang_teacher_gets_the_same_tokenizer_checks_but_not_the_layout_fit(tmp_path, tiny, monkeypatch):
+    """Served apart from the learner, an SGLang teacher need not fit the learner's layout; its tokenizer is
+    still compared with the student's by name."""
+    from examples.tiny.task import CHARS, FILLERS, SPECIALS
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    odd = _teacher(tmp_path, "odd", num_attention_heads=3, num_key_value_heads=1, head_dim=16)
+    plan = _plan(tiny, odd, "parallel.tensor=2", "distill.engine=sglang")
+    assert plan.arch.num_attention_heads == 3 and plan.cfg.engine == "sglang"
+    tokens = SPECIALS + CHARS + FILLERS
+    swapped = {t: i for i, t in enumerate(tokens)} | {"0": tokens.index("1"), "1": tokens.index("0")}
+    with pytest.raises(ValueError, match=r"token '0' has id 3 for the student and 4 for the teacher"):
+        _plan(tiny, _teacher(tmp_path, "swapped", swapped), "distill.engine=sglang")
+    with pytest.raises(ValueError, match=r"distill.teacher_dir=.*nowhere"):
+        _plan(tiny, str(tmp_path / "nowhere"), "distill.engine=sglang")

@@ -1,0 +1,151 @@
+"""An SGLang-served distillation teacher (``distill.engine: sglang``, docs/distill.md): SGLang servers score
+the student's own token ids, nothing is generated.
+
+Global rank 0 drives the servers (launched here from ``distill.teacher_dir``, or connected by URL) through the
+project's SGLang client (:meth:`gspo_mcore.rollout.SGLangEngine.score`: ``/generate`` with ``input_ids``,
+``max_new_tokens`` 0, ``return_logprob`` and ``logprob_start_len`` at the first counted token) and broadcasts
+the log-probs, so :class:`SGLangTeacher` answers :meth:`logprobs` like the in-process
+:class:`~gspo_mcore.learner.teacher.Teacher`: one ``[L-1]`` float32 tensor per sample, aligned with
+``tokens[1:]`` (0 before the first counted token, where nothing is scored).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from gspo_mcore.rollout.sglang_control import SGLangClientConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TeacherSGLangConfig:
+    """The teacher's SGLang servers (``distill.engine: sglang``): connect to ``urls``, or launch ``num_servers``
+    on ``distill.teacher_dir``."""
+
+    urls: tuple[str, ...] = ()
+    """Running servers that serve the teacher (``http://host:port``; they must serve ``distill.teacher_dir``'s
+    weights, which is not checked). Empty: launch ``num_servers`` on ``distill.teacher_dir``."""
+    num_servers: int = 1
+    """Servers to launch when ``urls`` is empty (on loopback; GPU ids from ``gpu_offset`` on)."""
+    server_tp_size: int = 1
+    """Tensor parallel size of each launched server."""
+    gpu_offset: int = 0
+    """First GPU id of the launched servers (GPUs the learner and the rollout servers do not use)."""
+    extra_args: tuple[str, ...] = ()
+    """Extra ``sglang.launch_server`` arguments (e.g. ``--mem-fraction-static 0.3``)."""
+    python: str = ""
+    """Interpreter that runs the launched servers (SGLang often lives in its own environment); empty: this one."""
+    env: dict = field(default_factory=dict)
+    """Extra environment variables of the launched servers."""
+    client: SGLangClientConfig = field(default_factory=SGLangClientConfig)
+    """Timeouts, retries and concurrency of the scoring requests."""
+
+    def __post_init__(self):
+        object.__setattr__(self, "urls", tuple(self.urls))
+        object.__setattr__(self, "extra_args", tuple(self.extra_args))
+        for key in ("num_servers", "server_tp_size"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"distill.sglang.{key} must be an integer >= 1, got {v!r}")
+        if isinstance(self.gpu_offset, bool) or not isinstance(self.gpu_offset, int) or self.gpu_offset < 0:
+            raise ValueError(f"distill.sglang.gpu_offset must be an integer >= 0, got {self.gpu_offset!r}")
+        bad = [u for u in self.urls if not (isinstance(u, str) and u.startswith("http://"))]
+        if bad:
+            raise ValueError(f"distill.sglang.urls: {bad[0]!r} is not an http:// URL")
+
+
+class SGLangTeacher:
+    """The teacher as SGLang servers, driven by global rank 0 (see the module docstring)."""
+
+    nbytes = 0
+    """Teacher parameter bytes on the learner's ranks: none (they live in the servers)."""
+
+    def __init__(self, cfg: TeacherSGLangConfig, *, teacher_dir: str, layout, log_dir: str):
+        self.cfg, self.teacher_dir, self.layout = cfg, teacher_dir, layout
+        self.is_driver = layout.rank == 0
+        self.engine = self.loop = None
+        if not self.is_driver:
+            return
+        from gspo_mcore.rollout.sglang import SGLangEngine
+
+        self.loop = asyncio.new_event_loop()
+        if cfg.urls:
+            self.engine = SGLangEngine(list(cfg.urls), config=cfg.client)
+            try:  # reachable now, not at the first step
+                self._run(self.engine.server_info(refresh=True))
+            except Exception as exc:
+                self.close()
+                raise ValueError(f"distill.sglang.urls: {exc}") from None
+        else:
+            self.engine = SGLangEngine.launch(self._server_configs(), config=cfg.client, log_dir=log_dir)
+
+    def _server_configs(self):
+        from gspo_mcore.rollout.sglang_server import SGLangServerConfig
+
+        tp, cfg = self.cfg.server_tp_size, self.cfg
+        extra = {"python": cfg.python} if cfg.python else {}
+        return [
+            SGLangServerConfig(
+                model_path=self.teacher_dir,
+                tp_size=tp,
+                extra_args=cfg.extra_args,
+                env=dict(cfg.env),
+                gpu_ids=tuple(range(cfg.gpu_offset + i * tp, cfg.gpu_offset + (i + 1) * tp))
+                if torch.cuda.is_available()
+                else None,
+                **extra,
+            )
+            for i in range(cfg.num_servers)
+        ]
+
+    def _run(self, coro):
+        return self.loop.run_until_complete(coro)
+
+    @torch.no_grad()
+    def logprobs(self, samples, layout, *, max_tokens: int = 0, packing: str = "", temperature: float = 1.0):
+        """The teacher's log-probs of ``tokens[1:]`` for every sample (``[L-1]`` float32 on the CPU, every
+        rank), from the first counted token (``loss_mask == 1``) on; 0 before it. ``max_tokens`` and
+        ``packing`` are the in-process teacher's (unused: the servers batch by themselves). SGLang 0.5.23's
+        scoring log-probs are of the raw logits, so ``temperature`` must be 1."""
+        if temperature != 1.0:
+            raise ValueError(f"distill.engine=sglang scores at temperature 1 only, got {temperature}")
+        out = [None]
+        if self.is_driver:
+            starts = [_first_counted(s.loss_mask) for s in samples]
+            scored = [i for i, t in enumerate(starts) if t is not None]
+            seqs = [samples[i].tokens.tolist() for i in scored]
+            lps = self._run(self.engine.score(seqs, [starts[i] for i in scored])) if scored else []
+            result = [torch.zeros(len(s.tokens) - 1, dtype=torch.float32) for s in samples]
+            for i, lp in zip(scored, lps):
+                result[i][starts[i] - 1 :] = torch.tensor(lp, dtype=torch.float32)
+            out = [result]
+        if layout.world_size > 1:
+            dist.broadcast_object_list(out, src=0)
+        return out[0]
+
+    def close(self) -> None:
+        """Stop the servers this teacher launched (connected ones keep running)."""
+        if self.engine is not None:
+            self._run(self.engine.close())
+            self.engine = None
+        if self.loop is not None:
+            self.loop.close()
+            self.loop = None
+
+
+def _first_counted(loss_mask: torch.Tensor) -> int | None:
+    """The first position whose token counts in the loss (>= 1: position 0 has no context), or ``None``."""
+    idx = torch.nonzero(loss_mask[1:]).flatten()
+    return int(idx[0]) + 1 if len(idx) else None
+
+
+def log_dir(output_dir: str) -> str:
+    """Where launched teacher servers write their logs."""
+    return os.path.join(output_dir, "sglang_teacher_logs")
