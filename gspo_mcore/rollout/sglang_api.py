@@ -26,7 +26,9 @@ Shapes relied on:
   ``[logprob, token_id, text]`` per input position ``s, s+1, ..., L-1``, the first with logprob ``null``
   (position ``s``'s own token is not predicted), entry ``k >= 1`` holding ``log p(ids[s+k] | ids[:s+k])``
   (``srt/managers/scheduler_components/logprob_result_processor.py``, ``_process_input_token_logprobs``:
-  ``[None] + logprobs[:-1]`` over ``origin_input_ids[s:]``). ``max_new_tokens`` 0 is accepted
+  ``[None] + logprobs[:-1]`` over ``origin_input_ids[s:]``; the echoed ids are clipped there, every id
+  ``>= vocab_size - 1`` echoed as 0, a guard for multimodal placeholder ids, while the log-probs are of the ids
+  sent: so an echoed 0 is accepted for any id). ``max_new_tokens`` 0 is accepted
   (``srt/sampling/sampling_params.py`` refuses only < 0). These input log-probs are ``log_softmax`` of the
   raw logits: 0.5.23 applies no temperature to them (``srt/layers/logprob_processor.py``), so a teacher
   temperature other than 1 cannot be asked for. The radix cache may reuse a prefix only up to ``s``
@@ -168,7 +170,7 @@ def parse_input_logprobs(item: Any, ids: Sequence[int], start: int, where: str =
     for k, (e, tok) in enumerate(zip(entries, expected)):
         if not (isinstance(e, (list, tuple)) and len(e) >= 2):
             raise ProtocolError(f"{where}: input_token_logprobs[{k}] is not [logprob, token_id, text]: {e!r}")
-        if e[1] != tok:
+        if e[1] != tok and e[1] != 0:  # SGLang echoes ids >= vocab_size - 1 as 0 (see the module docstring)
             raise ProtocolError(
                 f"{where}: input_token_logprobs[{k}] is for token {e[1]!r}, position {start - 1 + k} holds {tok}"
             )

@@ -243,14 +243,16 @@ class Worker:
             mask = torch.zeros_like(tokens)
             mask[len(s["prompt_ids"]) + (2 if k % 2 else 0) :] = 1
             samples.append(TrainSample(tokens=tokens, loss_mask=mask, advantage=0.0))
-        served = SGLangTeacher(
-            TeacherSGLangConfig(urls=tuple(self.spec["urls"])), teacher_dir=self.hf_dir, layout=self.layout, log_dir="."
+        config = TeacherSGLangConfig(urls=tuple(self.spec["urls"]))
+        # in a thread: the teacher runs its own event loop (as on the trainer's rank 0)
+        served = await asyncio.to_thread(
+            SGLangTeacher, config, teacher_dir=self.hf_dir, layout=self.layout, log_dir="."
         )
         t0 = time.monotonic()
         try:
             sglang_lp = await asyncio.to_thread(served.logprobs, samples, self.layout)
         finally:
-            served.close()
+            await asyncio.to_thread(served.close)
         seconds = time.monotonic() - t0
         inproc = Teacher(self.hf_dir, self.arch, ParallelConfig(), self.layout, ModelOptions(use_te=False))
         local_lp = inproc.logprobs(samples, self.layout, max_tokens=4096, packing="padded")

@@ -95,6 +95,9 @@ def test_score_request_and_answer():
     shifted = {"meta_info": {"input_token_logprobs": [[None, 4, None], [-1.5, 5, None], [-0.25, 6, None]]}}
     with pytest.raises(api.ProtocolError, match=r"input_token_logprobs\[0\] is for token 4, position 1 holds 5"):
         api.parse_input_logprobs(shifted, [4, 5, 6, 7], 2)
+    # SGLang 0.5.23 echoes ids >= vocab_size - 1 as 0 (the log-prob is still of the id sent)
+    clipped = {"meta_info": {"input_token_logprobs": [[None, 5, None], [-1.5, 6, None], [-0.25, 0, None]]}}
+    assert api.parse_input_logprobs(clipped, [4, 5, 6, 63], 2) == (-1.5, -0.25)
     with pytest.raises(api.ProtocolError, match="2 input_token_logprobs for positions 1..3"):
         api.parse_input_logprobs({"meta_info": {"input_token_logprobs": [[None, 5], [-1.0, 6]]}}, [4, 5, 6, 7], 2)
     with pytest.raises(ValueError, match=r"start 0 must be in \[1, 4\)"):
