@@ -19,22 +19,28 @@ ROWS = [{"prompt": p} for p in ("rev:407>", "add:3+4=", "hello world:")]
 N, TURNS = 2, 3
 
 
-@pytest.mark.parametrize("tau", [1.0, 0.7])
-def test_three_turn_episodes_are_token_exact_and_match_the_learner(server, learner, figures, tau):
-    params = dict(temperature=tau, max_new_tokens=8, seed=3)
+TAUS = (1.0, 0.7)
+
+
+def test_three_turn_episodes_are_token_exact_and_match_the_learner(server, learner, figures):
     steps = [
         {
             "op": "episodes",
-            "name": "ep",
+            "name": f"t{tau}",
             "rows": ROWS,
             "n": N,
-            "params": params,
+            "params": dict(temperature=tau, max_new_tokens=8, seed=3),
             "max_turns": TURNS,
             "max_total_tokens": 512,
         }
+        for tau in TAUS
     ]
-    report = learner({"hf_dir": server.base_dir, "urls": [server.url], "steps": steps}, what=f"episodes t{tau}")
-    ep = report["episodes"]["ep"]
+    report = learner({"hf_dir": server.base_dir, "urls": [server.url], "steps": steps}, what="episodes")
+    for tau in TAUS:
+        _check_episodes(report["episodes"][f"t{tau}"], tau, figures)
+
+
+def _check_episodes(ep: dict, tau: float, figures) -> None:
     figures(f"SGLang episodes (t={tau}): max |logp_sglang - logp_learner| on policy tokens", ep["max_abs_diff"])
     figures(f"SGLang episodes (t={tau}): seconds for {len(ROWS) * N} 3-turn episodes", ep["seconds"])
     samples, turn_log = ep["samples"], ep["turn_log"]
@@ -49,7 +55,7 @@ def test_three_turn_episodes_are_token_exact_and_match_the_learner(server, learn
         assert env_lps and all(lp == 0.0 for lp in env_lps), k
         assert s["weight_version"] == 0 and s["token_versions"] is None
     assert ep["env_tokens"] > 0 and ep["policy_tokens"] > 0
-    assert ep["max_abs_diff"] <= LOGPROB_TOL, ep["max_abs_diff"]
+    assert ep["max_abs_diff"] <= LOGPROB_TOL, (tau, ep["max_abs_diff"])
 
 
 def test_tiny_gspo_run_with_episodes_on_sglang(server, tmp_path, figures):
