@@ -4,7 +4,7 @@ The session's server serves the tiny test checkpoint as the teacher. Its scoring
 (``/generate`` with ``max_new_tokens`` 0 and ``logprob_start_len``; :meth:`SGLangEngine.score`) must equal the
 in-process teacher's forward (:class:`gspo_mcore.learner.teacher.Teacher` on the same folder) within the tier's
 ``LOGPROB_TOL``; and the tiny distillation job runs end to end with the SGLang teacher, its first step's
-``distill_kl`` equal to the same job's with the in-process teacher.
+``distill_kl`` and gradient norm equal to the same job's with the in-process teacher.
 """
 
 from __future__ import annotations
@@ -95,3 +95,11 @@ def test_tiny_distillation_with_an_sglang_teacher(server, tmp_path, figures):
     figures("tiny distillation step 0: |distill_kl sglang - inprocess|", gap)
     assert served[0]["reward_mean"] == local[0]["reward_mean"]  # the same rollout
     assert gap <= LOGPROB_TOL, (served[0], local[0])
+    # distill_kl is a sum over tokens (blind to which token got which teacher log-prob); the gradient is not:
+    # each token's advantage multiplies its own score function
+    figures("tiny distillation step 0: relative grad_norm gap sglang - inprocess", _rel(served[0], local[0]))
+    assert _rel(served[0], local[0]) <= 1e-4, (served[0]["grad_norm"], local[0]["grad_norm"])
+
+
+def _rel(a: dict, b: dict) -> float:
+    return abs(a["grad_norm"] - b["grad_norm"]) / abs(b["grad_norm"])
