@@ -23,14 +23,15 @@ class AgentRollout(InProcessRollout):
 
     runs_episodes = True
 
-    def __init__(self, learner, tokenizer, rollout_cfg):
+    def __init__(self, learner, tokenizer, rollout_cfg, *, env=None):
         super().__init__(learner, tokenizer, max_batch_size=rollout_cfg.max_batch_size)
         if not getattr(self.engine.model, "own_cache", True):
             raise ValueError(
                 "rollout.env: the in-process engine extends episodes on its own KV cache, which Transformer "
                 "Engine's attention does not allow"
             )
-        env = load_env(rollout_cfg.env, rollout_cfg.env_kwargs)  # errors name rollout.env
+        if env is None:  # the start-up checks build it (trainer.preflight.check_env); errors name rollout.env
+            env = load_env(rollout_cfg.env, rollout_cfg.env_kwargs)
         layout = self.layout
         share = None
         if layout.tp_size > 1:

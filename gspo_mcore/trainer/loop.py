@@ -97,7 +97,7 @@ def run(cfg: TrainConfig) -> list[dict]:
         run_dir.prepare(inputs.run_dir, to_dict(cfg))  # the run's first write: config.yaml (after log.overwrite)
         if learner.reference is not None:
             logger.info("KL reference policy: %.1f MiB of CPU memory per rank", learner.reference.nbytes / 2**20)
-    rollout = _rollout_backend(cfg, learner, tokenizer)
+    rollout = _rollout_backend(cfg, learner, tokenizer, env=inputs.env)
     samples_dir = os.path.join(cfg.log.output_dir, "eval_samples") if is_writer and cfg.eval.save_samples else None
     evaluator = Evaluator(cfg.eval, eval_sets, rollout, tokenizer, samples_dir=samples_dir)
     checkpoints = Checkpointer(
@@ -327,7 +327,7 @@ class _Phases:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
 
-def _rollout_backend(cfg: TrainConfig, learner: Learner, tokenizer) -> RolloutBackend:
+def _rollout_backend(cfg: TrainConfig, learner: Learner, tokenizer, *, env=None) -> RolloutBackend:
     if cfg.rollout.engine == "sglang":
         arch = learner.arch
         return SGLangRollout(
@@ -340,7 +340,7 @@ def _rollout_backend(cfg: TrainConfig, learner: Learner, tokenizer) -> RolloutBa
             else None,
         )
     if cfg.rollout.env:
-        return AgentRollout(learner, tokenizer, cfg.rollout)
+        return AgentRollout(learner, tokenizer, cfg.rollout, env=env)
     return InProcessRollout(learner, tokenizer, max_batch_size=cfg.rollout.max_batch_size)
 
 
