@@ -81,49 +81,28 @@ def forward_logprobs(
     """
     if replay_routing and any(s.routed_experts is None for s in samples):
         raise ValueError("forward_logprobs(replay_routing=True) needs routed_experts on every sample")
+    tape = routing.tape(model, layout, replay=replay_routing)
     return _forward_logprobs(
-        model,
-        samples,
-        layout,
-        max_tokens=max_tokens,
-        packing=packing,
-        temperature=temperature,
-        loss_cfg=loss_cfg,
-        tape=routing.tape(model, layout, replay=replay_routing),
+        model, samples, layout, tape, max_tokens=max_tokens, packing=packing, temperature=temperature, loss_cfg=loss_cfg
     )
 
 
 @torch.no_grad()
 def forward_logprobs_with_routing(
-    model,
-    samples: list[TrainSample],
-    layout: Layout,
-    *,
-    max_tokens: int,
-    packing: str = "padded",
-    temperature: float = 1.0,
-    loss_cfg=None,
+    model, samples: list[TrainSample], layout: Layout, **options
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """:func:`forward_logprobs` of a MoE model, plus the experts every token was routed to: per sample
-    ``[L, num_layers, topk]`` int32 (``-1`` in dense layers), on every rank (see :mod:`.routing`)."""
+    """:func:`forward_logprobs` of a MoE model (``options``: its keywords but ``replay_routing``), plus the
+    experts every token was routed to: per sample ``[L, num_layers, topk]`` int32 (``-1`` in dense layers), on
+    every rank (see :mod:`.routing`)."""
     if not routing.is_moe(model):
         raise ValueError("forward_logprobs_with_routing needs a MoE model")
     tape = routing.tape(model, layout, record=True)
-    logps = _forward_logprobs(
-        model,
-        samples,
-        layout,
-        max_tokens=max_tokens,
-        packing=packing,
-        temperature=temperature,
-        tape=tape,
-        loss_cfg=loss_cfg,
-    )
+    logps = _forward_logprobs(model, samples, layout, tape, **options)
     num_layers, topk = routing.routing_dims(model)
     return logps, tape.scatter_to_samples(samples, layout, num_layers=num_layers, topk=topk)
 
 
-def _forward_logprobs(model, samples, layout, *, max_tokens, packing, temperature, tape, loss_cfg):
+def _forward_logprobs(model, samples, layout, tape, *, max_tokens, packing="padded", temperature=1.0, loss_cfg=None):
     mbs = microbatches_for_rank(samples, layout, max_tokens, model=model, packing=packing)
     head = lm_head.fused_head(model, loss_cfg) if loss_cfg is not None else None
     store = run_schedule(

@@ -28,14 +28,15 @@ class AgentRollout(InProcessRollout):
 
     runs_episodes = True
 
-    def __init__(self, learner, tokenizer, rollout_cfg):
+    def __init__(self, learner, tokenizer, rollout_cfg, *, env=None):
         super().__init__(learner, tokenizer, max_batch_size=rollout_cfg.max_batch_size)
         if not getattr(self.engine.model, "own_cache", True):
             raise ValueError(
                 "rollout.env: the in-process engine extends episodes on its own KV cache, which Transformer "
                 "Engine's attention does not allow"
             )
-        env = load_env(rollout_cfg.env, rollout_cfg.env_kwargs)  # errors name rollout.env
+        if env is None:  # the start-up checks build it (trainer.preflight.check_env); errors name rollout.env
+            env = load_env(rollout_cfg.env, rollout_cfg.env_kwargs)
         layout = self.layout
         share = None
         if layout.tp_size > 1:
@@ -69,11 +70,12 @@ class SGLangAgentRollout(SGLangRollout):
 
     runs_episodes = True
 
-    def __init__(self, rollout_cfg, tokenizer, *, model_dir: str, output_dir: str, layout):
+    def __init__(self, rollout_cfg, tokenizer, *, model_dir: str, output_dir: str, layout, env=None):
         super().__init__(rollout_cfg.sglang, model_dir=model_dir, output_dir=output_dir, layout=layout)
         self.driver = None
         if self.is_driver:
-            env = load_env(rollout_cfg.env, rollout_cfg.env_kwargs)  # errors name rollout.env
+            if env is None:  # the start-up checks build it (trainer.preflight.check_env); errors name rollout.env
+                env = load_env(rollout_cfg.env, rollout_cfg.env_kwargs)
             renderer = ChatRenderer(tokenizer, tool_format=rollout_cfg.episode.tool_format)
             self.driver = EpisodeDriver(env, renderer, rollout_cfg.episode)
 

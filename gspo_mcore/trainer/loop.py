@@ -97,7 +97,7 @@ def run(cfg: TrainConfig) -> list[dict]:
         if learner.reference is not None:
             logger.info("KL reference policy: %.1f MiB of CPU memory per rank", learner.reference.nbytes / 2**20)
     distiller = distill_plan.build(cfg.parallel, learner.layout, cfg.model.options) if distill_plan else None
-    rollout = _rollout_backend(cfg, learner, tokenizer)
+    rollout = _rollout_backend(cfg, learner, tokenizer, env=inputs.env)
     samples_dir = os.path.join(cfg.log.output_dir, "eval_samples") if is_writer and cfg.eval.save_samples else None
     evaluator = Evaluator(cfg.eval, eval_sets, rollout, tokenizer, samples_dir=samples_dir)
     checkpoints = Checkpointer(
@@ -329,10 +329,15 @@ class _Phases:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
 
-def _rollout_backend(cfg: TrainConfig, learner: Learner, tokenizer) -> RolloutBackend:
+def _rollout_backend(cfg: TrainConfig, learner: Learner, tokenizer, *, env=None) -> RolloutBackend:
     if cfg.rollout.engine == "sglang" and cfg.rollout.env:
         return SGLangAgentRollout(
-            cfg.rollout, tokenizer, model_dir=cfg.model.hf_dir, output_dir=cfg.log.output_dir, layout=learner.layout
+            cfg.rollout,
+            tokenizer,
+            model_dir=cfg.model.hf_dir,
+            output_dir=cfg.log.output_dir,
+            layout=learner.layout,
+            env=env,
         )
     if cfg.rollout.engine == "sglang":
         arch = learner.arch
@@ -346,7 +351,7 @@ def _rollout_backend(cfg: TrainConfig, learner: Learner, tokenizer) -> RolloutBa
             else None,
         )
     if cfg.rollout.env:
-        return AgentRollout(learner, tokenizer, cfg.rollout)
+        return AgentRollout(learner, tokenizer, cfg.rollout, env=env)
     return InProcessRollout(learner, tokenizer, max_batch_size=cfg.rollout.max_batch_size)
 
 

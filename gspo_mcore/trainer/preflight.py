@@ -2,10 +2,12 @@
 
 :func:`check` runs once at the top of :func:`gspo_mcore.trainer.run`, on every rank, reading only. In order:
 the model folder (``config.json``; with ``model.load_hf_weights`` its ``*.safetensors`` and their tensor
-names and shapes), the parallel layout against the world size, the tokenizer, the training data, the
-evaluation sets (each file must exist; errors name ``eval.datasets[i]``), prompt lengths, the rewards (every
-row's fields), the run folder (:mod:`.run_dir`: no mixing of two runs) and, for a resume, the checkpoint it
-would load (one whose files have the sizes its manifest records; the checksums are verified when it loads).
+names and shapes), the parallel layout against the world size, the tokenizer, the environment
+(``rollout.env``: imported, its methods and keyword arguments checked, built once, the tool format against
+the chat template), the training data, the evaluation sets (each file must exist; errors name
+``eval.datasets[i]``), prompt lengths, the rewards (every row's fields), the run folder (:mod:`.run_dir`: no
+mixing of two runs) and, for a resume, the checkpoint it would load (one whose files have the sizes its
+manifest records; the checksums are verified when it loads).
 
 A failure keeps its exception type and gets an ``input_kind`` attribute (``model``, ``config``,
 ``tokenizer``, ``data``, ``eval``, ``reward``, ``run folder``, ``checkpoint``): ``gspo-train`` prints it
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from gspo_mcore.config import ConfigError, to_dict
 from gspo_mcore.data.dataset import PromptDataset
 from gspo_mcore.data.template import PromptTemplate, load_tokenizer
+from gspo_mcore.envs import ChatRenderer, load_env
 from gspo_mcore.learner import load_hf_config
 from gspo_mcore.learner.checkpoint import CheckpointError
 from gspo_mcore.rewards import check_reward_setup
@@ -55,6 +58,8 @@ class Inputs:
     rewards: object
     """The training reward runner."""
     run_dir: run_dir.RunDirPlan
+    env: object = None
+    """The environment ``rollout.env`` names, built with ``rollout.env_kwargs`` (``None``: single-turn)."""
 
 
 def input_kind_of(exc: BaseException) -> str | None:
@@ -92,6 +97,8 @@ def check(cfg: TrainConfig) -> Inputs:
     with input_kind("tokenizer"):
         tokenizer = load_tokenizer(cfg.template.tokenizer_dir)
         template = PromptTemplate(cfg.template, tokenizer)
+    with input_kind("config"):
+        env = check_env(cfg.rollout, tokenizer)
     with input_kind("data"):
         missing = [p for p in cfg.data.paths if not os.path.isfile(p)]
         if missing:
@@ -118,7 +125,22 @@ def check(cfg: TrainConfig) -> Inputs:
         eval_sets=eval_sets,
         rewards=rewards,
         run_dir=plan,
+        env=env,
     )
+
+
+def check_env(rollout_cfg, tokenizer):
+    """``rollout.env``: the class imported, its ``reset``/``step`` and keyword arguments checked, and built
+    (errors name ``rollout.env``); ``rollout.episode.tool_format`` against the tokenizer's chat template.
+    Returns the environment, or ``None`` without ``rollout.env``."""
+    if not rollout_cfg.env:
+        return None
+    env = load_env(rollout_cfg.env, rollout_cfg.env_kwargs)
+    try:
+        ChatRenderer(tokenizer, tool_format=rollout_cfg.episode.tool_format)
+    except ValueError as exc:
+        raise InputError("config", f"rollout.episode.tool_format={rollout_cfg.episode.tool_format}: {exc}") from None
+    return env
 
 
 def check_weights(hf_dir: str, arch) -> None:

@@ -203,3 +203,18 @@ def max_diff_vs(shards, reference: dict[str, torch.Tensor]) -> tuple[float, list
     for key, _, index, t in shards:
         worst = max(worst, float((t - reference[key][index]).abs().max()))
     return worst, sorted({k for k, *_ in shards})
+
+
+def toy_engine_setup(layout_name: str, *, seed: int = 7, max_batch_size: int = 8):
+    """The engine workers' common start: parallel state for ``layout_name`` (``tp2``: 2 TP ranks; anything
+    else: this launch's world as DP), the DENSE toy model, and the engines' keyword arguments.
+    Returns ``(layout, arch, model, engine_kwargs)``."""
+    from gspo_mcore.learner import ParallelConfig, build_model, init_parallel
+    from gspo_mcore.learner.model_config import load_hf_config
+
+    parallel = ParallelConfig(tensor=2) if layout_name == "tp2" else ParallelConfig()
+    arch = load_hf_config(DENSE)
+    layout = init_parallel(parallel, arch, seed=seed)
+    model = build_model(arch, parallel, seed=seed)
+    kwargs = {"eos_token_id": 2, "vocab_size": arch.vocab_size, "max_batch_size": max_batch_size}
+    return layout, arch, model, kwargs

@@ -14,29 +14,17 @@ import os
 import sys
 
 import torch
-from helpers.learner_toy import DENSE
+from helpers.learner_toy import toy_engine_setup
 
 
 def main():
     layout_name, tau = sys.argv[1], float(sys.argv[2])
-    from gspo_mcore.learner import (
-        ParallelConfig,
-        TrainSample,
-        build_model,
-        destroy_parallel,
-        forward_logprobs,
-        init_parallel,
-    )
+    from gspo_mcore.learner import TrainSample, destroy_parallel, forward_logprobs
     from gspo_mcore.learner.inference import MegatronDecodeModel, decode_model
     from gspo_mcore.learner.model import unwrap
-    from gspo_mcore.learner.model_config import load_hf_config
     from gspo_mcore.rollout import InProcessEngine, SamplingParams
 
-    parallel = ParallelConfig(tensor=2) if layout_name == "tp2" else ParallelConfig()
-    arch = load_hf_config(DENSE)
-    layout = init_parallel(parallel, arch, seed=7)
-    model = build_model(arch, parallel, seed=7)
-    kw = {"eos_token_id": 2, "vocab_size": arch.vocab_size, "max_batch_size": 8}
+    layout, _, model, kw = toy_engine_setup(layout_name)
     if layout_name == "1-megatron-cache":
         kv_model = MegatronDecodeModel(unwrap(model[0]), layout, megatron_cache=True)
         assert not kv_model.own_cache

@@ -103,3 +103,24 @@ def test_resume_with_every_checkpoint_damaged(tiny):
     assert what.startswith(f"no usable checkpoint to resume in {run}/checkpoints: every one is damaged (step_0: ")
     assert f"megatron/{os.path.basename(shard)} truncated" in what
     assert fingerprint(run) == before
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (("rollout.env=no_such_pkg.mod:Env",), "rollout.env: cannot import module 'no_such_pkg.mod' ("),
+        (
+            ("rollout.env=gspo_mcore.envs.tools:ToolEnv", "rollout.env_kwargs={tools: ['no_such_pkg.tools:add']}"),
+            "rollout.env: gspo_mcore.envs.tools:ToolEnv(**rollout.env_kwargs) failed: ValueError: tools[0]: "
+            "cannot import module 'no_such_pkg.tools'",
+        ),
+    ],
+    ids=["unimportable", "bad-kwargs"],
+)
+def test_environment_that_cannot_be_built(tiny, tmp_path, overrides, message):
+    """A bad ``rollout.env`` is found before any model is built: one config error naming the key."""
+    data, _ = tiny
+    out = str(tmp_path / "run")
+    kind, what = one_error(failing(data, out, *overrides))
+    assert kind == "config" and what.startswith(message), what
+    assert os.listdir(out) == [n for n in os.listdir(out) if n.endswith(".log")]
