@@ -1,0 +1,78 @@
+"""A deliberately naive host judge of call-based tests, for the exploit battery only (never used by the package).
+
+It runs the package's harness in the package's sandbox, like ``code.run_call_tests``, but judges the
+report the way a first version would: ``json.loads`` on each line, the tagged values rebuilt directly
+(``bytes.fromhex``, ``set(...)``), numbers compared with ``math.isclose``. Nothing here is total: a hostile
+report makes it raise, overflow, or spend n**2 / 2 comparisons on a set whose members share one hash.
+``rewards/plain.py`` is the package's answer to each.
+
+Also a script: ``python weak_judge.py OUTPUTS_JSON TOLERANCE < report`` judges a report read from stdin
+(the battery runs it under a CPU limit).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+
+def naive_decode(obj):
+    if isinstance(obj, list):
+        return [naive_decode(x) for x in obj]
+    if isinstance(obj, dict):
+        kind, v = obj["$"], obj["v"]
+        if kind == "tuple":
+            return tuple(naive_decode(x) for x in v)
+        if kind == "set":
+            return set(naive_decode(x) for x in v)
+        if kind == "frozenset":
+            return frozenset(naive_decode(x) for x in v)
+        if kind == "dict":
+            return {naive_decode(k): naive_decode(x) for k, x in v}
+        if kind == "bytes":
+            return bytes.fromhex(v)
+        if kind == "float":
+            return float(v)
+    return obj
+
+
+def naive_judge(report: bytes, outputs: list, tolerance: float | None) -> float:
+    """Fraction of cases whose reported value equals the expected output (raises on a hostile report)."""
+    got = {}
+    for line in report.decode(errors="replace").splitlines():
+        if line.startswith("{"):
+            obj = json.loads(line)
+            if "c" in obj and "v" in obj:
+                got[obj["c"]] = naive_decode(obj["v"])
+    passed = 0
+    for k, want in enumerate(outputs):
+        if k not in got:
+            continue
+        if tolerance is not None and isinstance(want, (int, float)):
+            passed += math.isclose(got[k], want, rel_tol=tolerance, abs_tol=tolerance)
+        else:
+            passed += got[k] == want
+    return passed / len(outputs)
+
+
+def harness_report(code: str, fn_name: str, inputs: list, config) -> bytes:
+    """What the package's harness reports, in the package's sandbox, for ``code`` on these inputs."""
+    from gspo_mcore.rewards.code import _run_harness
+
+    payload = {"mode": "call", "fn_name": fn_name, "inputs": inputs, "test_timeout_s": config.test_timeout_s}
+    return _run_harness(code, payload, config).stdout
+
+
+def naive_call_reward(response: str, metadata: dict, *, config) -> float:
+    """``code_reward`` for call-based tests with the naive judge (a reward function for the runner)."""
+    from gspo_mcore.rewards.extract import last_code_block
+
+    tests = metadata["tests"]
+    report = harness_report(last_code_block(response), tests["fn_name"], tests["inputs"], config)
+    return naive_judge(report, tests["outputs"], config.float_tolerance)
+
+
+if __name__ == "__main__":
+    tol = None if sys.argv[2] == "none" else float(sys.argv[2])
+    print(naive_judge(sys.stdin.buffer.read(), json.loads(sys.argv[1]), tol))
