@@ -6,8 +6,8 @@ report the way a first version would: ``json.loads`` on each line, the tagged va
 report makes it raise, overflow, or spend n**2 / 2 comparisons on a set whose members share one hash.
 ``rewards/plain.py`` is the package's answer to each.
 
-Also a script: ``python weak_judge.py OUTPUTS_JSON TOLERANCE < report`` judges a report read from stdin
-(the battery runs it under a CPU limit).
+Also a script: ``python weak_judge.py naive|package OUTPUTS_JSON TOLERANCE TREE < report`` judges a report
+read from stdin with 2 CPU seconds to do it, with this judge or the package's (from the source tree TREE).
 """
 
 from __future__ import annotations
@@ -73,6 +73,38 @@ def naive_call_reward(response: str, metadata: dict, *, config) -> float:
     return naive_judge(report, tests["outputs"], config.float_tolerance)
 
 
-if __name__ == "__main__":
-    tol = None if sys.argv[2] == "none" else float(sys.argv[2])
-    print(naive_judge(sys.stdin.buffer.read(), json.loads(sys.argv[1]), tol))
+def package_judge(report: bytes, outputs: list, tolerance: float | None) -> float:
+    """The package's judge of the same report (``code.run_call_tests`` after the sandbox ran)."""
+    from gspo_mcore.rewards.code import _call_ok, _records
+
+    class Result:
+        stdout = report
+
+    got: dict[int, list] = {}
+    for r in _records(Result()):
+        if type(r.get("c")) is int:
+            got.setdefault(r["c"], []).append(r)
+    passed = sum(
+        bool(got.get(k)) and all(_call_ok(r, want, tolerance) for r in got[k]) for k, want in enumerate(outputs)
+    )
+    return passed / len(outputs)
+
+
+if __name__ == "__main__":  # weak_judge.py naive|package OUTPUTS_JSON TOLERANCE TREE < report
+    import types
+
+    for name in ("gspo_mcore", "gspo_mcore.rewards"):  # the package's judge alone: no torch, no package __init__
+        pkg = types.ModuleType(name)
+        pkg.__path__ = [sys.argv[4] + "/" + name.replace(".", "/")]
+        sys.modules[name] = pkg
+    judge = {"naive": naive_judge, "package": package_judge}[sys.argv[1]]
+    tol = None if sys.argv[3] == "none" else float(sys.argv[3])
+    if judge is package_judge:
+        import gspo_mcore.rewards.code  # noqa: F401 - imported before the clock starts
+    report = sys.stdin.buffer.read()
+    import resource
+
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    limit = int(used.ru_utime + used.ru_stime) + 2  # 2 CPU seconds for judging, whichever judge
+    resource.setrlimit(resource.RLIMIT_CPU, (limit, limit + 1))
+    print(judge(report, json.loads(sys.argv[2]), tol))
