@@ -212,7 +212,7 @@ def test_two_samples_at_once_share_no_kernel_state():
 IDENTITY = r"""
 import os
 print(os.uname().nodename)
-print(open("/proc/1/cmdline", "rb").read().decode(errors="replace").replace("\0", " "))
+print(open("/proc/1/cmdline", "rb").read().decode(errors="replace").replace("\0", " ").replace("\n", " "))
 print(open("/proc/self/cgroup").read().replace("\n", " "))
 print(open("/proc/self/mountinfo").read().replace("\n", " "))
 """
@@ -224,6 +224,7 @@ def test_the_host_is_hidden_hostname_launcher_arguments_and_cgroup_paths():
     r = run_python(IDENTITY, config=SMALL)
     assert r.ok, r.stderr
     nodename, cmdline, cgroup, mounts = r.stdout.decode().split("\n")[:4]
+    assert cmdline.startswith("sandbox-launcher") and "os.read(fd" in cmdline  # all of it (its -c code has newlines)
     assert nodename == "sandbox" != host
     seen = cmdline + cgroup + mounts
     leaks = [f"gspo-sandbox-{os.getpid()}", "gspo-sandbox-", os.path.dirname(sandbox_mod.__file__)]
