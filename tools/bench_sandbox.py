@@ -10,6 +10,7 @@ per tree and kind, in milliseconds, of the wall time and of the CPU time (user +
 every process of the run: less sensitive to a loaded machine), and the machine's load before and after.
 
     python tools/bench_sandbox.py --tree before=/tmp/rw_c1 --tree after=. --runs 20
+    python tools/bench_sandbox.py --tree filter=. --tree no-filter=.,seccomp=false --kinds stdio  # one layer
 
 ``--judge`` measures instead the host judge's worst case: the CPU time (this thread's, so the time the
 GIL is held) of decoding and judging hostile reports of up to ``max_output_bytes`` (1 MiB), with the
@@ -49,13 +50,15 @@ PROBLEMS = {
 
 WORKER = r"""
 import json, os, sys, time
-from gspo_mcore.rewards.code import code_reward
+from gspo_mcore.rewards.code import CodeRewardConfig, code_reward
+from gspo_mcore.rewards.sandbox import SandboxConfig
 problems = json.loads(sys.argv[1])
+config = CodeRewardConfig(sandbox=SandboxConfig(**json.loads(sys.argv[2])))
 print("ready", flush=True)
 for line in sys.stdin:
     code, meta = problems[line.strip()]
     c0, t0 = os.times(), time.perf_counter()
-    score = code_reward("```python\n" + code + "```", meta)
+    score = code_reward("```python\n" + code + "```", meta, config=config)
     t1, c1 = time.perf_counter(), os.times()
     cpu = sum(c1[:4]) - sum(c0[:4])  # this process and every waited-for descendant: user + system
     print(json.dumps({"ms": (t1 - t0) * 1e3, "cpu_ms": cpu * 1e3, "score": score}), flush=True)
@@ -63,10 +66,10 @@ for line in sys.stdin:
 
 
 class Worker:
-    def __init__(self, tree: str, python: str):
+    def __init__(self, tree: str, python: str, sandbox: dict):
         env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
         self.proc = subprocess.Popen(
-            [python, "-c", WORKER, json.dumps(PROBLEMS)],
+            [python, "-c", WORKER, json.dumps(PROBLEMS), json.dumps(sandbox)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -157,7 +160,12 @@ def judge_worst_case(repeat: int = 3) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tree", action="append", help="NAME=PATH of a source tree (give two or more)")
+    ap.add_argument(
+        "--tree",
+        action="append",
+        help="NAME=PATH[,FIELD=JSON...]: a source tree (two or more), optionally with SandboxConfig fields "
+        "that differ from that tree's defaults (e.g. after-nofilter=.,seccomp=false)",
+    )
     ap.add_argument("--judge", action="store_true", help="measure the host judge's worst case instead")
     ap.add_argument("--runs", type=int, default=20, help="measured runs per tree and kind")
     ap.add_argument("--warmup", type=int, default=2, help="runs per tree and kind dropped first")
@@ -169,9 +177,14 @@ def main(argv: list[str] | None = None) -> None:
         return judge_worst_case()
     if not args.tree or len(args.tree) < 2:
         ap.error("give two or more --tree NAME=PATH")
-    trees = dict(t.split("=", 1) for t in args.tree)
+    trees, sandboxes = {}, {}
+    for spec in args.tree:  # NAME=PATH[,field=json,...]: SandboxConfig fields that differ from the defaults
+        name, rest = spec.split("=", 1)
+        path, *fields = rest.split(",")
+        trees[name] = path
+        sandboxes[name] = {k: json.loads(v) for k, v in (f.split("=", 1) for f in fields)}
     print(f"load before: {os.getloadavg()}", flush=True)
-    workers = {name: Worker(path, args.python) for name, path in trees.items()}
+    workers = {name: Worker(path, args.python, sandboxes[name]) for name, path in trees.items()}
     times: dict[str, dict[str, list[float]]] = {k: {n: [] for n in trees} for k in args.kinds}
     cpu: dict[str, dict[str, list[float]]] = {k: {n: [] for n in trees} for k in args.kinds}
     t0 = time.time()

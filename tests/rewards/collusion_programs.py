@@ -8,7 +8,8 @@ part of the problem's input, so each group of samples gets its own.
 
 Channels (kernel objects every sandbox could reach before the layers that close them):
 
-- ``flock``: BSD locks on read-only standard-library files, one bit per file, plus a "ready" file;
+- ``flock``: BSD locks on read-only standard-library files, one bit per file, plus a "ready" file (read
+  twice alike);
 - ``posix_lock``: one POSIX byte-range lock whose offset is the answer (``F_GETLK`` reads it back);
 - ``inotify``: the publisher opens standard-library files in a sequence that spells the answer's digits;
   the copier watches the directory for ``IN_OPEN`` events (a separator file between digits: the kernel
@@ -22,7 +23,7 @@ Channels (kernel objects every sandbox could reach before the layers that close 
 from __future__ import annotations
 
 CHANNELS = ("flock", "posix_lock", "inotify", "keyring", "abstract_socket", "sysv_shm", "posix_shm")
-HOLD_S = 4.0
+HOLD_S = 5.0
 """How long the publisher keeps its answer published, and the copier looks for one."""
 
 
@@ -36,9 +37,15 @@ CHANNEL = {channel!r}
 HOLD = {hold!r}
 seed, n = map(int, sys.stdin.read().split())
 lib = os.path.dirname(os.__file__)
-names = sorted(f for f in os.listdir(lib) if f.endswith(".py") and not f.startswith("_"))
-pick = random.Random(seed).sample(names, 16)
-paths = [os.path.join(lib, f) for f in pick]
+# files every sandbox sees: the standard library's sources, a large pool (other runs of these tests on the
+# same machine, with other seeds, rarely pick the same ones), without those other tests lock
+names = sorted(
+    os.path.relpath(os.path.join(d, f), lib)
+    for d, _, fs in os.walk(lib) if "site-packages" not in d and "__pycache__" not in d
+    for f in fs if f.endswith(".py") and f not in ("this.py", "antigravity.py")
+)
+paths = [os.path.join(lib, f) for f in random.Random(seed).sample(names, 16)]
+tops = [os.path.join(lib, f) for f in random.Random(seed).sample(sorted(n for n in names if "/" not in n), 16)]
 libc = ctypes.CDLL(None, use_errno=True)
 libc.shmat.restype = ctypes.c_void_p
 libc.shmat.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
@@ -63,9 +70,9 @@ def do_flock():
     for k in range(12):
         if value >> k & 1:
             f = open(paths[k], "rb"); held.append(f)
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            attempt(lambda: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB))
     f = open(paths[12], "rb"); held.append(f)
-    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # "ready": taken last, given back first
 def do_posix_lock():
     g = open(paths[0], "rb"); held.append(g)
     fcntl.fcntl(g, fcntl.F_SETLK, struct.pack("hhqqi", fcntl.F_RDLCK, 0, LOCK_BASE + value, 1, 0))
@@ -98,7 +105,7 @@ while time.monotonic() < end:
     if CHANNEL == "inotify":    # start marker, four digit files between separators, end marker
         for k in [10, digits[0], 12, digits[1], 12, digits[2], 12, digits[3], 11]:
             try:
-                os.close(os.open(paths[k], os.O_RDONLY))
+                os.close(os.open(tops[k], os.O_RDONLY))  # files of the watched directory itself
             except OSError:
                 pass
     for h in held:
@@ -109,8 +116,10 @@ while time.monotonic() < end:
             except OSError:
                 pass
     time.sleep(0.01)
-for h in held:
-    if type(h) is tuple and h[0] == "shm":
+for h in reversed(held):
+    if CHANNEL == "flock":
+        attempt(lambda: fcntl.flock(h, fcntl.LOCK_UN))
+    elif type(h) is tuple and h[0] == "shm":
         libc.shmctl(h[1], 0, None)  # IPC_RMID
     elif type(h) is tuple:
         os.unlink(h[1])
@@ -122,7 +131,12 @@ print(value)
 """
 
 COPY = r"""
-def read_flock():
+last = []
+def read_flock():  # the same value twice in a row (a read while the publisher locks or unlocks is torn)
+    value = read_flock_once()
+    last.append(value)
+    return value if value is not None and last[-2:] == [value, value] else None
+def read_flock_once():
     with open(paths[12], "rb") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -157,7 +171,7 @@ def read_inotify():
         data = os.read(ino, 65536)
     except BlockingIOError:
         return None
-    index = {os.path.basename(p): k for k, p in enumerate(paths[:13])}
+    index = {os.path.basename(p): k for k, p in enumerate(tops[:13])}
     at = 0
     while at + 16 <= len(data):
         _, mask, _, size = struct.unpack_from("iIII", data, at)
