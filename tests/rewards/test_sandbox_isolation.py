@@ -1,4 +1,4 @@
-"""The system-call allow-list, samples scored side by side, and what the sandbox shows of the host.
+"""The system-call allow-list, samples scored side by side, what the sandbox shows of the host, and capabilities.
 
 Each attack runs with the layer that stops it (it fails) and without it (the control: it succeeds), so
 every test can fail. Two samples of a group are scored concurrently by the runner; the collusion tests
@@ -324,11 +324,16 @@ def _as_nobody(weaken: bool) -> tuple[set[str], dict[str, str], str, int]:
 def _nobody_can_run_the_sandbox() -> bool:
     if os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK):
         return False
+    recent = "import sys; sys.exit(sys.version_info < (3, 10))"  # what the package's sources need
+    if subprocess.run(["/usr/bin/python3", "-I", "-c", recent], capture_output=True).returncode != 0:
+        return False
     tree = os.path.dirname(os.path.dirname(sandbox_mod.__file__))
     return subprocess.run(["test", "-r", tree + "/rewards/sandbox.py"], user=65534, cwd="/").returncode == 0
 
 
-@pytest.mark.skipif(not _nobody_can_run_the_sandbox(), reason="needs root, /usr/bin/python3 and a world-readable tree")
+@pytest.mark.skipif(
+    not _nobody_can_run_the_sandbox(), reason="needs root, /usr/bin/python3 (3.10+) and a world-readable tree"
+)
 def test_in_user_namespace_mode_root_in_the_sandbox_holds_no_capability():
     """As a normal user the program runs as root of its own user namespace: without the dropped bounding
     set it would hold every capability there (the control opens a mode-000 file); with it, none."""
