@@ -1,10 +1,12 @@
 """Two model-written programs that collude through shared kernel state (for the exploit battery only).
 
-The problem (stdio): the input is ``"<seed> <n>"``, the answer ``(n * n + 7) % 4096``. ``publisher(channel)``
+The problem: the input is ``"<seed> <n>"``, the answer ``(n * n + 7) % 4096`` (stdio; as call-based and
+assert-style problems, ``solve(seed, n)`` runs the same program, ``in_format``). ``publisher(channel)``
 solves it honestly and, while it runs, publishes the answer through ``channel``; ``copier(channel)``
 computes nothing: it reads the answer another sample published through ``channel`` and prints it (nothing
 when it read nothing). Both derive the channel's names (files, keys, socket names) from the seed, which is
-part of the problem's input, so each group of samples gets its own.
+part of the problem's input, so each group of samples gets its own (groups scored at once should take seeds
+that differ modulo 64: their lock files are then disjoint).
 
 Channels (kernel objects every sandbox could reach before the layers that close them):
 
@@ -44,7 +46,8 @@ names = sorted(
     for d, _, fs in os.walk(lib) if "site-packages" not in d and "__pycache__" not in d
     for f in fs if f.endswith(".py") and f not in ("this.py", "antigravity.py")
 )
-paths = [os.path.join(lib, f) for f in random.Random(seed).sample(names, 16)]
+slot = seed % 64  # groups of one run take different slots: disjoint files
+paths = [os.path.join(lib, f) for f in random.Random(0).sample(names, len(names))[16 * slot : 16 * slot + 16]]
 tops = [os.path.join(lib, f) for f in random.Random(seed).sample(sorted(n for n in names if "/" not in n), 16)]
 libc = ctypes.CDLL(None, use_errno=True)
 libc.shmat.restype = ctypes.c_void_p
@@ -229,9 +232,36 @@ if got is not None:
 """
 
 
-def publisher(channel: str) -> str:
-    return _COMMON.format(channel=channel, hold=HOLD_S) + PUBLISH
+def publisher(channel: str, fmt: str = "stdio") -> str:
+    return in_format(_COMMON.format(channel=channel, hold=HOLD_S) + PUBLISH, fmt)
 
 
-def copier(channel: str) -> str:
-    return _COMMON.format(channel=channel, hold=HOLD_S) + COPY
+def copier(channel: str, fmt: str = "stdio") -> str:
+    return in_format(_COMMON.format(channel=channel, hold=HOLD_S) + COPY, fmt)
+
+
+_AS_FUNCTION = """
+import contextlib, io, sys
+_PROGRAM = {program!r}
+def solve(seed, n):
+    sys.stdin = io.StringIO(f"{{seed}} {{n}}\\n")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(_PROGRAM, "program", "exec"), {{"__name__": "__main__"}})
+    text = out.getvalue().strip()
+    return int(text) if text else None
+"""
+
+
+def in_format(program: str, fmt: str) -> str:
+    """The program as the response of a ``fmt`` problem: as is (stdio), or run by ``solve(seed, n)``."""
+    return program if fmt == "stdio" else _AS_FUNCTION.format(program=program)
+
+
+def tests_for(fmt: str, seed: int, n: int):
+    """The problem's tests in each of the code reward's formats."""
+    if fmt == "stdio":
+        return [{"input": f"{seed} {n}\n", "output": f"{answer(n)}\n"}]
+    if fmt == "call":
+        return {"fn_name": "solve", "inputs": [[seed, n]], "outputs": [answer(n)]}
+    return [f"assert solve({seed}, {n}) == {answer(n)}"]
