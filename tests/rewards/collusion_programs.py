@@ -258,7 +258,7 @@ def in_format(program: str, fmt: str) -> str:
     return program if fmt == "stdio" else _AS_FUNCTION.format(program=program)
 
 
-def tests_for(fmt: str, seed: int, n: int):
+def problem_tests(fmt: str, seed: int, n: int):
     """The problem's tests in each of the code reward's formats."""
     if fmt == "stdio":
         return [{"input": f"{seed} {n}\n", "output": f"{answer(n)}\n"}]
