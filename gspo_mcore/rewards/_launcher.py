@@ -24,7 +24,9 @@ in the sandbox shows no host pid or path; a pipe for the report is the status fd
    process group; PID 1 then points its standard descriptors at ``/dev/null``); without one the child
    is the program;
 4. in the program's process: joins the cgroups the plan names, sets the resource limits, drops to the
-   sandbox uid/gid with no supplementary groups when it runs as root, sets ``no_new_privs`` (setuid
+   sandbox uid/gid with no supplementary groups when it runs as root (first it empties the capability
+   bounding, ambient and inheritable sets: as root in a user namespace, the program gets no capability
+   on ``execve``, and nothing it starts can regain one), sets ``no_new_privs`` (setuid
    binaries cannot regain root) and a parent-death signal, loads the system-call allow-list the plan
    carries (``syscalls.py``: a BPF program exported by libseccomp on the host), writes the report of
    what held to the pipe, and ``execve``s the program with a clean environment (the pipe is
@@ -53,6 +55,8 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_NOATIME, MS_NODIRATIME
 MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 4096, 16384, 1 << 18, 1 << 21, 1 << 24
 MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 22, 36, 38
+PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 SECCOMP_MODE_FILTER = 2
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "ppc64": 203, "s390x": 217}
 DEVICES = ("null", "zero", "full", "random", "urandom")
@@ -100,6 +104,36 @@ def _load_seccomp(bpf_hex, report):
     prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
     _check(_libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(prog), 0, 0), "seccomp")
     report["layers"].append("seccomp")
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _drop_capabilities(report):
+    """Empty the capability bounding set, the ambient set and the inheritable set: a program started as
+    root (in its user namespace) gets no capability on ``execve``, and nothing it starts can regain one."""
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            last = int(f.read())
+    except (OSError, ValueError):
+        last = 63  # PR_CAPBSET_DROP of a capability this kernel lacks fails with EINVAL: stop there
+    for cap in range(last + 1):
+        if _libc.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0) != 0:
+            if ctypes.get_errno() == 22 and cap > 0:  # EINVAL: past the kernel's last capability
+                break
+            _check(-1, f"PR_CAPBSET_DROP {cap}")
+    _check(_libc.prctl(PR_CAP_AMBIENT, ctypes.c_ulong(PR_CAP_AMBIENT_CLEAR_ALL), 0, 0, 0), "PR_CAP_AMBIENT")
+    header, data = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0), (_CapData * 2)()
+    _check(_libc.capget(ctypes.byref(header), data), "capget")
+    for d in data:
+        d.inheritable = 0
+    _check(_libc.capset(ctypes.byref(header), data), "capset")
+    report["layers"].append("no_caps")
 
 
 def _set_hostname(name, report):
@@ -318,6 +352,10 @@ def _program(plan, report, status_fd):
         report["notes"].append(f"oom_score_adj: {e}")
     _set_limits(plan)
     report["layers"].append("rlimits")
+    try:  # before the uid drop, which needs no capability but ends the right to change the bounding set
+        _drop_capabilities(report)
+    except OSError as e:
+        report["notes"].append(str(e))
     if os.geteuid() == 0 and "userns" not in report["layers"]:
         os.setgroups([])
         os.setgid(plan["gid"])

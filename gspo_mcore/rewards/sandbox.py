@@ -100,6 +100,7 @@ _KNOWN_LAYERS = frozenset(
         "hostname",
         "rlimits",
         "no_new_privs",
+        "no_caps",
         "seccomp",
     }
 )

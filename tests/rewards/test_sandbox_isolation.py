@@ -1,4 +1,4 @@
-"""The system-call allow-list, samples scored side by side, and what the sandbox shows of the host.
+"""The system-call allow-list, samples scored side by side, what the sandbox shows of the host, and capabilities.
 
 Each attack runs with the layer that stops it (it fails) and without it (the control: it succeeds), so
 every test can fail. Two samples of a group are scored concurrently by the runner; the collusion tests
@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import os
 import socket
+import subprocess
 import threading
 import uuid
 
@@ -211,7 +212,7 @@ def test_two_samples_at_once_share_no_kernel_state():
 IDENTITY = r"""
 import os
 print(os.uname().nodename)
-print(open("/proc/1/cmdline", "rb").read().decode(errors="replace").replace("\0", " "))
+print(open("/proc/1/cmdline", "rb").read().decode(errors="replace").replace("\0", " ").replace("\n", " "))
 print(open("/proc/self/cgroup").read().replace("\n", " "))
 print(open("/proc/self/mountinfo").read().replace("\n", " "))
 """
@@ -223,6 +224,7 @@ def test_the_host_is_hidden_hostname_launcher_arguments_and_cgroup_paths():
     r = run_python(IDENTITY, config=SMALL)
     assert r.ok, r.stderr
     nodename, cmdline, cgroup, mounts = r.stdout.decode().split("\n")[:4]
+    assert cmdline.startswith("sandbox-launcher") and "os.read(fd" in cmdline  # all of it (its -c code has newlines)
     assert nodename == "sandbox" != host
     seen = cmdline + cgroup + mounts
     leaks = [f"gspo-sandbox-{os.getpid()}", "gspo-sandbox-", os.path.dirname(sandbox_mod.__file__)]
@@ -233,3 +235,113 @@ def test_the_host_is_hidden_hostname_launcher_arguments_and_cgroup_paths():
     assert c_nodename == host
     if "cgroup" in LAYERS:
         assert f"gspo-sandbox-{os.getpid()}-" in c_cgroup
+
+
+# ---------------------------------------------------------------------------------------- capabilities
+
+CAPS = r"""
+import os
+try:
+    with open("/proc/self/status") as f:
+        print(" ".join(line.split(":")[0] + "=" + line.split()[1] for line in f if line.startswith("Cap")))
+except OSError:
+    print("no-proc")
+with open("mode-000", "w") as f:
+    f.write("x")
+os.chmod("mode-000", 0)
+try:
+    open("mode-000").close()
+    print("dac_override")      # only a process holding CAP_DAC_OVERRIDE opens a mode-000 file
+except PermissionError:
+    print("no_dac_override")
+print(os.getuid())
+"""
+_NO_CAP_DROP = (b"        _drop_capabilities(report)\n", b"        pass\n")
+
+
+def _caps(stdout: bytes) -> tuple[dict[str, str], str, int]:
+    status, dac, uid = stdout.decode().split("\n")[:3]
+    caps = dict(kv.split("=") for kv in status.split()) if status != "no-proc" else {}
+    return caps, dac, int(uid)
+
+
+@needs("no_caps")
+def test_the_program_holds_no_capability_and_its_bounding_set_is_empty(monkeypatch):
+    r = run_python(CAPS, config=SMALL)
+    assert r.ok, r.stderr
+    caps, dac, _ = _caps(r.stdout)
+    assert dac == "no_dac_override"
+    if "private_proc" in LAYERS:
+        assert set(caps.values()) == {"0" * 16} and len(caps) == 5, caps  # CapBnd included: none to regain
+    source = sandbox_mod._LAUNCHER_SOURCE
+    assert _NO_CAP_DROP[0] in source
+    monkeypatch.setattr(sandbox_mod, "_LAUNCHER_SOURCE", source.replace(*_NO_CAP_DROP))  # the control
+    control = run_python(CAPS, config=SMALL)
+    caps, dac, uid = _caps(control.stdout)
+    assert "no_caps" not in control.layers
+    if caps:  # the bounding set stays full (as root the uid drop still empties the others)
+        assert caps["CapBnd"] != "0" * 16, caps
+    if uid == 0:  # root in a user namespace: it holds every capability there
+        assert dac == "dac_override"
+
+
+AS_USER = r"""
+import sys, types
+tree, weaken = sys.argv[1], sys.argv[2] == "1"
+for name in ("gspo_mcore", "gspo_mcore.rewards"):  # the sandbox alone (no torch, no package __init__)
+    pkg = types.ModuleType(name)
+    pkg.__path__ = [tree + "/" + name.replace(".", "/")]
+    sys.modules[name] = pkg
+from gspo_mcore.rewards import sandbox
+if weaken:
+    step = b"        _drop_capabilities(report)\n"
+    assert step in sandbox._LAUNCHER_SOURCE
+    sandbox._LAUNCHER_SOURCE = sandbox._LAUNCHER_SOURCE.replace(step, b"        pass\n")
+cfg = sandbox.SandboxConfig(cpu_time_s=5, wall_time_s=30, memory_mb=256, max_processes=8, use_cgroup=False)
+r = sandbox.run_python(sys.stdin.read(), config=cfg)
+sys.stdout.write(" ".join(r.layers) + "\n" + r.stdout.decode())
+"""
+
+
+def _as_nobody(weaken: bool) -> tuple[set[str], dict[str, str], str, int]:
+    tree = os.path.dirname(os.path.dirname(sandbox_mod.__file__)).rsplit("/", 1)[0]
+    r = subprocess.run(
+        ["/usr/bin/python3", "-I", "-c", AS_USER, tree, str(int(weaken))],
+        input=CAPS.encode(),
+        capture_output=True,
+        user=65534,
+        group=65534,
+        extra_groups=[],
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    layers, rest = r.stdout.split(b"\n", 1)
+    return set(layers.decode().split()), *_caps(rest)
+
+
+def _nobody_can_run_the_sandbox() -> bool:
+    if os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK):
+        return False
+    recent = "import sys; sys.exit(sys.version_info < (3, 10))"  # what the package's sources need
+    if subprocess.run(["/usr/bin/python3", "-I", "-c", recent], capture_output=True).returncode != 0:
+        return False
+    tree = os.path.dirname(os.path.dirname(sandbox_mod.__file__))
+    return subprocess.run(["test", "-r", tree + "/rewards/sandbox.py"], user=65534, cwd="/").returncode == 0
+
+
+@pytest.mark.skipif(
+    not _nobody_can_run_the_sandbox(), reason="needs root, /usr/bin/python3 (3.10+) and a world-readable tree"
+)
+def test_in_user_namespace_mode_root_in_the_sandbox_holds_no_capability():
+    """As a normal user the program runs as root of its own user namespace: without the dropped bounding
+    set it would hold every capability there (the control opens a mode-000 file); with it, none."""
+    layers, caps, dac, uid = _as_nobody(weaken=False)
+    if "userns" not in layers:
+        pytest.skip(f"no user namespace for a normal user here (layers {sorted(layers)})")
+    assert uid == 0 and "no_caps" in layers and dac == "no_dac_override", (layers, caps, dac)
+    if caps:
+        assert set(caps.values()) == {"0" * 16}, caps
+    _, _, c_dac, c_uid = _as_nobody(weaken=True)
+    assert (c_uid, c_dac) == (0, "dac_override")

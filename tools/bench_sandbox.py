@@ -1,0 +1,219 @@
+"""Per-run wall time of the code reward's sandbox: two source trees side by side, interleaved.
+
+Each tree gets one long-lived worker process (``PYTHONPATH=<tree>``, the same interpreter, the same
+``nice``), which imports ``gspo_mcore.rewards.code`` once and then scores one response per request with
+the tree's default ``CodeRewardConfig()``. The controller alternates the trees (A B A B ...) for every
+problem kind, so a machine whose load changes during the measurement treats both alike. Each score is
+one sandboxed run (a stdio problem with one case, a call-based problem with three cases in one run, an
+assert-style test); the first ``--warmup`` rounds are dropped. Prints the median and the 90th percentile
+per tree and kind, in milliseconds, of the wall time and of the CPU time (user + system of the worker and
+every process of the run: less sensitive to a loaded machine), and the machine's load before and after.
+
+    python tools/bench_sandbox.py --tree before=/tmp/rw_c1 --tree after=. --runs 20
+    python tools/bench_sandbox.py --tree filter=. --tree no-filter=.,seccomp=false --kinds stdio  # one layer
+
+``--judge`` measures instead the host judge's worst case: the CPU time (this thread's, so the time the
+GIL is held) of decoding and judging hostile reports of up to ``max_output_bytes`` (1 MiB), with the
+package found on ``PYTHONPATH``:
+
+    PYTHONPATH=. python tools/bench_sandbox.py --judge
+
+The trees must have the compiled extension (``gspo_mcore/_C*.so``) next to the sources (the package
+imports torch, not the extension, for the rewards; copy it in for the same import time anyway). Run as
+root to get every sandbox layer (a fresh uid per run, cgroups), as the trainer would on this project's hosts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+PROBLEMS = {
+    "stdio": (
+        "a, b = map(int, input().split())\nprint(a + b)\n",
+        {"tests": [{"input": "2 3\n", "output": "5\n"}]},
+    ),
+    "call": (
+        "def add(a, b):\n    return a + b\n",
+        {"tests": {"fn_name": "add", "inputs": [[1, 2], [2, 2], [-1, 1]], "outputs": [3, 4, 0]}},
+    ),
+    "assert": (
+        "def add(a, b):\n    return a + b\n",
+        {"tests": ["assert add(1, 2) == 3\nassert add(2, 2) == 4"]},
+    ),
+}
+
+WORKER = r"""
+import json, os, sys, time
+from gspo_mcore.rewards.code import CodeRewardConfig, code_reward
+from gspo_mcore.rewards.sandbox import SandboxConfig
+problems = json.loads(sys.argv[1])
+config = CodeRewardConfig(sandbox=SandboxConfig(**json.loads(sys.argv[2])))
+print("ready", flush=True)
+for line in sys.stdin:
+    code, meta = problems[line.strip()]
+    c0, t0 = os.times(), time.perf_counter()
+    score = code_reward("```python\n" + code + "```", meta, config=config)
+    t1, c1 = time.perf_counter(), os.times()
+    cpu = sum(c1[:4]) - sum(c0[:4])  # this process and every waited-for descendant: user + system
+    print(json.dumps({"ms": (t1 - t0) * 1e3, "cpu_ms": cpu * 1e3, "score": score}), flush=True)
+"""
+
+
+class Worker:
+    def __init__(self, tree: str, python: str, sandbox: dict):
+        env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
+        self.proc = subprocess.Popen(
+            [python, "-c", WORKER, json.dumps(PROBLEMS), json.dumps(sandbox)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            cwd=os.path.abspath(tree),
+            text=True,
+        )
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the worker for {tree} did not start")
+
+    def score(self, kind: str) -> tuple[float, float]:
+        self.proc.stdin.write(kind + "\n")
+        self.proc.stdin.flush()
+        out = json.loads(self.proc.stdout.readline())
+        if out["score"] != 1.0:
+            raise RuntimeError(f"the honest {kind} solution scored {out['score']}")
+        return out["ms"], out["cpu_ms"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo = int(k)
+    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (k - lo)
+
+
+def judge_worst_case(repeat: int = 3) -> None:
+    """The host judge's CPU time on hostile reports the size of the sandbox's output cap."""
+    from gspo_mcore.rewards.asserts import compile_test, judge
+    from gspo_mcore.rewards.code import _call_ok, _records
+    from gspo_mcore.rewards.sandbox import SandboxConfig
+
+    cap, p61 = SandboxConfig().max_output_bytes, 2**61 - 1
+
+    def one_value(v) -> bytes:
+        return (json.dumps({"c": 0, "v": v}) + "\n").encode()[:cap]
+
+    def lines(line: str) -> bytes:
+        return (line + "\n").encode() * (cap // (len(line) + 1))
+
+    nested = [[[[[[[[list(range(8))] * 8] * 8] * 8] * 8] * 4] * 2]]
+    call_reports = {
+        "a set of 40k ints sharing one hash": (one_value({"$": "set", "v": [k * p61 for k in range(40_000)]}), [[1]]),
+        "a set of 110k distinct ints": (one_value({"$": "set", "v": list(range(110_000))}), [[1]]),
+        "a dict of 50k pairs": (one_value({"$": "dict", "v": [[k, k] for k in range(50_000)]}), [[1]]),
+        "240 ints of 4300 digits": (one_value([int("9" * 4300)] * 240), [[1]]),
+        "a 1 MiB string": (one_value("x" * (cap - 40)), ["x" * (cap - 40)]),
+        "nested lists, 32k leaves": (one_value(nested), [[1]]),
+        "70k records of one case": (lines('{"c": 0, "v": 1}'), [1]),
+        "70k floats against a float, float_tolerance 1e-6": (lines('{"c": 0, "v": 1e308}'), [1.5]),
+    }
+
+    class Result:
+        def __init__(self, stdout: bytes):
+            self.stdout = stdout
+
+    def call_judge(report: bytes, outputs: list, tol: float | None) -> None:
+        got: dict[int, list] = {}
+        for r in _records(Result(report)):
+            if type(r.get("c")) is int:
+                got.setdefault(r["c"], []).append(r)
+        [bool(got.get(k)) and all(_call_ok(r, w, tol) for r in got[k]) for k, w in enumerate(outputs)]
+
+    def cpu_ms(fn) -> float:
+        best = float("inf")
+        for _ in range(repeat):
+            t0 = time.thread_time()
+            fn()
+            best = min(best, (time.thread_time() - t0) * 1e3)
+        return best
+
+    print(f"load before: {os.getloadavg()}")
+    print("| report (call-based unless said) | size | judge CPU ms (best of %d) |" % repeat)
+    print("|---|---:|---:|")
+    for name, (report, outputs) in call_reports.items():
+        tol = 1e-6 if "tolerance" in name else None
+        ms = cpu_ms(lambda: call_judge(report, outputs, tol))
+        print(f"| {name} | {len(report) / 2**20:.2f} MiB | {ms:.0f} |")
+    tests = [compile_test("assert f(1) == 2")]
+    report = lines('{"i": 0, "s": 0, "v": [2]}')
+    ms = cpu_ms(lambda: judge(tests, _records(Result(report))))
+    print(f"| assert-style: 37k probe records of one site | {len(report) / 2**20:.2f} MiB | {ms:.0f} |")
+    print(f"load after: {os.getloadavg()}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--tree",
+        action="append",
+        help="NAME=PATH[,FIELD=JSON...]: a source tree (two or more), optionally with SandboxConfig fields "
+        "that differ from that tree's defaults (e.g. after-nofilter=.,seccomp=false)",
+    )
+    ap.add_argument("--judge", action="store_true", help="measure the host judge's worst case instead")
+    ap.add_argument("--runs", type=int, default=20, help="measured runs per tree and kind")
+    ap.add_argument("--warmup", type=int, default=2, help="runs per tree and kind dropped first")
+    ap.add_argument("--kinds", nargs="+", default=list(PROBLEMS), choices=list(PROBLEMS))
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--json", help="also write the raw times here")
+    args = ap.parse_args(argv)
+    if args.judge:
+        return judge_worst_case()
+    if not args.tree or len(args.tree) < 2:
+        ap.error("give two or more --tree NAME=PATH")
+    trees, sandboxes = {}, {}
+    for spec in args.tree:  # NAME=PATH[,field=json,...]: SandboxConfig fields that differ from the defaults
+        name, rest = spec.split("=", 1)
+        path, *fields = rest.split(",")
+        trees[name] = path
+        sandboxes[name] = {k: json.loads(v) for k, v in (f.split("=", 1) for f in fields)}
+    print(f"load before: {os.getloadavg()}", flush=True)
+    workers = {name: Worker(path, args.python, sandboxes[name]) for name, path in trees.items()}
+    times: dict[str, dict[str, list[float]]] = {k: {n: [] for n in trees} for k in args.kinds}
+    cpu: dict[str, dict[str, list[float]]] = {k: {n: [] for n in trees} for k in args.kinds}
+    t0 = time.time()
+    try:
+        for i in range(args.warmup + args.runs):
+            for kind in args.kinds:
+                order = list(trees) if i % 2 == 0 else list(reversed(trees))  # A B, then B A
+                for name in order:
+                    ms, cpu_ms = workers[name].score(kind)
+                    if i >= args.warmup:
+                        times[kind][name].append(ms)
+                        cpu[kind][name].append(cpu_ms)
+    finally:
+        for w in workers.values():
+            w.close()
+    print(f"load after: {os.getloadavg()} ({time.time() - t0:.0f} s)")
+    print("| problem | tree | runs | wall median ms | wall p90 ms | CPU median ms | CPU p90 ms |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for kind in args.kinds:
+        for name in trees:
+            xs, cs = times[kind][name], cpu[kind][name]
+            print(
+                f"| {kind} | {name} | {len(xs)} | {statistics.median(xs):.0f} | {percentile(xs, 0.9):.0f} "
+                f"| {statistics.median(cs):.0f} | {percentile(cs, 0.9):.0f} |"
+            )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"trees": trees, "wall_ms": times, "cpu_ms": cpu}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
