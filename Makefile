@@ -90,9 +90,10 @@ test-sglang: install
 	bash tests/integration/setup_sglang_env.sh $(abspath $(SGLANG_VENV))
 	GSPO_SGLANG_TESTS=1 GSPO_SGLANG_VENV=$(abspath $(SGLANG_VENV)) $(PY) -m pytest -q tests/integration
 
-# The GSPO paper in miniature (examples/paper_miniature/README.md): GSPO, GSPO-token, GRPO and GRPO + Routing
-# Replay on the tiny task, dense and MoE, 3 seeds (21 single-process runs, 2 at a time, about an hour on
-# 2 cores), then <PM_OUT>/report.md and its PNGs. Rerunning resumes: finished runs are skipped.
+# The GSPO paper in miniature (examples/paper_miniature/README.md): GSPO, GSPO-token, SAPO, CISPO, GMPO, GRPO
+# on the tiny task, dense and MoE, + GRPO with Routing Replay on MoE, 3 seeds: 39 single-process runs of 150
+# steps, 2 at a time (docs/results/paper-miniature.md gives the measured wall time), then <PM_OUT>/report.md
+# and its PNGs. Rerunning resumes: finished runs are skipped.
 PM_OUT ?= runs/paper_miniature
 PM_JOBS ?= 2
 .PHONY: paper-miniature

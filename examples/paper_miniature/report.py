@@ -43,6 +43,7 @@ COLLAPSE_DROP = 0.15  # reward collapse: final-window mean this far (absolute) b
 STALLED = 0.95  # stall: in the final window at least this fraction of groups has all-equal rewards ...
 SOLVED = 0.9  # ... while the final-window reward is below this
 ROUTING_KEYS = ("routing_changed_fraction", "routing_expert_change_fraction")
+ENTROPY_LOW = 0.1  # entropy collapse: the first step whose entropy (nats/token) is below this
 
 
 @dataclass
@@ -165,6 +166,9 @@ class RunStats:
     final_entropy: float | None
     final_zero_adv: float | None
     collapse: list[tuple[str, str]]  # (rule letter, what happened)
+    entropy_low_step: int | None = None  # first step with entropy < ENTROPY_LOW; None: never (or not logged)
+    gate_mean: float = math.nan  # SAPO: mean gradient gate over steps; nan for the other variants
+    gate_near_zero: float = math.nan  # SAPO: mean fraction of nearly shut gates over steps
 
 
 def run_stats(run: RunData) -> RunStats:
@@ -172,7 +176,9 @@ def run_stats(run: RunData) -> RunStats:
     w = window(len(reward))
     final = float(reward[-w:].mean()) if len(reward) else math.nan
     best = float(_sliding(reward, w).max()) if len(reward) else math.nan
-    _, entropy = run.series("entropy")
+    ent_steps, entropy = run.series("entropy")
+    low = np.nonzero(entropy < ENTROPY_LOW)[0]
+    entropy_low_step = int(ent_steps[low[0]]) if len(low) else None
     final_entropy = float(entropy[-window(len(entropy)) :].mean()) if len(entropy) else None
     _, zero = run.series("zero_advantage_group_fraction")
     final_zero = float(zero[-window(len(zero)) :].mean()) if len(zero) else None
@@ -201,6 +207,9 @@ def run_stats(run: RunData) -> RunStats:
         final_entropy,
         final_zero,
         reasons,
+        entropy_low_step,
+        _mean(run, "gate_mean"),
+        _mean(run, "gate_near_zero_fraction"),
     )
 
 
@@ -355,9 +364,58 @@ def summarize(runs: list[RunData]) -> tuple[list[dict], dict[str, RunStats]]:
                     f"seed{r.seed} ({','.join(c for c, _ in s.collapse)})" for r, s in zip(done, stats) if s.collapse
                 ],
                 "wall_s": float(np.mean(walls)) if walls else None,
+                "entropy": [s.final_entropy for s in stats if s.final_entropy is not None],
+                "entropy_low": [s.entropy_low_step for s in stats],
+                "gate_mean": float(np.mean([s.gate_mean for s in stats])) if stats else math.nan,
+                "gate_near_zero": float(np.mean([s.gate_near_zero for s in stats])) if stats else math.nan,
             }
         )
     return table, per_run
+
+
+def _range(values: list[float]) -> str:
+    """``min..max`` of the finite values (one value alone; ``n/a`` for none)."""
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    if not values:
+        return "n/a"
+    return _fmt(values[0]) if len(values) == 1 else f"{_fmt(min(values))}..{_fmt(max(values))}"
+
+
+def _entropy_low(steps: list[int | None]) -> str:
+    """How many seeds fell below ENTROPY_LOW, and at which steps."""
+    hit = sorted(s for s in steps if s is not None)
+    if not steps:
+        return "n/a"
+    if not hit:
+        return f"0/{len(steps)}"
+    return f"{len(hit)}/{len(steps)} (step {', '.join(str(s) for s in hit)})"
+
+
+def _family_lines(table: list[dict]) -> list[str]:
+    lines = [
+        "## Spread, entropy and gates",
+        "",
+        "Final reward and final entropy (nats/token): means over the last 10% of steps of each seed, here as "
+        "min..max over seeds (entropy: mean, then min..max). Entropy below "
+        f"{ENTROPY_LOW}: how many seeds' entropy fell below {ENTROPY_LOW} nats/token at some step, and the first "
+        "such step of each. SAPO's gate: `gate_mean` (mean gradient gate 4 p (1 - p) over counted tokens, "
+        "1 on policy) and `gate_near_zero_fraction` (gate below 0.1), averaged over steps and seeds; the other "
+        "variants have no gate. The token clip fraction's meaning differs by variant (docs/gspo.md): GSPO's "
+        "counts the tokens of clipped sequences, CISPO's the tokens whose importance weight was capped (their "
+        "gradient is kept), GMPO's the tokens whose log-ratio was clipped, GRPO's the tokens outside its band.",
+        "",
+        "| model | algorithm | final reward min..max | final entropy | entropy below "
+        f"{ENTROPY_LOW} | token clip fraction | SAPO gate mean | SAPO gate near zero |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in table:
+        ent = f"{_fmt(float(np.mean(row['entropy'])))} ({_range(row['entropy'])})" if row["entropy"] else "n/a"
+        lines.append(
+            f"| {row['model']} | {LABELS.get(row['algo'], row['algo'])} | {_range(row['final'])} | {ent} | "
+            f"{_entropy_low(row['entropy_low'])} | {_fmt(row['token_clip'])} | {_fmt(row['gate_mean'])} | "
+            f"{_fmt(row['gate_near_zero'])} |"
+        )
+    return lines + [""]
 
 
 def _setup_lines(runs: list[RunData], matrix: dict) -> list[str]:
@@ -449,6 +507,15 @@ def write_report(out: str) -> str:
             title=f"Token clip fraction: mean over seeds; {SMOOTH}-step trailing average; "
             "gaps: 0 (not drawn on a log scale)",
         ),
+        "entropy": _panels(
+            groups,
+            [("entropy", "")],
+            os.path.join(out, "entropy.png"),
+            log=True,
+            ylabel="entropy (nats/token)",
+            smoothing=SMOOTH,
+            title=f"Entropy: mean over seeds, band = min..max; {SMOOTH}-step average",
+        ),
         "bars": _clip_bars(table, os.path.join(out, "clip_fraction_bars.png")),
     }
     moe = sorted({m for (m, _), rs in groups.items() if any(len(r.series(ROUTING_KEYS[0])[0]) for r in rs)})
@@ -465,7 +532,7 @@ def write_report(out: str) -> str:
     md = [
         "# GSPO paper miniature",
         "",
-        "GSPO, GSPO-token, GRPO and GRPO + Routing Replay on the tiny digit-reversal task "
+        "GSPO, GSPO-token, SAPO, CISPO, GMPO, GRPO and GRPO + Routing Replay on the tiny digit-reversal task "
         "(examples/tiny/task.py: reward 0.2 for the right length + 0.8 x fraction of right digits), "
         "dense and MoE models, trained from random initialisation on CPU.",
         "",
@@ -499,6 +566,9 @@ def write_report(out: str) -> str:
     md += ["", *_observations(table), ""]
     if figs["reward"]:
         md += [f"![reward curves]({figs['reward']})", ""]
+    md += _family_lines(table)
+    if figs["entropy"]:
+        md += [f"![entropy]({figs['entropy']})", ""]
     md += ["## Clipping", "", *_clip_lines(table), ""]
     md += [f"![{k}]({figs[k]})" for k in ("clip", "bars") if figs.get(k)] + [""]
     md += ["## Routing volatility", ""]
@@ -586,8 +656,8 @@ def _per_run_lines(runs: list[RunData], per_run: dict[str, RunStats], matrix: di
         "Final entropy and zero-advantage groups: means over the last 10% of steps.",
         "",
         "| run | steps | final reward | best reward | token clip | final entropy | zero-advantage groups "
-        "| routing change | wall time |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| routing change | wall time | entropy < {ENTROPY_LOW} from step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         s = per_run[run.name]
@@ -595,7 +665,8 @@ def _per_run_lines(runs: list[RunData], per_run: dict[str, RunStats], matrix: di
         wall = f"{run.wall_s:.0f} s" if run.wall_s is not None else "n/a"
         lines.append(
             f"| {run.name} | {steps} | {_fmt(s.final_reward)} | {_fmt(s.best_reward)} | {_fmt(s.token_clip)} "
-            f"| {_fmt(s.final_entropy)} | {_fmt(s.final_zero_adv)} | {_fmt(s.routing_changed)} | {wall} |"
+            f"| {_fmt(s.final_entropy)} | {_fmt(s.final_zero_adv)} | {_fmt(s.routing_changed)} | {wall} "
+            f"| {s.entropy_low_step if s.entropy_low_step is not None else 'never'} |"
         )
     have = {r.name for r in runs}
     missing = [m["name"] for m in matrix.get("runs", []) if m["name"] not in have]

@@ -284,6 +284,24 @@ def test_sapo_on_policy_is_the_plain_policy_gradient(impl):
     assert float(loss) == pytest.approx(want_loss, rel=1e-6)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_on_policy_every_variant_is_the_plain_policy_gradient(impl, variant):
+    """On the first mini-batch of a step (r = 1 for every token) no clip, gate or weight acts: GSPO,
+    GSPO-token, GRPO, SAPO and GMPO all give each counted token -(1/N) A_i / |y_i| (REINFORCE, a mean over
+    each sequence's tokens), CISPO gives -(1/M) A_i (REINFORCE, a mean over the mini-batch's M tokens). So the
+    family can only part after the step's first optimizer update (docs/results/paper-miniature.md)."""
+    logp, _, adv, cu, mask = make_batch()
+    old = logp.detach().clone()
+    _, _, grad = run(loss_of(variant), logp, old, adv, cu, mask)
+    seg = torch.repeat_interleave(torch.arange(len(ROWS)), cu.diff())
+    counts = torch.zeros(len(ROWS)).index_add_(0, seg, mask)
+    if variant == "cispo":
+        want = torch.where(mask > 0, -adv[seg] / mask.sum(), 0.0)
+    else:
+        want = torch.where(mask > 0, -adv[seg] / counts[seg].clamp(min=1) / len(ROWS), 0.0)
+    torch.testing.assert_close(grad, want, rtol=1e-6, atol=1e-9)
+
+
 def test_sapo_temperatures_act_by_advantage_sign(impl):
     """tau_pos shapes only the tokens of sequences with A > 0, tau_neg only those with A <= 0; a larger tau
     shrinks the gradient of an off-policy token faster (the paper's reason for tau_neg > tau_pos)."""

@@ -93,7 +93,21 @@ def test_completeness_needs_every_step_under_the_same_config(tmp_path):
 STEPS = 40
 
 
-def _write_run(out, model, algo, seed, rewards, *, clip, routing=None, zero_adv=0.0, nonfinite=0.0, cut=False):
+def _write_run(
+    out,
+    model,
+    algo,
+    seed,
+    rewards,
+    *,
+    clip,
+    routing=None,
+    zero_adv=0.0,
+    nonfinite=0.0,
+    cut=False,
+    entropy=None,
+    gate=None,
+):
     d = out / model / algo / f"seed{seed}"
     d.mkdir(parents=True)
     with open(d / "metrics.jsonl", "w") as f:
@@ -103,11 +117,13 @@ def _write_run(out, model, algo, seed, rewards, *, clip, routing=None, zero_adv=
                 "reward_mean": reward,
                 "clip_fraction": clip,
                 "clipped_sequence_fraction": clip * 2,
-                "entropy": 1.0,
+                "entropy": 1.0 if entropy is None else entropy[step],
                 "zero_advantage_group_fraction": zero_adv,
                 "time_step_s": 0.5,
                 "nonfinite_tokens": nonfinite if step == 5 else 0.0,
             }
+            if gate is not None:
+                row["gate_mean"], row["gate_near_zero_fraction"] = gate[step]
             if routing is not None and step % 5 == 0:
                 row["routing_changed_fraction"] = routing
                 row["routing_expert_change_fraction"] = routing / 2
@@ -149,6 +165,7 @@ def _table_row(md, model, label):
 def test_report_tables_figures_and_collapse(synthetic):
     path = report.write_report(str(synthetic))
     md = open(path).read()
+    results = md.split("## Spread, entropy and gates", 1)[0]  # the first table
     for png in ("reward_curves.png", "clip_fraction.png", "clip_fraction_bars.png", "routing_volatility.png"):
         assert (synthetic / png).stat().st_size > 5_000, png
         assert f"]({png})" in md
@@ -157,24 +174,52 @@ def test_report_tables_figures_and_collapse(synthetic):
     finals = [sum(_rising(s)[-4:]) / 4 for s in range(3)]
     mean = sum(finals) / 3
     std = math.sqrt(sum((x - mean) ** 2 for x in finals) / 2)
-    row = _table_row(md, "dense", "GSPO")
+    row = _table_row(results, "dense", "GSPO")
     assert row[2] == "3" and row[3] == f"{mean:.3f} ± {std:.3f}" and row[5] == "0.050"
     assert row[7] == "n/a" and row[8] == "none" and row[9] == "0.3 min"  # 40 steps x 0.5 s, no run.json
-    row = _table_row(md, "dense", "GRPO")
+    row = _table_row(results, "dense", "GRPO")
     assert row[5] == "5.00e-04" and row[6] == "1.00e-03"
     assert "dense: GSPO clips 0.050 of tokens, GRPO 5.00e-04: ratio 100 (2.0 orders of magnitude)" in md
 
-    row = _table_row(md, "moe", "GRPO")
+    row = _table_row(results, "moe", "GRPO")
     assert row[2] == "3" and row[8] == "seed1 (b)" and row[7] == "0.100 ± 0.000"
-    assert _table_row(md, "moe", "GSPO-token")[8] == "seed0 (c)"
-    assert _table_row(md, "moe", "GSPO")[7] == "n/a"  # the run without routing keys
-    assert _table_row(md, "moe", "GRPO + Routing Replay")[2] == "0 (+1 incomplete, excluded)"
+    assert _table_row(results, "moe", "GSPO-token")[8] == "seed0 (c)"
+    assert _table_row(results, "moe", "GSPO")[7] == "n/a"  # the run without routing keys
+    assert _table_row(results, "moe", "GRPO + Routing Replay")[2] == "0 (+1 incomplete, excluded)"
     assert "| moe/grpo_rr/seed0 | 10/40 |" in md
 
     collapse = md.split("## Collapse", 1)[1].split("## Every run", 1)[0]
     assert "- moe/grpo/seed1: (b) reward fell from a best window of 0.600 to 0.050" in collapse
     assert "- moe/gspo_token/seed0: (c) stalled: 100.0% of groups had all-equal rewards" in collapse
     assert collapse.count("\n- ") == 2  # nothing else flagged
+
+
+def test_report_spread_entropy_and_sapo_gate(tmp_path):
+    """The second table: final reward min..max over seeds, final entropy (mean and min..max), the first step
+    each seed's entropy fell below ENTROPY_LOW, and SAPO's gate statistics averaged over steps and seeds."""
+    out = tmp_path / "pm"
+    falling = [4.0 * 0.8**s for s in range(STEPS)]  # below 0.1 first at step 17 (4 * 0.8**17 = 0.090)
+    for seed in range(3):
+        ent = falling if seed != 2 else [2.0] * STEPS  # seed 2 never collapses
+        gate = [(0.9 + 0.1 * (s % 2), 0.01 * seed) for s in range(STEPS)]  # mean 0.95; near-zero 0, .01, .02
+        _write_run(out, "dense", "sapo", seed, _rising(seed), clip=0.0, entropy=ent, gate=gate)
+        _write_run(out, "dense", "gspo", seed, _rising(seed), clip=0.05)
+    md = open(report.write_report(str(out))).read()
+    assert (out / "entropy.png").stat().st_size > 5_000 and "](entropy.png)" in md
+    table = md.split("## Spread, entropy and gates", 1)[1]
+    row = _table_row(table, "dense", "SAPO")
+    finals = [sum(_rising(s)[-4:]) / 4 for s in range(3)]
+    assert row[2] == f"{min(finals):.3f}..{max(finals):.3f}"
+    tail = sum(falling[-4:]) / 4
+    assert row[3] == f"{(2 * tail + 2.0) / 3:.3f} ({tail:.2e}..2.000)"
+    assert row[4] == "2/3 (step 17, 17)"
+    assert row[6] == "0.950" and row[7] == "0.010"
+    row = _table_row(table, "dense", "GSPO")
+    assert row[3] == "1.000 (1.000..1.000)" and row[4] == "0/3" and row[6] == "n/a" and row[7] == "n/a"
+    assert "| dense/sapo/seed0 | 40/40 |" in md and md.split("| dense/sapo/seed2 |", 1)[1].split("\n")[0].endswith(
+        "| never |"
+    )
+    assert md.split("| dense/sapo/seed1 |", 1)[1].split("\n")[0].endswith("| 17 |")
 
 
 def test_report_flags_nonfinite_tokens_and_handles_no_routing(tmp_path):
