@@ -60,9 +60,9 @@ class CodeRewardConfig:
     ``wall_time_s``): a response that runs past it scores 0 and is counted
     (``reward_code_over_budget``), so the reward call ends before ``reward.timeout_s``. None: no budget."""
 
-    judge_inline_bytes: int = 65536
+    judge_inline_bytes: int = 16384
     """Call-based and assert-style reports of at most this many bytes are judged on the reward's thread
-    (a few ms); a larger one in a child process, off the trainer's GIL (``rewards/judge.py``). 0: every
+    (under 6 ms of CPU); a larger one in a child process, off the trainer's GIL (``rewards/judge.py``). 0: every
     report in a child."""
     judge_cpu_budget_s: float = 2.0
     """CPU seconds a child judge may spend on one report (the judge is linear; a hostile 1 MiB report

@@ -13,7 +13,7 @@ from gspo_mcore.rewards.code import CodeRewardConfig, code_reward
 from gspo_mcore.rewards.sandbox import SandboxConfig
 
 FAST = CodeRewardConfig(sandbox=SandboxConfig(cpu_time_s=2, wall_time_s=20, memory_mb=256, max_processes=8))
-N = 30_000  # a reported list of N ints is ~200 KiB: past the default inline limit of 64 KiB
+N = 30_000  # a reported list of N ints is ~200 KiB: past the default inline limit of 16 KiB
 
 
 def fenced(code: str) -> str:
