@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pickle
 import subprocess
 import sys
@@ -28,6 +29,8 @@ from gspo_mcore.rewards import asserts
 from gspo_mcore.rewards.plain import NotPlain, decode, decode_line, strict_equal
 
 _ROOT = str(Path(__file__).resolve().parents[2])
+_ENV = ("PATH", "LD_LIBRARY_PATH")
+"""The only environment the child gets (``-I`` ignores the ``PYTHON*`` variables anyway)."""
 
 _CHILD = r"""
 import resource, signal, sys, types
@@ -106,7 +109,7 @@ def _in_child(kind: str, stdout: bytes, expected: Any, tol: float | None, cpu_bu
             [sys.executable, "-I", "-S", "-c", _CHILD, _ROOT, repr(float(cpu_budget_s))],
             input=payload,
             capture_output=True,
-            env={},
+            env={k: os.environ[k] for k in _ENV if k in os.environ},
             timeout=wall_limit_s(cpu_budget_s),
         )
     except (subprocess.TimeoutExpired, OSError):
