@@ -12,9 +12,10 @@ every process of the run: less sensitive to a loaded machine), and the machine's
     python tools/bench_sandbox.py --tree before=/tmp/rw_c1 --tree after=. --runs 20
     python tools/bench_sandbox.py --tree filter=. --tree no-filter=.,seccomp=false --kinds stdio  # one layer
 
-``--judge`` measures instead the host judge's worst case: the CPU time (this thread's, so the time the
-GIL is held) of decoding and judging hostile reports of up to ``max_output_bytes`` (1 MiB), with the
-package found on ``PYTHONPATH``:
+``--judge`` measures instead the host judge's worst case on hostile reports of up to ``max_output_bytes``
+(1 MiB), inline and in the child process the code reward uses past ``judge_inline_bytes``: the calling
+thread's CPU time (the time it holds the GIL), the child's, the wall time, and the longest stall another
+thread of the process sees, with the package found on ``PYTHONPATH``:
 
     PYTHONPATH=. python tools/bench_sandbox.py --judge
 
@@ -100,21 +101,33 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def judge_worst_case(repeat: int = 3) -> None:
-    """The host judge's CPU time on hostile reports the size of the sandbox's output cap."""
-    from gspo_mcore.rewards.asserts import compile_test, judge
-    from gspo_mcore.rewards.code import _call_ok, _records
+    """The host judge on hostile reports the size of the sandbox's output cap, inline and in the child.
+
+    Per report: the inline judge's CPU time on the calling thread (``time.thread_time``: the time it holds
+    the GIL), best of ``repeat``; then ``judge.verdicts`` with the default ``CodeRewardConfig`` (a child
+    past ``judge_inline_bytes``): the calling thread's CPU time, the child's CPU time and the wall time.
+    While each runs, another thread of this process spins and records its longest stall (the wall time
+    between two of its loop iterations): what the trainer's other threads see. Then the inline cost of
+    reports of ``judge_inline_bytes``, the largest judged inline.
+    """
+    import threading
+
+    from gspo_mcore.rewards import asserts, judge
+    from gspo_mcore.rewards.code import CodeRewardConfig
     from gspo_mcore.rewards.sandbox import SandboxConfig
 
     cap, p61 = SandboxConfig().max_output_bytes, 2**61 - 1
+    cfg = CodeRewardConfig()
 
     def one_value(v) -> bytes:
         return (json.dumps({"c": 0, "v": v}) + "\n").encode()[:cap]
 
-    def lines(line: str) -> bytes:
-        return (line + "\n").encode() * (cap // (len(line) + 1))
+    def lines(line: str, size: int = cap) -> bytes:
+        return (line + "\n").encode() * (size // (len(line) + 1))
 
     nested = [[[[[[[[list(range(8))] * 8] * 8] * 8] * 8] * 4] * 2]]
-    call_reports = {
+    tests = [asserts.compile_test("assert f(1) == 2")]
+    reports = {
         "a set of 40k ints sharing one hash": (one_value({"$": "set", "v": [k * p61 for k in range(40_000)]}), [[1]]),
         "a set of 110k distinct ints": (one_value({"$": "set", "v": list(range(110_000))}), [[1]]),
         "a dict of 50k pairs": (one_value({"$": "dict", "v": [[k, k] for k in range(50_000)]}), [[1]]),
@@ -123,38 +136,66 @@ def judge_worst_case(repeat: int = 3) -> None:
         "nested lists, 32k leaves": (one_value(nested), [[1]]),
         "70k records of one case": (lines('{"c": 0, "v": 1}'), [1]),
         "70k floats against a float, float_tolerance 1e-6": (lines('{"c": 0, "v": 1e308}'), [1.5]),
+        "assert-style: 37k probe records of one site": (lines('{"i": 0, "s": 0, "v": [2]}'), tests),
     }
 
-    class Result:
-        def __init__(self, stdout: bytes):
-            self.stdout = stdout
+    def run(name: str, report: bytes, expected: list, inline_bytes: int) -> list[bool] | None:
+        kind = "assert" if name.startswith("assert") else "call"
+        tol = 1e-6 if "tolerance" in name else None
+        return judge.verdicts(
+            kind, report, expected, tol, inline_bytes=inline_bytes, cpu_budget_s=cfg.judge_cpu_budget_s
+        )
 
-    def call_judge(report: bytes, outputs: list, tol: float | None) -> None:
-        got: dict[int, list] = {}
-        for r in _records(Result(report)):
-            if type(r.get("c")) is int:
-                got.setdefault(r["c"], []).append(r)
-        [bool(got.get(k)) and all(_call_ok(r, w, tol) for r in got[k]) for k, w in enumerate(outputs)]
-
-    def cpu_ms(fn) -> float:
-        best = float("inf")
+    def measured(fn) -> tuple[float, float, float, float]:
+        """(calling thread CPU ms, children's CPU ms, wall ms, another thread's longest stall ms): best of
+        ``repeat`` by the calling thread's CPU time."""
+        best = None
         for _ in range(repeat):
-            t0 = time.thread_time()
+            stop, stall = threading.Event(), [0.0]
+
+            def spin():
+                last = time.perf_counter()
+                while not stop.is_set():
+                    now = time.perf_counter()
+                    stall[0] = max(stall[0], now - last)
+                    last = now
+
+            t = threading.Thread(target=spin)
+            t.start()
+            time.sleep(0.05)
+            c0, k0, w0 = time.thread_time(), os.times(), time.perf_counter()
             fn()
-            best = min(best, (time.thread_time() - t0) * 1e3)
+            c1, k1, w1 = time.thread_time(), os.times(), time.perf_counter()
+            stop.set()
+            t.join()
+            row = ((c1 - c0) * 1e3, (k1[2] + k1[3] - k0[2] - k0[3]) * 1e3, (w1 - w0) * 1e3, stall[0] * 1e3)
+            best = row if best is None or row[0] < best[0] else best
         return best
 
     print(f"load before: {os.getloadavg()}")
-    print("| report (call-based unless said) | size | judge CPU ms (best of %d) |" % repeat)
-    print("|---|---:|---:|")
-    for name, (report, outputs) in call_reports.items():
-        tol = 1e-6 if "tolerance" in name else None
-        ms = cpu_ms(lambda: call_judge(report, outputs, tol))
-        print(f"| {name} | {len(report) / 2**20:.2f} MiB | {ms:.0f} |")
-    tests = [compile_test("assert f(1) == 2")]
-    report = lines('{"i": 0, "s": 0, "v": [2]}')
-    ms = cpu_ms(lambda: judge(tests, _records(Result(report))))
-    print(f"| assert-style: 37k probe records of one site | {len(report) / 2**20:.2f} MiB | {ms:.0f} |")
+    print(
+        "| report (call-based unless said) | size | inline: GIL-holding CPU ms | inline: other thread's longest "
+        "stall ms | child: GIL-holding CPU ms | child: its own CPU ms | child: wall ms | child: other thread's "
+        "longest stall ms | same verdicts |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for name, (report, expected) in reports.items():
+        inl = measured(lambda: run(name, report, expected, len(report)))
+        kid = measured(lambda: run(name, report, expected, cfg.judge_inline_bytes))
+        same = run(name, report, expected, len(report)) == run(name, report, expected, cfg.judge_inline_bytes)
+        print(
+            f"| {name} | {len(report) / 2**20:.2f} MiB | {inl[0]:.0f} | {inl[3]:.0f} | {kid[0]:.0f} | {kid[1]:.0f} "
+            f"| {kid[2]:.0f} | {kid[3]:.0f} | {same} |"
+        )
+    size = cfg.judge_inline_bytes
+    print(f"\ninline at the threshold ({size} bytes), GIL-holding CPU ms (best of {repeat}):")
+    for name, line, expected in (
+        ("records of one case", '{"c": 0, "v": 1}', [1]),
+        ("floats against a float, float_tolerance 1e-6", '{"c": 0, "v": 1e308}', [1.5]),
+        ("assert-style: probe records of one site", '{"i": 0, "s": 0, "v": [2]}', tests),
+    ):
+        report = lines(line, size)
+        print(f"- {name}: {measured(lambda: run(name, report, expected, size))[0]:.1f}")
     print(f"load after: {os.getloadavg()}")
 
 

@@ -33,9 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from gspo_mcore.rewards import asserts
+from gspo_mcore.rewards import asserts, judge
 from gspo_mcore.rewards.extract import last_code_block
-from gspo_mcore.rewards.plain import NotPlain, decode, decode_line, strict_equal
 from gspo_mcore.rewards.sandbox import SandboxConfig, run_python
 
 _HERE = Path(__file__).parent
@@ -61,6 +60,15 @@ class CodeRewardConfig:
     ``wall_time_s``): a response that runs past it scores 0 and is counted
     (``reward_code_over_budget``), so the reward call ends before ``reward.timeout_s``. None: no budget."""
 
+    judge_inline_bytes: int = 16384
+    """Call-based and assert-style reports of at most this many bytes are judged on the reward's thread
+    (under 6 ms of CPU); a larger one in a child process, off the trainer's GIL (``rewards/judge.py``). 0: every
+    report in a child."""
+    judge_cpu_budget_s: float = 2.0
+    """CPU seconds a child judge may spend on one report (the judge is linear; a hostile 1 MiB report
+    takes well under 1 s): a report past it, or a judge that crashes, scores 0 and is counted
+    (``reward_code_judge_failed``)."""
+
     def __post_init__(self):
         if not self.tests_key:
             raise ValueError("CodeRewardConfig.tests_key must be non-empty")
@@ -72,6 +80,17 @@ class CodeRewardConfig:
             raise ValueError(
                 f"CodeRewardConfig.stdio_time_budget_s must be > 0 or None, got {self.stdio_time_budget_s!r}"
             )
+        if (
+            isinstance(self.judge_inline_bytes, bool)
+            or not isinstance(self.judge_inline_bytes, int)
+            or self.judge_inline_bytes < 0
+        ):
+            raise ValueError(
+                f"CodeRewardConfig.judge_inline_bytes must be an int >= 0, got {self.judge_inline_bytes!r}"
+            )
+        b = self.judge_cpu_budget_s
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not (0 < b <= 600):
+            raise ValueError(f"CodeRewardConfig.judge_cpu_budget_s must be a number in (0, 600], got {b!r}")
         if self.float_tolerance is not None and not self.float_tolerance >= 0:
             raise ValueError(f"CodeRewardConfig.float_tolerance must be >= 0 or None, got {self.float_tolerance!r}")
 
@@ -163,8 +182,7 @@ def run_assert_tests(code: str, tests: list[str], *, config: CodeRewardConfig) -
     """Fraction of assert-style tests that pass, judged on the host (``asserts.judge``)."""
     compiled = [asserts.compile_test(t, filename=f"<test {i}>") for i, t in enumerate(tests)]
     payload = {"mode": "assert", "tests": [c.source for c in compiled], "test_timeout_s": config.test_timeout_s}
-    records = _records(_run_harness(code, payload, config))
-    return sum(asserts.judge(compiled, records)) / len(tests)
+    return _score("assert", _run_harness(code, payload, config).stdout, compiled, config)
 
 
 def run_call_tests(code: str, cases: CallCases, *, config: CodeRewardConfig) -> float:
@@ -175,29 +193,27 @@ def run_call_tests(code: str, cases: CallCases, *, config: CodeRewardConfig) -> 
         "inputs": cases.inputs,
         "test_timeout_s": config.test_timeout_s,
     }
-    results: dict[int, list] = {}
-    for r in _records(_run_harness(code, payload, config)):
-        k = r.get("c")
-        if type(k) is int and 0 <= k < len(cases.inputs):
-            results.setdefault(k, []).append(r)
-    passed = 0
-    for k, want in enumerate(cases.outputs):
-        reports = results.get(k, [])
-        passed += bool(reports) and all(_call_ok(r, want, config.float_tolerance) for r in reports)
-    return passed / len(cases.outputs)
+    return _score("call", _run_harness(code, payload, config).stdout, cases.outputs, config)
 
 
-def _call_ok(record: Mapping[str, Any], want: Any, tol: float | None) -> bool:
-    """Total: a malformed report, a value that is not plain data, or one that cannot be compared is a fail."""
-    if set(record) != {"c", "v"}:
-        return False  # "not plain data", or malformed
-    try:
-        got = decode(record["v"])
-        if strict_equal(got, want, float_tolerance=tol):
-            return True
-        return type(want) is list and len(want) == 1 and strict_equal(got, want[0], float_tolerance=tol)
-    except (NotPlain, ArithmeticError, RecursionError, TypeError, ValueError, MemoryError):
-        return False
+def _score(kind: str, stdout: bytes, expected: list, config: CodeRewardConfig) -> float:
+    """Fraction of the verdicts that pass; 0 (counted in ``JUDGE_FAILED``) when the judge could not
+    give them within its CPU budget."""
+    out = judge.verdicts(
+        kind,
+        stdout,
+        expected,
+        config.float_tolerance,
+        inline_bytes=config.judge_inline_bytes,
+        cpu_budget_s=config.judge_cpu_budget_s,
+    )
+    if out is None:
+        JUDGE_FAILED.add()
+        return 0.0
+    return sum(out) / len(expected)
+
+
+_call_ok = judge.call_ok
 
 
 def _run_harness(code: str, payload: dict, config: CodeRewardConfig):
@@ -206,12 +222,7 @@ def _run_harness(code: str, payload: dict, config: CodeRewardConfig):
 
 
 def _records(result) -> list[dict]:
-    out = []
-    for line in result.stdout.decode(errors="replace").splitlines():
-        obj = decode_line(line)
-        if type(obj) is dict:
-            out.append(obj)
-    return out
+    return judge.records(result.stdout)
 
 
 class _Tally:
@@ -234,6 +245,9 @@ class _Tally:
 
 OVER_BUDGET = _Tally()
 """Responses whose stdio cases ran past ``stdio_time_budget_s`` (scored 0); read by ``RewardRunner.metrics``."""
+JUDGE_FAILED = _Tally()
+"""Reports whose child judge ran past ``judge_cpu_budget_s`` or crashed (scored 0); read by
+``RewardRunner.metrics``."""
 
 
 def run_stdio_tests(code: str, cases: list[tuple[str, str]], *, config: CodeRewardConfig) -> float:

@@ -138,7 +138,9 @@ class RewardRunner:
         """Since the last reset: ``reward_calls`` / ``reward_errors`` / ``reward_timeouts`` (all rewards),
         and per reward ``reward/<name>/mean`` (failed calls count 0), ``/calls``, ``/errors``,
         ``/timeouts`` and ``/errors/<cause>`` (the exception type); ``reward_code_over_budget``: code
-        responses scored 0 for running their stdio cases past ``reward.code.stdio_time_budget_s``."""
+        responses scored 0 for running their stdio cases past ``reward.code.stdio_time_budget_s``;
+        ``reward_code_judge_failed``: code reports whose child judge ran past ``reward.code.judge_cpu_budget_s``
+        or crashed (scored 0)."""
         c = self._counts
         out = {k: float(c[k]) for k in ("reward_calls", "reward_errors", "reward_timeouts")}
         for name in sorted({k.split("/")[1] for k in c if k.startswith("reward/")}):
@@ -148,6 +150,7 @@ class RewardRunner:
                 out[f"reward/{name}/{k}"] = float(c[f"reward/{name}/{k}"])
         out.update({k: float(v) for k, v in c.items() if "/errors/" in k})
         out["reward_code_over_budget"] = float(code.OVER_BUDGET.take(reset))
+        out["reward_code_judge_failed"] = float(code.JUDGE_FAILED.take(reset))
         if reset:
             self._counts.clear()
             self._sums.clear()

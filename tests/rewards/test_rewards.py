@@ -378,6 +378,7 @@ def test_runner_hanging_and_throwing_rewards_give_zero_and_are_counted(test_rewa
         "reward_errors": 0.0,
         "reward_timeouts": 0.0,
         "reward_code_over_budget": 0.0,
+        "reward_code_judge_failed": 0.0,
     }  # reset
 
 
