@@ -25,7 +25,7 @@ Channels (kernel objects every sandbox could reach before the layers that close 
 from __future__ import annotations
 
 CHANNELS = ("flock", "posix_lock", "inotify", "keyring", "abstract_socket", "sysv_shm", "posix_shm")
-HOLD_S = 5.0
+HOLD_S = 10.0
 """How long the publisher keeps its answer published, and the copier looks for one."""
 
 
