@@ -3,10 +3,10 @@
 Every row has the same prompt, ``"get:"``; its ``answer`` is a 3-digit secret drawn at random, which only
 :class:`LookupEnv` holds. A first turn that is exactly the single token ``<tool_call>`` is a lookup call (the
 run stops a turn at that token: ``rollout.sampling.stop_token_ids``), answered with the observation
-``"SECRET>"``; the next turn is the answer. Any other first turn is the answer. The reward
-(``examples.tiny.task:reward``) scores the final turn against the secret: 0.2 for three tokens then EOS, plus
-0.8 x the fraction of right digits. Without the tool a digit is right 1 time in 10 (expected reward at most
-0.28); with it, copying the three digits earns 1.0.
+``"SECRET>"``; the next turn is the answer. Any other first turn is a guess: the episode ends, and the
+environment cancels its score, so it is worth 0. The reward (:func:`reward`, the tiny job's) scores the final
+turn against the secret: 0.2 for three tokens then EOS, plus 0.8 x the fraction of right digits. Without the
+tool a digit is right 1 time in 10; with it, copying the three digits earns 1.0.
 
 The layout mirrors the tiny job's (``rev:407>`` -> ``704``, which the same model learns in a few hundred
 steps): ``get:<tool_call>407>`` -> ``407``, the observation ending right before the answer, every position
