@@ -1,12 +1,17 @@
 """The tiny agent task: a lookup the policy cannot do without its tool.
 
-Each row's ``answer`` is a 3-digit secret that the prompt does not show (``"key:q7>"``; the key is a label, not a
-hint: the secrets are drawn at random). :class:`LookupEnv` holds the secret table: a first turn that
-contains the ``<tool_call>`` token is a lookup call, answered with the observation ``"=SECRET>"``; the next
-turn is the answer. A first turn without the call is the answer. The reward (``examples.tiny.task:reward``)
-scores the final turn against the secret: 0.2 for three tokens then EOS, plus 0.8 x the fraction of right
-digits. Without the tool a digit is right 1 time in 10 (expected reward at most 0.28); with it, copying the
-three digits earns 1.0.
+Every row has the same prompt, ``"get:"``; its ``answer`` is a 3-digit secret drawn at random, which only
+:class:`LookupEnv` holds. A first turn that is exactly the single token ``<tool_call>`` is a lookup call (the
+run stops a turn at that token: ``rollout.sampling.stop_token_ids``), answered with the observation
+``"SECRET>"``; the next turn is the answer. Any other first turn is a guess: the episode ends, and the
+environment cancels its score, so it is worth 0. The reward (:func:`reward`, the tiny job's) scores the final
+turn against the secret: 0.2 for three tokens then EOS, plus 0.8 x the fraction of right digits. Without the
+tool a digit is right 1 time in 10; with it, copying the three digits earns 1.0.
+
+The layout mirrors the tiny job's (``rev:407>`` -> ``704``, which the same model learns in a few hundred
+steps): ``get:<tool_call>407>`` -> ``407``, the observation ending right before the answer, every position
+fixed. (A longer layout, ``key:XY>`` with random key letters and ``=SECRET>`` after a first turn of any length,
+learned the copy far more slowly, even with the whole lookup in a single-turn prompt: docs/results/agent-tiny.md.)
 
 The tokenizer is the tiny job's character tokenizer with one filler id replaced by the single (non-special)
 token ``<tool_call>``. Held out: rows whose secrets are the tiny job's held-out tenth of all 3-digit strings.
@@ -22,6 +27,7 @@ from examples.tiny import task as tiny
 from gspo_mcore.envs import Reset, Step
 
 TOOL_CALL = "<tool_call>"
+PROMPT = "get:"
 
 
 def make_tokenizer(out_dir: str):
@@ -40,10 +46,8 @@ def make_tokenizer(out_dir: str):
     return fast
 
 
-def _rows(secrets: list[str], seed: int) -> list[dict]:
-    rng = random.Random(seed)
-    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
-    return [{"prompt": f"key:{rng.choice(letters)}{rng.choice(letters)}>", "answer": s} for s in secrets]
+TOOL_CALL_ID = tiny.VOCAB_SIZE - 1
+"""``<tool_call>``'s id (config.yaml's ``stop_token_ids`` names it)."""
 
 
 def prepare(out_dir: str, *, num_prompts: int = 4096, seed: int = 0) -> dict:
@@ -65,14 +69,16 @@ def prepare(out_dir: str, *, num_prompts: int = 4096, seed: int = 0) -> dict:
     for name, secrets in (("prompts", train), ("heldout", held)):
         path = os.path.join(out_dir, f"{name}.jsonl")
         with open(path, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in _rows(secrets, seed + len(name)))
+            f.writelines(json.dumps({"prompt": PROMPT, "answer": s}) + "\n" for s in secrets)
         paths[f"{name}_path"] = path
     return paths
 
 
 class LookupEnv:
-    """First turn: ``<tool_call>`` anywhere in it is a lookup (observation ``"=SECRET>"``, one tool call), else it
-    is the answer and the episode ends. Second turn: the answer, done. ``reward`` scores the final turn."""
+    """First turn exactly ``<tool_call>``: a lookup (observation ``"SECRET>"``, one tool call, ``call_bonus``
+    added to the episode's reward); the second turn is the answer, scored by the run's ``reward``. Any other
+    first turn is an answer given without the lookup: the episode ends, and the environment adds minus that
+    answer's score (:func:`reward`), so it is worth exactly 0 (a guess is never paid, however lucky)."""
 
     def __init__(self, call_bonus: float = 0.0):
         self.call_bonus = call_bonus
@@ -82,14 +88,14 @@ class LookupEnv:
 
     def step(self, state, action):
         state["turns"] += 1
-        if state["turns"] == 1 and TOOL_CALL in action:
-            return Step(observation=f"={state['secret']}>", reward=self.call_bonus, info={"tool_calls": 1})
-        return Step(done=True)
+        if state["turns"] > 1:
+            return Step(done=True)
+        if action == TOOL_CALL:
+            return Step(observation=f"{state['secret']}>", reward=self.call_bonus, info={"tool_calls": 1})
+        return Step(done=True, reward=-reward(action, {"answer": state["secret"]}))
 
 
 def reward(response: str, metadata) -> float:
-    """The fraction of the answer's 3 digits that the final turn has in place (no length credit: from a random
-    start it rewarded stopping after three tokens in the first turn, a no-tool answer, and the tool use
-    collapsed, measured)."""
-    answer = str(metadata["answer"])
-    return sum(a == b for a, b in zip(response, answer)) / len(answer)
+    """The tiny job's reward (:func:`examples.tiny.task.reward`): 0.2 for three tokens then EOS, plus 0.8 x the
+    fraction of right digits."""
+    return tiny.reward(response, metadata)
