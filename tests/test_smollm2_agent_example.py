@@ -115,7 +115,9 @@ def test_analysis_counts_calls_results_and_copies(tmp_path):
         _row("sampled", 0, 3, "109", 1.0, "109", 0),
         # item 1 (answer 50): a tool error, then a right answer; three answers without a call, one right
         _row("sampled", 1, 0, "50", 1.0, call + res.format("Error: bad") + "50", 1, 1),
-        *[_row("sampled", 1, j, a, r, a, 0) for j, (a, r) in enumerate([("5", 0.0), ("50", 1.0), ("7", 0.0)], 1)],
+        *[_row("sampled", 1, j, a, r, a, 0) for j, (a, r) in enumerate([("5", 0.0), ("50", 1.0)], 1)],
+        # no call, but the model writes a tool response of its own: not a result
+        _row("sampled", 1, 3, "7", 0.0, "<tool_response>\n7\n</tool_response>", 0),
         _row("greedy", 0, 0, "109", 1.0, call + res.format(109) + "109", 1),
         _row("greedy", 1, 0, "5", 0.0, "5", 0),
     ]
@@ -124,7 +126,7 @@ def test_analysis_counts_calls_results_and_copies(tmp_path):
     assert sampled["pass@1"] == pytest.approx(0.5) and sampled["pass@1_stderr"] == pytest.approx(0.0)
     assert sampled["pass@4"] == 1.0 and greedy["pass@1"] == 0.5 and greedy["tool_call_rate"] == 0.5
     assert sampled["tool_call_rate"] == pytest.approx(4 / 8) and sampled["tool_error_rate"] == pytest.approx(1 / 8)
-    assert sampled["tool_result_right"] == pytest.approx(2 / 8)
+    assert sampled["tool_result_right"] == pytest.approx(2 / 8) and sampled["own_tool_response"] == pytest.approx(1 / 8)
     assert sampled["final_equals_tool"] == pytest.approx(2 / 3)  # of the 3 numeric results, 2 copied
     assert sampled["correct_with_call"] == pytest.approx(2 / 4) and sampled["correct_without_call"] == pytest.approx(
         2 / 4

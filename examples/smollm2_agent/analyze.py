@@ -8,6 +8,7 @@ prints one markdown table, first evaluation against the last. Per evaluation, ov
 
 - ``pass@1`` (+- its standard error over the items) and ``pass@4``, recomputed from the rewards;
 - ``tool_call_rate``: episodes with at least one calculator call; ``tool_error_rate``: episodes with an error;
+  ``own_tool_response``: episodes without a call whose text holds a ``<tool_response>`` the model wrote itself;
 - ``tool_result_right``: episodes whose (last) tool result is the right answer (the call's expression was right);
 - ``final_equals_tool``: among episodes with a numeric tool result, the final answer's last integer equals it;
 - ``correct_with_call`` / ``correct_without_call``: correctness within each kind of episode (does a rise come
@@ -28,25 +29,28 @@ import sys
 from examples.smollm2_arithmetic.reward import equation_only, last_integer, number_only
 from gspo_mcore.trainer.evaluation import pass_at_k
 
-_RESULT = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
+# a result the environment appended (its user message in ChatML); the model may also write a <tool_response>
+# of its own without calling the tool, which is not a result
+_RESULT = re.compile(r"<\|im_start\|>user\n<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
 _INT = re.compile(r"-?\d+")
 
 
 def tool_result(transcript: str) -> str | None:
-    """The last tool result in an episode's transcript (``None`` without one)."""
+    """The last tool result the environment appended to an episode's transcript (``None`` without one)."""
     found = _RESULT.findall(transcript or "")
     return found[-1].strip() if found else None
 
 
 def episode_figures(row: dict, answer: str) -> dict:
     """One episode's measures (see the module docstring); ``row`` is a line of the samples file."""
-    result = tool_result(row.get("transcript", ""))
-    numeric = result is not None and _INT.fullmatch(result) is not None
     called = row.get("tool_calls", 0) > 0
+    result = tool_result(row.get("transcript", "")) if called else None
+    numeric = result is not None and _INT.fullmatch(result) is not None
     return {
         "correct": float(row["reward"] >= 1.0),
         "called": float(called),
         "tool_error": float(row.get("tool_errors", 0) > 0),
+        "own_tool_response": float(not called and "<tool_response>" in row.get("transcript", "")),
         "tool_result_right": float(numeric and int(result) == int(answer)),
         "numeric_result": float(numeric),
         "final_equals_tool": float(numeric and last_integer(row["response"], {"answer": result}) == 1.0),
@@ -84,6 +88,7 @@ def summarize(rows: list[dict], answers: list[str]) -> dict:
         s.update(
             tool_call_rate=_mean([f["called"] for f in figs]),
             tool_error_rate=_mean([f["tool_error"] for f in figs]),
+            own_tool_response=_mean([f["own_tool_response"] for f in figs]),
             tool_result_right=_mean([f["tool_result_right"] for f in figs]),
             final_equals_tool=_mean([f["final_equals_tool"] for f in numeric]),
             correct_with_call=_mean([f["correct"] for f in with_call]),
@@ -132,6 +137,7 @@ def table(first: tuple[int, dict], last: tuple[int, dict]) -> str:
         ("tool-call rate", "sampled", "tool_call_rate", None),
         ("greedy tool-call rate", "greedy", "tool_call_rate", None),
         ("episodes with a tool error", "sampled", "tool_error_rate", None),
+        ("writes a <tool_response> itself, no call", "sampled", "own_tool_response", None),
         ("tool result is the right sum", "sampled", "tool_result_right", None),
         ("final answer = tool result (of numeric results)", "sampled", "final_equals_tool", None),
         ("correct, episodes with a call", "sampled", "correct_with_call", None),
