@@ -125,6 +125,19 @@ example-real-grpo: install
 	  loss.variant=grpo loss.eps_low=0.2 loss.eps_high=0.27 log.output_dir=runs/smollm2/run_grpo
 	$(PY) tools/plot_metrics.py runs/smollm2/run_grpo/metrics.jsonl --title "SmolLM2-135M-Instruct, GRPO (1 CPU rank)"
 
+# SmolLM2-135M-Instruct learns to use the calculator (docs/results/agent-smollm2.md): the set-up lines of
+# example-real (idempotent), the agent job, then the before/after analysis of its evaluation samples.
+.PHONY: example-agent
+example-agent: install
+	$(PY) -m pip install -q --no-deps -r examples/smollm2_arithmetic/requirements.txt
+	$(PY) -m pip install -q reasoning-gym==0.1.25
+	$(PY) -m examples.smollm2_arithmetic.prepare
+	$(PY) -m examples.smollm2_arithmetic.prepare_data
+	OMP_NUM_THREADS=2 $(PY) -m torch.distributed.run --standalone --nproc_per_node 1 \
+	  -m gspo_mcore.train --config examples/smollm2_agent/config.yaml
+	$(PY) -m examples.smollm2_agent.analyze runs/smollm2/agent --json runs/smollm2/agent/analysis.json
+	$(PY) tools/plot_metrics.py runs/smollm2/agent/metrics.jsonl --title "SmolLM2-135M-Instruct + calculator, GSPO (1 CPU rank)"
+
 # The in-process engine (KV cache) vs its recompute baseline and transformers' generate (docs/engine.md).
 .PHONY: bench-engine
 bench-engine: install

@@ -9,6 +9,9 @@ them with the set's reward, and reports per set, under ``eval/<name>/``:
   ``response_length_mean``, ``truncated_fraction`` (responses cut at ``max_new_tokens``), ``num_prompts``;
 - for a reward of several ``terms``, each term's mean, ``reward/<term>/mean`` (a term of weight 0 is
   measured without changing the reward: e.g. a format check beside correctness);
+- under ``rollout.env`` (multi-turn episodes), the training step's episode figures (``episode_tool_use_fraction``,
+  ``episode_turns_mean``, ...; :func:`gspo_mcore.trainer.batch.episode_metrics`), and in the samples file each
+  episode's turns, tool calls and errors, how it ended and its whole ``transcript``;
 - with ``greedy`` and a sampled evaluation (``n > 1`` or temperature > 0): ``greedy_pass@1`` and
   ``greedy_reward_mean`` (and ``greedy_reward/<term>/mean``) from one greedy response per prompt.
 
@@ -26,7 +29,7 @@ from math import comb
 
 import torch
 
-from gspo_mcore.trainer.batch import decode_responses
+from gspo_mcore.trainer.batch import decode_responses, episode_metrics
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -135,13 +138,28 @@ class Evaluator:
                     "reward": r,
                     "length": len(x.response_ids),
                     "finish_reason": x.finish_reason,
+                    **(_episode_row(x, self.tokenizer) if x.episode is not None else {}),
                 }
             )
         pass_k = self.cfg.pass_k if n == self.cfg.n else (1,)
         out = summarize(rewards, lengths, truncated, n=n, pass_k=pass_k, threshold=self.cfg.pass_threshold)
         if len(terms) > 1:  # a reward of several terms: each term's mean (a weight-0 term measures only)
             out.update(terms)
+        out.update(episode_metrics(groups, max_error_fraction=1.0))  # multi-turn: tool use etc.; never stops
         return out
+
+
+def _episode_row(x, tokenizer) -> dict:
+    """A multi-turn episode's figures for the samples file, and its whole transcript (every policy and
+    environment token, special tokens kept), so that tool calls and results can be read back."""
+    e = x.episode
+    return {
+        "turns": e.turns,
+        "tool_calls": e.tool_calls,
+        "tool_errors": e.tool_errors,
+        "end": e.end,
+        "transcript": tokenizer.decode(list(x.response_ids), skip_special_tokens=False),
+    }
 
 
 def _write_jsonl(path: str, rows: list[dict]) -> None:

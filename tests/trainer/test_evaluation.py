@@ -148,6 +148,67 @@ def test_evaluator_reports_each_term_of_a_composed_reward(tmp_path):
     assert rows[0]["set"] == "h" and rows[0]["finish_reason"] == "stop" and rows[1]["length"] == 2
 
 
+class _EpisodeBackend:
+    """Test-only stand-in for a multi-turn backend: prompt 0's episodes call a tool then answer (2 turns),
+    prompt 1's answer at once; ids 1 = the answer, 3 = a call, 4 = the tool's result (an environment token)."""
+
+    runs_episodes = True
+
+    def generate(self, rows, n, params, *, seed):
+        from gspo_mcore.rollout.turns import EpisodeStats
+
+        out = []
+        for i, _ in enumerate(rows):
+            ids, mask = ((3, 4, 1), (1, 0, 1)) if i == 0 else ((1,), (1,))
+            stats = EpisodeStats(
+                turns=len(ids) // 2 + 1,
+                end="done",
+                tool_calls=int(i == 0),
+                policy_tokens=sum(mask),
+                env_tokens=len(mask) - sum(mask),
+                final_turn=(1,),
+            )
+            out.append(
+                [
+                    Sample(
+                        prompt_index=i,
+                        sample_index=j,
+                        prompt_ids=(5,),
+                        response_ids=ids,
+                        response_logprobs=(0.0,) * len(ids),
+                        finish_reason="stop",
+                        weight_version=0,
+                        response_mask=mask,
+                        episode=stats,
+                    )
+                    for j in range(n)
+                ]
+            )
+        return out
+
+
+class _TranscriptTok:
+    def decode(self, ids, skip_special_tokens=True):
+        words = {1: "right", 3: "<call>", 4: "<result>"}
+        return "".join(words[i] for i in ids if not (skip_special_tokens and i == 4))
+
+
+def test_evaluator_reports_episode_figures_and_transcripts(tmp_path):
+    """Under rollout.env the evaluation reports tool use like a training step, scores the final turn, and the
+    samples file holds each episode's turns, calls, end and its whole transcript (environment tokens too)."""
+    cfg = EvalConfig(datasets=(EvalSetConfig(name="h", data=DataConfig(paths=("h.jsonl",))),), n=2, pass_k=(1,))
+    sets = [EvalSet(name="h", prompts=[[5], [5]], metadata=[{"answer": "right"}] * 2, rewards=_Reward(), rows=[{}, {}])]
+    out = Evaluator(cfg, sets, _EpisodeBackend(), _TranscriptTok(), samples_dir=str(tmp_path)).run(0)
+    assert out["eval/h/pass@1"] == 1.0  # the final turn is what the reward reads
+    assert out["eval/h/episode_tool_use_fraction"] == 0.5 and out["eval/h/episode_turns_mean"] == 1.5
+    assert out["eval/h/episode_env_tokens_mean"] == 0.5 and out["eval/h/episode_end_done"] == 1.0
+    rows = [json.loads(line) for line in open(tmp_path / "step_0.jsonl")]
+    sampled = [r for r in rows if r["kind"] == "sampled"]
+    assert [(r["tool_calls"], r["turns"], r["end"]) for r in sampled] == [(1, 2, "done")] * 2 + [(0, 1, "done")] * 2
+    assert [r["transcript"] for r in sampled] == ["<call><result>right"] * 2 + ["right"] * 2
+    assert all(r["response"] == "right" for r in rows)
+
+
 def test_schedule_depends_only_on_the_step():
     cfg = EvalConfig(datasets=(EvalSetConfig(name="h", data=DataConfig(paths=("h.jsonl",))),), every=3)
     ev = Evaluator(cfg, [object()], None, None)
