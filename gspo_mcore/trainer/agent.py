@@ -70,8 +70,22 @@ class SGLangAgentRollout(SGLangRollout):
 
     runs_episodes = True
 
-    def __init__(self, rollout_cfg, tokenizer, *, model_dir: str, output_dir: str, layout, env=None):
-        super().__init__(rollout_cfg.sglang, model_dir=model_dir, output_dir=output_dir, layout=layout)
+    def __init__(
+        self,
+        rollout_cfg,
+        tokenizer,
+        *,
+        model_dir: str,
+        output_dir: str,
+        layout,
+        env=None,
+        routed_experts: tuple[int, int] | None = None,
+    ):
+        """``routed_experts`` (R3): as :class:`SGLangRollout`'s; each sample keeps its last turn's routing, which
+        covers the whole episode (environment spans from their prefill)."""
+        super().__init__(
+            rollout_cfg.sglang, model_dir=model_dir, output_dir=output_dir, layout=layout, routed_experts=routed_experts
+        )
         self.driver = None
         if self.is_driver:
             if env is None:  # the start-up checks build it (trainer.preflight.check_env); errors name rollout.env

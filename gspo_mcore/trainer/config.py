@@ -256,11 +256,6 @@ class TrainConfig:
                 f"routing.replay=rollout needs rollout.engine=sglang (got {self.rollout.engine!r}): it replays the "
                 "experts the rollout engine routed each token to, and only SGLang returns them"
             )
-        if self.routing.replay == "rollout" and self.rollout.env:
-            raise ValueError(
-                "routing.replay=rollout with rollout.env: routed experts across the turns of an episode are not "
-                "verified against a real MoE server yet; use routing.replay=learner"
-            )
         if self.loss.off_policy.mode != "none" and self.rollout.old_logprobs != "recompute":
             raise ValueError(
                 f"loss.off_policy.mode={self.loss.off_policy.mode} needs rollout.old_logprobs=recompute: the "

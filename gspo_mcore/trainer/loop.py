@@ -330,6 +330,8 @@ class _Phases:
 
 
 def _rollout_backend(cfg: TrainConfig, learner: Learner, tokenizer, *, env=None) -> RolloutBackend:
+    arch = learner.arch
+    routed = (arch.num_hidden_layers, arch.num_experts_per_tok) if cfg.routing.replay == "rollout" else None
     if cfg.rollout.engine == "sglang" and cfg.rollout.env:
         return SGLangAgentRollout(
             cfg.rollout,
@@ -338,17 +340,15 @@ def _rollout_backend(cfg: TrainConfig, learner: Learner, tokenizer, *, env=None)
             output_dir=cfg.log.output_dir,
             layout=learner.layout,
             env=env,
+            routed_experts=routed,
         )
     if cfg.rollout.engine == "sglang":
-        arch = learner.arch
         return SGLangRollout(
             cfg.rollout.sglang,
             model_dir=cfg.model.hf_dir,
             output_dir=cfg.log.output_dir,
             layout=learner.layout,
-            routed_experts=(arch.num_hidden_layers, arch.num_experts_per_tok)
-            if cfg.routing.replay == "rollout"
-            else None,
+            routed_experts=routed,
         )
     if cfg.rollout.env:
         return AgentRollout(learner, tokenizer, cfg.rollout, env=env)

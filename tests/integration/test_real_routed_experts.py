@@ -10,6 +10,9 @@ pairs where its routers choose other experts than SGLang did:
 - R3 on (``replay_routing``, hooked routers): exactly 0 in the old-log-prob forward and in a training forward,
   before and after the update, over every position SGLang routed (prompt from prefill included).
 
+Over multi-turn episodes (``r3_episodes_worker.py``), each sample's last-turn routing covers the whole episode
+(prompt, every policy turn, every environment span from its prefill), and it agrees with the learner in the same way.
+
 SGLang on a CPU needs one test-only fix to return routed experts (``sgl_kernel_cpu/sitecustomize.py``: its
 host buffer is pinned with ``cudaHostRegister``); the capture itself is SGLang's own.
 """
@@ -93,3 +96,66 @@ def test_the_trainer_step_replays_and_reports_the_disagreement(report):
     first = report["train_step"][0]
     assert first["routing_rollout_disagreement"] == pytest.approx(report["after_free"])
     assert all(m["update_successful"] == 1.0 for m in report["train_step"])
+
+
+# ------------------------------------------------------------------------ R3 over multi-turn episodes
+EPISODE_TURNS = 3
+
+
+@pytest.fixture(scope="module")
+def episodes_report(moe_server, tmp_path_factory):
+    """3-turn episodes of the echo environment on the MoE server with routed experts asked for
+    (``r3_episodes_worker.py``): each turn continues from ``input_ids`` (the radix cache serves the prefix), and the
+    sample keeps the last turn's routing, which must cover the whole episode, environment spans included."""
+    ckpt, proc = moe_server
+    out = tmp_path_factory.mktemp("r3_episodes")
+    spec = {
+        "hf_dir": ckpt,
+        "urls": [proc.url],
+        "lr": 0.05,
+        "n": 2,
+        "turns": EPISODE_TURNS,
+        "rows": ["rev:407>", "add:3+4=", "hello world:"],
+        "params": {"temperature": 1.0, "max_new_tokens": 8, "seed": 5},
+    }
+    (out / "spec.json").write_text(json.dumps(spec))
+    worker = os.path.join(HERE, "r3_episodes_worker.py")
+    cmd = [sys.executable, worker, str(out / "spec.json"), str(out / "report.json")]
+    done = subprocess.run(cmd, cwd=ROOT, env=learner_env(), capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        pytest.fail(
+            f"r3_episodes_worker failed ({done.returncode})\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}\n"
+            f"{proc.log_tail()}"
+        )
+    return json.loads((out / "report.json").read_text())
+
+
+def test_episode_routing_covers_every_position_sglang_computed(episodes_report, figures):
+    samples = episodes_report["samples"]
+    assert len(samples) == 3 * 2
+    figures("R3 episodes: routed rows checked (all samples)", sum(s["rows"] for s in samples))
+    figures("R3 episodes: environment-span rows checked", sum(s["env_rows"] for s in samples))
+    for k, s in enumerate(samples):
+        assert s["turns"] == EPISODE_TURNS and s["env_rows"] > 0, (k, s)
+        # one row per position of prompt + every policy turn + every environment span; only the last is unrouted
+        assert s["rows"] == s["length"] and s["last_row_unrouted"] and s["routed_rows_valid"], (k, s)
+        # the radix cache kept the routing of the request that computed each prefix position
+        assert all(s["earlier_turns_agree"]), (k, s)
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_episode_routing_replayed_matches_sglang(episodes_report, figures, when):
+    rep = episodes_report
+    replayed, env = rep[f"{when}_replayed"], rep[f"{when}_replayed_env"]
+    figures(f"R3 episodes: replayed disagreement {when} the update, all positions", replayed["all"])
+    figures(f"R3 episodes: replayed disagreement {when} the update, environment spans", env)
+    figures(f"R3 episodes: free disagreement {when} the update", rep[f"{when}_free"]["all"])
+    figures(f"R3 episodes: max |logp diff| replayed, {when}", rep[f"{when}_logprob_maxdiff_replayed"])
+    assert replayed["pairs"] > 0
+    assert replayed["all"] == 0.0 and replayed["scored"] == 0.0 and env == 0.0
+    if when == "before":  # the served weights: the learner's own routers agree with SGLang everywhere
+        assert rep["before_free"]["all"] == 0.0 and rep["before_free_env"] == 0.0
+        assert rep["before_logprob_maxdiff_replayed"] < 1.5e-5  # sglang_cpu.LOGPROB_TOL
+        assert rep["before_logprob_maxdiff_free"] < 1.5e-5
+    else:  # the update moved the learner's routing; replay keeps SGLang's
+        assert rep["after_free"]["all"] > 0.05

@@ -1,5 +1,6 @@
 """``rollout.env`` with ``rollout.engine: sglang`` (docs/agents.md): accepted, with what it cannot do refused at
-start-up by key (routed-experts replay across turns; asynchronous or partial rollouts inside an episode)."""
+start-up by key (asynchronous or partial rollouts inside an episode). R3 (``routing.replay: rollout``) is accepted:
+the last turn's routed experts cover the whole episode (tests/integration/test_real_routed_experts.py)."""
 
 from __future__ import annotations
 
@@ -26,10 +27,14 @@ def test_episodes_on_sglang_are_accepted():
     assert cfg.rollout.engine == "sglang" and cfg.rollout.env == "examples.agent_tiny.env:TwoTurns"
 
 
+def test_episodes_on_sglang_with_routing_replayed_from_the_rollout_are_accepted():
+    cfg = parse_config([*BASE, "routing.replay=rollout", "rollout.sglang.colocate=false"])
+    assert cfg.routing.replay == "rollout" and cfg.rollout.env == "examples.agent_tiny.env:TwoTurns"
+
+
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("routing.replay=rollout", r"routing.replay=rollout with rollout.env: routed experts across the turns"),
         ("rollout.max_staleness=1", r"rollout.env: multi-turn episodes do not support rollout.max_staleness"),
     ],
 )
