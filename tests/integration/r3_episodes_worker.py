@@ -15,31 +15,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from dataclasses import replace
 
 import torch
 from learner_worker import CharRenderer, EchoEnv
-from r3_worker import disagreement_of_maps, hooked
+from r3_worker import disagreement_of_maps, hooked, served_learner
 
-from gspo_mcore.convert import load_hf_weights
 from gspo_mcore.envs import EpisodeConfig
 from gspo_mcore.learner import (
     LossConfig,
-    ModelOptions,
-    OptimConfig,
-    ParallelConfig,
-    build_model,
-    build_optimizer,
     forward_backward,
     forward_logprobs,
-    init_parallel,
-    load_hf_config,
     microbatches_for_rank,
 )
 from gspo_mcore.learner.optimizer import optimizer_step, zero_grads
-from gspo_mcore.rollout import SamplingParams, SGLangClientConfig, SGLangEngine
+from gspo_mcore.rollout import SamplingParams, SGLangEngine
 from gspo_mcore.rollout.episode import EpisodeDriver
 from gspo_mcore.trainer.batch import learner_samples
 
@@ -58,13 +49,7 @@ def main(argv: list[str]) -> int:
     spec_path, out_path = argv
     with open(spec_path) as f:
         spec = json.load(f)
-    arch = load_hf_config(os.path.join(spec["hf_dir"], "config.json"))
-    layout = init_parallel(ParallelConfig(), arch, seed=0)
-    model = build_model(arch, ParallelConfig(), ModelOptions(use_te=False), seed=None)
-    load_hf_weights(model, spec["hf_dir"])
-    optimizer, scheduler = build_optimizer(model, OptimConfig(lr=spec["lr"], clip_grad=0.0, weight_decay=0.0))
-    dims = (arch.num_hidden_layers, arch.num_experts_per_tok)
-    config = SGLangClientConfig(request_timeout_s=600.0, max_attempts=1, routed_experts=dims)
+    _, layout, model, optimizer, scheduler, config = served_learner(spec)
     turns: dict[int, list] = {}  # row -> [(sequence length before the turn, the turn's TurnEnd)]
 
     class Recorded:

@@ -86,10 +86,10 @@ def disagreement_of_maps(calls, mbs, samples, engine_routing) -> dict:
     return {key: c[0] / max(c[1], 1) for key, c in counts.items()} | {"pairs": counts["all"][1]}
 
 
-def main(argv: list[str]) -> int:
-    spec_path, out_path = argv
-    with open(spec_path) as f:
-        spec = json.load(f)
+def served_learner(spec: dict):
+    """1 gloo rank holding the served weights (``spec["hf_dir"]``), its optimizer at ``spec["lr"]``, and the
+    SGLang client's config asking for routed experts. Returns ``(arch, layout, model, optimizer, scheduler,
+    client_config)``."""
     arch = load_hf_config(os.path.join(spec["hf_dir"], "config.json"))
     layout = init_parallel(ParallelConfig(), arch, seed=0)
     model = build_model(arch, ParallelConfig(), ModelOptions(use_te=False), seed=None)
@@ -97,6 +97,14 @@ def main(argv: list[str]) -> int:
     optimizer, scheduler = build_optimizer(model, OptimConfig(lr=spec["lr"], clip_grad=0.0, weight_decay=0.0))
     dims = (arch.num_hidden_layers, arch.num_experts_per_tok)
     config = SGLangClientConfig(request_timeout_s=600.0, max_attempts=1, routed_experts=dims)
+    return arch, layout, model, optimizer, scheduler, config
+
+
+def main(argv: list[str]) -> int:
+    spec_path, out_path = argv
+    with open(spec_path) as f:
+        spec = json.load(f)
+    arch, layout, model, optimizer, scheduler, config = served_learner(spec)
 
     async def generate():
         async with SGLangEngine(spec["urls"], config=config) as engine:
