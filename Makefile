@@ -127,10 +127,11 @@ example-real-grpo: install
 	  loss.variant=grpo loss.eps_low=0.2 loss.eps_high=0.27 log.output_dir=runs/smollm2/run_grpo
 	$(PY) tools/plot_metrics.py runs/smollm2/run_grpo/metrics.jsonl --title "SmolLM2-135M-Instruct, GRPO (1 CPU rank)"
 
-# SmolLM2-135M-Instruct with the calculator tool (docs/results/agent-smollm2.md, partial): example-real's set-up
-# (idempotent), the agent job, then the before/after analysis of its evaluation samples.
+# SmolLM2-135M-Instruct with the calculator tool (docs/results/agent-smollm2.md): example-real's set-up
+# (idempotent), its 2-digit training problems, the agent job, then the before/after analysis of its evaluation samples.
 .PHONY: example-agent
 example-agent: smollm2-setup
+	$(PY) -m examples.smollm2_agent.prepare_data
 	OMP_NUM_THREADS=2 $(PY) -m torch.distributed.run --standalone --nproc_per_node 1 \
 	  -m gspo_mcore.train --config examples/smollm2_agent/config.yaml
 	$(PY) -m examples.smollm2_agent.analyze runs/smollm2/agent --json runs/smollm2/agent/analysis.json

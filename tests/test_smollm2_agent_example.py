@@ -10,8 +10,8 @@ import pytest
 from helpers import ROOT
 from helpers.agent_tokenizer import CHATML, make_tokenizer
 
-from examples.smollm2_agent import analyze
-from examples.smollm2_agent.env import DEMO_QUESTION, CalculatorEnv, demo_messages
+from examples.smollm2_agent import analyze, prepare_data
+from examples.smollm2_agent.env import EXAMPLES, INSTRUCTION, SUFFIX, CalculatorEnv, worked_example
 from gspo_mcore.envs import ChatRenderer, load_env
 from gspo_mcore.train import parse_config
 
@@ -21,7 +21,10 @@ SINGLE = os.path.join(ROOT, "examples", "smollm2_arithmetic", "config.yaml")
 
 def test_config_is_the_single_turn_task_with_the_calculator():
     agent, single = parse_config(["--config", AGENT]), parse_config(["--config", SINGLE])
-    assert agent.data.paths == single.data.paths and agent.model.hf_dir == single.model.hf_dir
+    assert (
+        list(agent.data.paths) == ["runs/smollm2/data/" + prepare_data.NAME]
+        and agent.model.hf_dir == single.model.hf_dir
+    )
     assert agent.reward == single.reward  # correctness of the final answer, no bonus for calling
     (a,), (s,) = agent.eval.datasets, single.eval.datasets
     assert (a.data.paths, a.max_prompts, a.reward) == (s.data.paths, 64, s.reward)
@@ -38,9 +41,11 @@ def test_env_offers_the_calculator_and_runs_it():
     row = {"messages": [{"role": "user", "content": "What is 80 plus 29? Answer with the number only."}]}
     start = env.reset({**row, "metadata": {"answer": "109"}})
     roles = [m["role"] for m in start.observation]
-    assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
-    assert start.observation[-1] == row["messages"][0] and start.tools[0]["function"]["name"] == "calculator"
-    assert [m["role"] for m in CalculatorEnv(demo=False).reset(row).observation] == ["system", "user"]
+    assert roles == ["system"] + ["user", "assistant", "user", "assistant"] * 2 + ["user"]
+    assert start.observation[0]["content"] == INSTRUCTION and start.tools == ()  # the instruction says how to call
+    assert start.observation[-1] == row["messages"][0]
+    assert [m["role"] for m in CalculatorEnv(examples=0).reset(row).observation] == ["system", "user"]
+    assert len(CalculatorEnv(examples=3).reset(row).observation) == 2 + 4 * 3
     step = env.step(
         start.state, '<tool_call>{"name": "calculator", "arguments": {"expression": "80 + 29"}}</tool_call>'
     )
@@ -50,8 +55,9 @@ def test_env_offers_the_calculator_and_runs_it():
     bad = env.step(start.state, '<tool_call>{"name": "calculator", "arguments": {"expression": "x"}}</tool_call>')
     assert bad.info["tool_errors"] == 1 and bad.observation[0]["content"].startswith("Error:")
     assert env.step(start.state, "109").done
-    with pytest.raises(ValueError, match="demo must be true or false"):
-        CalculatorEnv(demo="yes")
+    for bad_examples in (4, -1, True, "2"):
+        with pytest.raises(ValueError, match="examples must be an integer from 0 to 3"):
+            CalculatorEnv(examples=bad_examples)
 
 
 def _smollm2_tokenizer():
@@ -71,10 +77,11 @@ def test_worked_example_is_rendered_as_an_episode_renders_a_call(which):
     tok = make_tokenizer(CHATML) if which == "local_chatml" else _smollm2_tokenizer()
     renderer = ChatRenderer(tok, tool_format="fallback")
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-    call, result, answer = (m["content"] for m in demo_messages()[1:])
+    question, expression = EXAMPLES[0]
+    call, result, answer = (m["content"] for m in worked_example(question, expression)[1:])
     # an episode on the worked example's question, without the worked example
-    bare = CalculatorEnv(demo=False)
-    start = bare.reset({"messages": [{"role": "user", "content": DEMO_QUESTION}]})
+    bare = CalculatorEnv(examples=0)
+    start = bare.reset({"messages": [{"role": "user", "content": question + SUFFIX}]})
     ids = renderer.first(start.observation, start.tools)
     turn = enc(call) + [tok.eos_token_id]
     step = bare.step(start.state, call)
@@ -83,10 +90,15 @@ def test_worked_example_is_rendered_as_an_episode_renders_a_call(which):
     episode = tok.decode(ids)
     # the prompt with the worked example, for another question, starts with exactly that episode
     question = {"role": "user", "content": "What is 80 plus 29? Answer with the number only."}
-    shown = CalculatorEnv().reset({"messages": [question]})
+    shown = CalculatorEnv(examples=1).reset({"messages": [question]})
     prompt = tok.decode(renderer.first(shown.observation, shown.tools))
     assert prompt.startswith(episode) and prompt.endswith(question["content"] + "<|im_end|>\n<|im_start|>assistant\n")
-    assert "<tool_call>" in episode and "You can call these tools" in episode
+    assert "<tool_call>" in episode and INSTRUCTION in episode
+    # the config's two: the second worked example follows the first as a further exchange
+    two = CalculatorEnv(examples=2).reset({"messages": [question]})
+    assert tok.decode(renderer.first(two.observation, two.tools)).startswith(
+        episode + "\n<|im_start|>user\n" + EXAMPLES[1][0]
+    )
 
 
 def _row(kind, i, j, response, reward, transcript, calls, errors=0):
@@ -141,3 +153,26 @@ def test_analysis_counts_calls_results_and_copies(tmp_path):
     data.write_text('{"answer": "109"}\n{"answer": "50"}\n')
     assert analyze.main([str(tmp_path), "--data", str(data), "--json", str(tmp_path / "a.json")]) == 0
     assert json.loads((tmp_path / "a.json").read_text())["12"]["sampled"]["episodes_with_call"] == 4
+
+
+def test_training_data_leaves_the_held_out_items_out(tmp_path):
+    with pytest.raises(prepare_data.DataError, match="eval_2_digit_addition.jsonl is missing"):
+        prepare_data.training_rows(str(tmp_path))
+    add = ["80 + 29", "3 + 4", "11 + 12", "80 + 29", "5 + 6"]  # the first 2 held out; a repeat of one later
+    sub = ["50 - 7", "3 + 4"]
+    for name, items in zip(prepare_data.SOURCES, (add, sub)):
+        (tmp_path / name).write_text("".join(json.dumps({"expression": e}) + "\n" for e in items))
+    rows, held_out = prepare_data.training_rows(str(tmp_path), held_out=2)
+    assert held_out == {"80 + 29", "3 + 4"} and [r["expression"] for r in rows] == ["11 + 12", "5 + 6", "50 - 7"]
+    with pytest.raises(prepare_data.DataError, match="--held-out must be in 1..4"):
+        prepare_data.training_rows(str(tmp_path), held_out=5)
+    assert prepare_data.main(["--data", str(tmp_path), "--held-out", "2"]) == 0
+    assert len((tmp_path / prepare_data.NAME).read_text().splitlines()) == 3
+
+
+def test_worked_examples_are_not_held_out_items():
+    data = os.path.join(ROOT, "runs", "smollm2", "data")
+    if not os.path.isfile(os.path.join(data, "eval_2_digit_addition.jsonl")):
+        pytest.skip(f"no prepared data at {data} (python -m examples.smollm2_arithmetic.prepare_data)")
+    rows, held_out = prepare_data.training_rows(data)
+    assert not {e for _, e in EXAMPLES} & (held_out | {r["expression"] for r in rows})

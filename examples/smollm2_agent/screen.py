@@ -1,9 +1,9 @@
 """Screen a prompt before training: how often does the untrained model's first turn call the calculator?
 
     python -m examples.smollm2_agent.screen [--model runs/smollm2/model]
-        [--data runs/smollm2/data/eval_2_digit_addition.jsonl] [--items 16] [--n 4] [--demo true false]
+        [--data runs/smollm2/data/eval_2_digit_addition.jsonl] [--items 16] [--n 4] [--examples 0 1 2 3]
 
-For each setting of ``demo``, the first turn of ``--items`` held-out rows is rendered exactly as an episode
+For each number of worked ``examples``, the first turn of ``--items`` held-out rows is rendered exactly as an episode
 renders it (:class:`~gspo_mcore.envs.ChatRenderer` over :class:`CalculatorEnv`'s reset) and sampled ``--n``
 times at temperature 1 (and once greedily) with transformers' ``generate``; printed per setting: the
 fraction of turns with a ``<tool_call>``, of those that parse as a calculator call, and of those whose
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--items", type=int, default=16)
     p.add_argument("--n", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--demo", nargs="+", default=["true", "false"], choices=["true", "false"])
+    p.add_argument("--examples", nargs="+", type=int, default=[0, 1, 2, 3], choices=[0, 1, 2, 3])
     p.add_argument("--show", type=int, default=3, help="print this many sampled turns per setting")
     args = p.parse_args(argv)
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     rows = [json.loads(line) for line in open(args.data)][: args.items]
     renderer = ChatRenderer(tok, tool_format="fallback")
-    for demo in args.demo:
-        env = CalculatorEnv(demo=demo == "true")
+    for examples in args.examples:
+        env = CalculatorEnv(examples=examples)
         prompts = []
         for r in rows:
             start = env.reset({"messages": r["messages"], "metadata": r})
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         answers = [r["answer"] for r in rows]
         sampled = first_turns(model, tok, prompts, n=args.n, max_new_tokens=args.max_new_tokens, greedy=False)
         greedy = first_turns(model, tok, prompts, n=1, max_new_tokens=args.max_new_tokens, greedy=True)
-        out = {"demo": demo == "true", "prompt_tokens": len(prompts[0])}
+        out = {"examples": examples, "prompt_tokens": len(prompts[0])}
         out.update({f"sampled_{k}": v for k, v in score(sampled, [a for a in answers for _ in range(args.n)]).items()})
         out.update({f"greedy_{k}": v for k, v in score(greedy, answers).items()})
         print(json.dumps(out), flush=True)

@@ -96,59 +96,67 @@ def run(cfg: TrainConfig) -> list[dict]:
         run_dir.prepare(inputs.run_dir, to_dict(cfg))  # the run's first write: config.yaml (after log.overwrite)
         if learner.reference is not None:
             logger.info("KL reference policy: %.1f MiB of CPU memory per rank", learner.reference.nbytes / 2**20)
-    distiller = distill_plan.build(cfg.parallel, learner.layout, cfg.model.options) if distill_plan else None
-    rollout = _rollout_backend(cfg, learner, tokenizer, env=inputs.env)
-    samples_dir = os.path.join(cfg.log.output_dir, "eval_samples") if is_writer and cfg.eval.save_samples else None
-    evaluator = Evaluator(cfg.eval, eval_sets, rollout, tokenizer, samples_dir=samples_dir)
-    checkpoints = Checkpointer(
-        cfg.checkpoint, cfg.checkpoint.dir, learner.layout, run_config=to_dict(cfg), total_steps=cfg.steps
-    )
-
-    start = 0
-    resumed = learner.load(checkpoints)
-    if resumed is not None:
-        loader.load_state_dict(resumed.extra["data"])
-        rollout.restore_weights(learner, resumed.extra["weight_version"])
-        start = resumed.step + 1
-        if is_writer:
-            _drop_metrics_after(os.path.join(cfg.log.output_dir, "metrics.jsonl"), resumed.step)
-    metrics = MetricsLogger(
-        cfg.log, total_steps=cfg.steps, start_step=start, enabled=is_writer, run_config=to_dict(cfg)
-    )
-    prefetch = (
-        Prefetcher(
-            loader,
-            lambda ids, seed: rollout.start_generate(ids, cfg.rollout.group_size, cfg.rollout.sampling, seed=seed),
-            rollout.finish_generate,
-        )
-        if cfg.rollout.max_staleness > 0
-        else None
-    )
-    state = Run(cfg, learner, rollout, loader, rewards, tokenizer, prefetch, distiller)
-    history, evaluated = [], set()
-    try:
-        step = start
-        for step in range(start, cfg.steps):
-            if evaluator.due(step):
-                _log_eval(metrics, step, evaluator.run(step))
-                evaluated.add(step)
-            record = gspo_step(state, step)
-            if record is None:  # the prompts ran out (a finite number of epochs)
-                break
-            history.append(record)
-            metrics.log(step, record)
-            if checkpoints.due(step):
-                learner.save(
-                    checkpoints, step, extra={"data": _data_state(loader, prefetch), "weight_version": step + 1}
-                )
-            step += 1
-        if evaluator.sets and step not in evaluated:  # after the last step
-            _log_eval(metrics, step, evaluator.run(step))
-    finally:
-        metrics.close()
-        rollout.close()
+    # a launched server (SGLang rollout or teacher) is stopped however the run ends, its set-up included
+    with contextlib.ExitStack() as cleanup:
+        distiller = distill_plan.build(cfg.parallel, learner.layout, cfg.model.options) if distill_plan else None
         if distiller is not None:
-            distiller.close()
+            cleanup.callback(distiller.close)
+        rollout = _rollout_backend(cfg, learner, tokenizer, env=inputs.env)
+        cleanup.callback(rollout.close)
+        samples_dir = os.path.join(cfg.log.output_dir, "eval_samples") if is_writer and cfg.eval.save_samples else None
+        evaluator = Evaluator(cfg.eval, eval_sets, rollout, tokenizer, samples_dir=samples_dir)
+        checkpoints = Checkpointer(
+            cfg.checkpoint, cfg.checkpoint.dir, learner.layout, run_config=to_dict(cfg), total_steps=cfg.steps
+        )
+
+        start = 0
+        resumed = learner.load(checkpoints)
+        if resumed is not None:
+            loader.load_state_dict(resumed.extra["data"])
+            rollout.restore_weights(learner, resumed.extra["weight_version"])
+            start = resumed.step + 1
+            if is_writer:
+                _drop_metrics_after(os.path.join(cfg.log.output_dir, "metrics.jsonl"), resumed.step)
+        metrics = MetricsLogger(
+            cfg.log, total_steps=cfg.steps, start_step=start, enabled=is_writer, run_config=to_dict(cfg)
+        )
+        cleanup.callback(metrics.close)
+        prefetch = (
+            Prefetcher(
+                loader,
+                lambda ids, seed: rollout.start_generate(ids, cfg.rollout.group_size, cfg.rollout.sampling, seed=seed),
+                rollout.finish_generate,
+            )
+            if cfg.rollout.max_staleness > 0
+            else None
+        )
+        state = Run(cfg, learner, rollout, loader, rewards, tokenizer, prefetch, distiller)
+        return _train(state, evaluator, checkpoints, metrics, start)
+
+
+def _train(
+    state: Run, evaluator: Evaluator, checkpoints: Checkpointer, metrics: MetricsLogger, start: int
+) -> list[dict]:
+    """Steps ``start`` .. ``cfg.steps - 1`` with their evaluations and checkpoints; the per-step metrics."""
+    cfg, learner, loader = state.cfg, state.learner, state.loader
+    history, evaluated = [], set()
+    step = start
+    for step in range(start, cfg.steps):
+        if evaluator.due(step):
+            _log_eval(metrics, step, evaluator.run(step))
+            evaluated.add(step)
+        record = gspo_step(state, step)
+        if record is None:  # the prompts ran out (a finite number of epochs)
+            break
+        history.append(record)
+        metrics.log(step, record)
+        if checkpoints.due(step):
+            learner.save(
+                checkpoints, step, extra={"data": _data_state(loader, state.prefetch), "weight_version": step + 1}
+            )
+        step += 1
+    if evaluator.sets and step not in evaluated:  # after the last step
+        _log_eval(metrics, step, evaluator.run(step))
     return history
 
 

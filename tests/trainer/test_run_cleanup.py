@@ -1,0 +1,34 @@
+"""A run that fails during set-up, after its rollout backend exists (a launched SGLang server, a teacher), still
+closes it: nothing is left running."""
+
+import os
+import subprocess
+import sys
+
+from helpers import ROOT, TESTS
+from helpers.launch import torchrun
+
+
+def test_backend_is_closed_when_setup_fails_after_it_is_built(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "16"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    cmd = [
+        *torchrun(1),
+        os.path.join(TESTS, "trainer", "cleanup_worker.py"),
+        "--config",
+        "examples/tiny/config.yaml",
+        "steps=1",
+        f"model.hf_dir={tmp_path}/model",
+        f"data.paths=[{tmp_path}/prompts.jsonl]",
+        f"log.output_dir={tmp_path}/run",
+        "log.progress_bar=false",
+    ]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1")
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "backend closed 1 time(s)" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
