@@ -11,8 +11,8 @@ untrained model (``python -m examples.smollm2_agent.screen``; figures in docs/re
 - ``examples`` worked exchanges (:data:`EXAMPLES`: the question, the call, the tool's result, the answer) sit
   between the system message and the row's question, rendered exactly as an episode renders a call. The untrained
   model's first-turn call rate rises with their number: 0 with none, 9-14% with one, 50-58% with two, 86-97% with
-  three (two screens of 16 held-out items x 4 samples). The example uses two: the model calls often enough for groups of 4 to
-  hold a reward spread, and far from always, so training has something to learn.
+  three (two screens of 16 held-out items x 4 samples). The example uses two: the model calls often enough for
+  groups of 4 to hold a reward spread, and far from always, so training has something to learn.
 
 The rows are the single-turn example's format (``examples/smollm2_arithmetic/prepare_data.py``): the question,
 then "Answer with the number only."; the reward is its ``last_integer`` on the final turn.
