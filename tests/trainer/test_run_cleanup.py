@@ -27,8 +27,8 @@ def test_backend_is_closed_when_setup_fails_after_it_is_built(tmp_path):
         f"log.output_dir={tmp_path}/run",
         "log.progress_bar=false",
     ]
-    proc = subprocess.run(
-        cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1")
-    )
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)  # the examples package
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "backend closed 1 time(s)" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
