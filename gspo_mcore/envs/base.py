@@ -5,7 +5,9 @@ An environment is any class with two methods (checked at start-up, :func:`gspo_m
 - ``reset(row) -> Reset``: the dataset row (``{"prompt" or "messages", "metadata"}``) in, the first
   observation out (chat messages, or text for a model without a chat template) with the episode's state;
 - ``step(state, action) -> Step``: the policy's turn as text in; the next observation (or ``None``), whether
-  the episode is done, and an ``info`` dict.
+  the episode is done, and an ``info`` dict;
+- optionally ``end_episode(state)``: called once when an episode ends, whatever ended it (done, a limit, an
+  error), to release what the episode holds (:class:`gspo_mcore.envs.agent.AgentEnv` ends its agent's call).
 
 The episode's reward is the run's ``reward:`` section applied to the final policy turn; an environment may
 add a term (``Step.reward``, summed over the episode). It never sees token ids, engines or the learner: the

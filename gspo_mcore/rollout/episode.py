@@ -93,13 +93,16 @@ class EpisodeDriver:
                     f"no room under rollout.episode.max_total_tokens={self.config.max_total_tokens}"
                 )
         keys = [derive_sample_seed(seed, prompt_offset + i, j) for i in range(len(rows)) for j in range(n)]
-        engine.generate_turns(
-            [ep.prompt for ep in episodes],
-            params,
-            keys=keys,
-            max_total_tokens=self.config.max_total_tokens,
-            on_turns=lambda ends: self._on_turns(episodes, ends),
-        )
+        try:
+            engine.generate_turns(
+                [ep.prompt for ep in episodes],
+                params,
+                keys=keys,
+                max_total_tokens=self.config.max_total_tokens,
+                on_turns=lambda ends: self._on_turns(episodes, ends),
+            )
+        finally:
+            self._end_all(episodes)
         return [[self._sample(episodes[i * n + j], i, j) for j in range(n)] for i in range(len(rows))]
 
     # -- environment side -------------------------------------------------------------------------------
@@ -110,6 +113,15 @@ class EpisodeDriver:
         if not all(hasattr(value, a) for a in ("observation", "state", "tools")):
             raise RolloutError(f"rollout.env: reset of row {index} returned {type(value).__name__}, not envs.Reset")
         return self.renderer.first(value.observation, value.tools), value.state
+
+    def _end_all(self, episodes: list[_Episode]) -> None:
+        """The environment's optional ``end_episode(state)`` for every episode, whatever ended it (an agent
+        program's pending call is released there); its failures are ignored, each call within the step timeout."""
+        end = getattr(self.env, "end_episode", None) if self.runs_env else None
+        if end is None:
+            return
+        for ep in episodes:
+            _timed(lambda state=ep.state: end(state), self.config.step_timeout_s)
 
     def _agree(self, value):
         """The environment rank's ``value`` on every rank (``share``); as it is without ``share``."""

@@ -1,0 +1,365 @@
+"""Agent programs as environments: the agent calls the policy like a chat API; the trainer keeps the tokens.
+
+The user writes the agent: a function ``agent(client, row, **agent_kwargs) -> reward`` (or ``async def``) that
+talks to the policy with ``client.chat(messages, tools=...)`` and runs its own tools between calls. With
+``serve: true`` the same calls are also served over HTTP as an OpenAI-compatible ``/v1/chat/completions`` on
+loopback (``client.base_url``, ``client.api_key``), so a black-box program (any language, the ``openai`` SDK)
+can be the agent: the function starts it and returns its reward.
+
+:class:`AgentEnv` turns that program into an :class:`~gspo_mcore.envs.base.Environment`: ``reset`` starts the
+agent (its own thread) and waits for its first request, whose messages and tools are the first observation;
+``step`` answers the request the policy's turn belongs to with an assistant message (``<tool_call>`` blocks
+parsed into OpenAI ``tool_calls``) and waits for the next request, whose new messages are the next observation.
+The agent returning ends the episode (``done``); its number is added to the reward (``Step.reward``).
+
+Token exactness needs every request to extend the conversation: the previous request's messages, then the
+assistant message that answered it (content and tool calls as returned), then new messages. A request that
+edits or drops history ends the episode as ``error`` with the first message that differs: the learner trains
+on one token sequence, never on a conversation re-tokenised from text. The request's sampling fields
+(``temperature``, ``max_tokens``, ...) are ignored: the run's ``rollout.sampling`` and ``rollout.episode``
+limits decide. ``stream`` and ``n`` > 1 are refused.
+
+When the episode ends for another cause (``max_turns``, ``max_total_tokens``, a timeout), the agent's pending
+or next call raises :class:`EpisodeOver` (HTTP 409), so its thread ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import json
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from gspo_mcore.envs.base import TOOL_CALLS, Reset, Step
+from gspo_mcore.envs.tools import ToolCall, load_object, parse_tool_calls
+
+KEY = "rollout.env_kwargs"
+_CALL_BLOCK = r"<tool_call>.*?</tool_call>"
+
+
+class EpisodeOver(RuntimeError):
+    """The episode ended (a limit, a timeout, a bad request): the agent's call has no answer."""
+
+
+class AgentRequestError(ValueError):
+    """A request the trainer cannot answer token-exactly (edited history, changed tools, ``stream``, ...)."""
+
+
+@dataclass
+class _Session:
+    """One episode: the agent's requests go to the environment, its answers come back."""
+
+    id: str
+    # ("request", messages, tools) | ("finished", reward) | ("failed", why) | ("closed", why)
+    events: queue.Queue = field(default_factory=queue.Queue)
+    replies: queue.Queue = field(default_factory=queue.Queue)  # an assistant message | EpisodeOver
+    history: list = field(default_factory=list)  # the last request's messages
+    tools: list | None = None
+    reply: dict | None = None  # the assistant message that answered the last request
+    calls: int = 0
+    busy: bool = False
+    closed: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    thread: threading.Thread | None = None
+
+    def request(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> dict:
+        """The agent side: one chat request, answered with the policy's turn (blocks until it is sampled)."""
+        with self.lock:
+            if self.closed is not None:
+                raise EpisodeOver(f"episode {self.id} is over: {self.closed}")
+            if self.busy:
+                raise AgentRequestError(f"episode {self.id}: one request at a time (the previous one is not answered)")
+            self.busy = True
+        try:
+            self.events.put(("request", _plain(messages, "messages"), _plain(tools or [], "tools")))
+            answer = self.replies.get()
+        finally:
+            self.busy = False
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def close(self, why: str) -> None:
+        with self.lock:
+            if self.closed is None:
+                self.closed = why
+        self.replies.put(EpisodeOver(f"episode {self.id} is over: {why}"))
+        self.events.put(("closed", why))
+
+
+class ChatClient:
+    """What the agent function gets: ``chat`` in-process, and the HTTP endpoint for a black-box program."""
+
+    def __init__(self, session: _Session, *, base_url: str | None, model: str):
+        self._session = session
+        self._base_url = base_url
+        self.model = model
+        self.api_key = session.id
+        """The episode's key: a black-box program sends it as its OpenAI API key (``Authorization: Bearer``)."""
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT/v1``: the OpenAI-compatible endpoint (``serve: true``)."""
+        if self._base_url is None:
+            raise RuntimeError(f"{KEY}.serve is false: no HTTP endpoint; set it to true, or call client.chat")
+        return self._base_url
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None) -> dict:
+        """The policy's next turn as an OpenAI assistant message: ``{"role": "assistant", "content": str,
+        "tool_calls": [...]}`` (``tool_calls`` only when the turn has ``<tool_call>`` blocks). ``messages`` must
+        extend the previous call's messages and its answer (see the module docstring)."""
+        return self._session.request(messages, tools)
+
+    async def achat(self, messages, tools=None) -> dict:
+        """``chat`` for an ``async`` agent."""
+        return await asyncio.to_thread(self.chat, messages, tools)
+
+
+class AgentEnv:
+    """An environment driven by an agent program (see the module docstring).
+
+    Args:
+        agent: ``"pkg.module:function"`` (or the function): ``agent(client, row, **agent_kwargs)`` returns the
+            episode's reward term (a number, or ``None`` for 0), sync or ``async``.
+        agent_kwargs: keyword arguments for every call of ``agent``.
+        serve: also serve the OpenAI-compatible endpoint (``client.base_url``).
+        host, port: where it listens: loopback by default; port 0 picks a free one.
+        model: the model name the endpoint reports.
+    """
+
+    def __init__(
+        self,
+        agent: str | Callable[..., Any],
+        agent_kwargs: Mapping[str, Any] | None = None,
+        *,
+        serve: bool = False,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        model: str = "policy",
+    ):
+        fn = load_object(agent, f"{KEY}.agent") if isinstance(agent, str) else agent
+        if not callable(fn):
+            raise ValueError(f"{KEY}.agent: {agent!r} is not callable")
+        try:
+            sig = inspect.signature(fn)
+            sig.bind(None, None, **dict(agent_kwargs or {}))
+        except TypeError as e:
+            raise ValueError(
+                f"{KEY}.agent: {agent!r} cannot be called as agent(client, row, **agent_kwargs): {e}"
+            ) from e
+        except ValueError:
+            pass  # no signature (a builtin): called as is
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
+            raise ValueError(f"{KEY}.port must be an integer in [0, 65535], got {port!r}")
+        self.fn, self.agent_kwargs, self.model = fn, dict(agent_kwargs or {}), model
+        self.sessions: dict[str, _Session] = {}
+        self._ids = itertools.count()
+        self._prefix = f"ep-{id(self):x}-"
+        self.server = None
+        if serve:
+            try:
+                self.server = _serve(self, host, port)
+            except OSError as e:
+                raise ValueError(f"{KEY}: cannot listen on {host}:{port} ({e})") from e
+
+    @property
+    def base_url(self) -> str | None:
+        if self.server is None:
+            return None
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    # -- the environment ----------------------------------------------------------------------------------
+    def reset(self, row: Mapping[str, Any]) -> Reset:
+        session = _Session(id=f"{self._prefix}{next(self._ids)}")
+        self.sessions[session.id] = session
+        client = ChatClient(session, base_url=self.base_url, model=self.model)
+        session.thread = threading.Thread(
+            target=self._run_agent, args=(session, client, row), daemon=True, name=f"agent-{session.id}"
+        )
+        session.thread.start()
+        event = session.events.get()
+        if event[0] != "request":
+            self.end_episode(session)
+            what = "returned" if event[0] == "finished" else f"failed ({event[1]})"
+            raise ValueError(f"{KEY}.agent {what} before its first chat request")
+        _, messages, tools = event
+        if not messages:
+            raise ValueError(f"{KEY}.agent: its first request has no messages")
+        session.history, session.tools = messages, tools
+        return Reset(observation=messages, state=session, tools=tuple(tools))
+
+    def step(self, session: _Session, action: str) -> Step:
+        session.reply = _assistant_message(action)
+        calls = len(session.reply.get("tool_calls", ()))
+        session.calls += 1
+        session.replies.put(session.reply)
+        event = session.events.get()
+        kind = event[0]
+        if kind == "finished":
+            return Step(done=True, reward=event[1], info={TOOL_CALLS: calls})
+        if kind == "failed":
+            raise RuntimeError(f"the agent failed: {event[1]}")
+        if kind == "closed":
+            raise EpisodeOver(event[1])
+        _, messages, tools = event
+        try:
+            new = _new_messages(session, messages, tools)
+        except AgentRequestError as e:
+            session.close(str(e))
+            raise
+        session.history = messages
+        return Step(observation=new, info={TOOL_CALLS: calls})
+
+    def end_episode(self, session: _Session) -> None:
+        """The episode is over (whatever the cause): a call still waiting raises :class:`EpisodeOver`."""
+        session.close("the episode ended")
+        self.sessions.pop(session.id, None)
+
+    def close(self) -> None:
+        """Stop the HTTP endpoint and end every episode still open."""
+        for session in list(self.sessions.values()):
+            self.end_episode(session)
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+    def _run_agent(self, session: _Session, client: ChatClient, row) -> None:
+        try:
+            if inspect.iscoroutinefunction(self.fn):
+                value = asyncio.run(self.fn(client, row, **self.agent_kwargs))
+            else:
+                value = self.fn(client, row, **self.agent_kwargs)
+            if value is None:
+                value = 0.0
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"the agent returned {type(value).__name__}, not a number (its reward term)")
+            session.events.put(("finished", float(value)))
+        except EpisodeOver as e:
+            session.events.put(("closed", str(e)))
+        except Exception as e:  # noqa: BLE001 - the agent's failure ends its episode, counted
+            session.events.put(("failed", f"{type(e).__name__}: {e}"))
+
+
+def _assistant_message(text: str) -> dict:
+    """The policy's turn as an OpenAI assistant message: ``<tool_call>`` blocks become ``tool_calls`` (a
+    malformed block stays in the content, for the agent to see)."""
+    parsed = parse_tool_calls(text)
+    calls = [c for c in parsed if isinstance(c, ToolCall)]
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls and len(calls) == len(parsed):
+        message["content"] = re.sub(_CALL_BLOCK, "", text, flags=re.DOTALL).strip()
+        message["tool_calls"] = [
+            {"id": f"call_{k}", "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            for k, c in enumerate(calls)
+        ]
+    return message
+
+
+def _new_messages(session: _Session, messages: list, tools: list) -> list:
+    """The messages a request adds after the last answer; :class:`AgentRequestError` if it does not extend it."""
+    if tools != session.tools:
+        raise AgentRequestError("the request changed its tools (the prompt already rendered them)")
+    n = len(session.history)
+    if len(messages) < n + 2:
+        raise AgentRequestError(
+            f"the request does not extend the conversation: it has {len(messages)} messages, at least {n + 2} needed "
+            f"(the previous {n}, the assistant's answer, something new)"
+        )
+    for k, (old, now) in enumerate(zip(session.history, messages)):
+        if old != now:
+            raise AgentRequestError(f"the request does not extend the conversation: message {k} differs")
+    if _normalise(messages[n]) != _normalise(session.reply):
+        raise AgentRequestError(f"the request does not extend the conversation: message {n} is not the answer given")
+    return messages[n + 1 :]
+
+
+def _normalise(message: Mapping[str, Any]) -> tuple:
+    calls = []
+    for c in message.get("tool_calls") or ():
+        fn = c.get("function", {}) if isinstance(c, Mapping) else {}
+        args = fn.get("arguments", "{}")
+        try:
+            args = json.loads(args) if isinstance(args, str) else args
+        except ValueError:
+            pass
+        calls.append((fn.get("name"), args))
+    return message.get("role"), (message.get("content") or "").strip(), calls
+
+
+def _plain(value, what: str):
+    """A JSON round trip: the agent's objects become plain data it cannot change behind our back."""
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError) as e:
+        raise AgentRequestError(f"the request's {what} are not JSON ({e})") from e
+
+
+# -- the OpenAI-compatible endpoint ---------------------------------------------------------------------------
+def _serve(env: AgentEnv, host: str, port: int) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # quiet: one line per request would flood the run's log
+            pass
+
+        def do_GET(self):
+            if self.path.rstrip("/") == "/v1/models":
+                return self._json(HTTPStatus.OK, {"object": "list", "data": [{"id": env.model, "object": "model"}]})
+            return self._error(HTTPStatus.NOT_FOUND, f"no route {self.path}")
+
+        def do_POST(self):
+            if self.path.rstrip("/") != "/v1/chat/completions":
+                return self._error(HTTPStatus.NOT_FOUND, f"no route {self.path}; use /v1/chat/completions")
+            key = self.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+            session = env.sessions.get(key)
+            if session is None:
+                return self._error(HTTPStatus.UNAUTHORIZED, "unknown API key: use the episode's client.api_key")
+            try:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+                    raise AgentRequestError("the body must be a JSON object with a 'messages' list")
+                if body.get("stream"):
+                    raise AgentRequestError("stream is not supported: the trainer answers each turn whole")
+                if body.get("n", 1) != 1:
+                    raise AgentRequestError("n must be 1: an episode is one sequence")
+                message = session.request(body["messages"], body.get("tools"))
+            except EpisodeOver as e:
+                return self._error(HTTPStatus.CONFLICT, str(e))
+            except (AgentRequestError, ValueError) as e:
+                return self._error(HTTPStatus.BAD_REQUEST, str(e))
+            finish = "tool_calls" if message.get("tool_calls") else "stop"
+            return self._json(
+                HTTPStatus.OK,
+                {
+                    "id": f"chatcmpl-{session.id}-{session.calls}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": env.model,
+                    "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+                },
+            )
+
+        def _json(self, status: HTTPStatus, payload: dict) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _error(self, status: HTTPStatus, message: str) -> None:
+            self._json(status, {"error": {"message": message, "type": "invalid_request_error", "code": status.value}})
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True, name="agent-endpoint").start()
+    return server

@@ -1,0 +1,273 @@
+"""Agent programs as environments (gspo_mcore/envs/agent.py), on the in-process engine with a scripted chat
+policy: an agent function, and a black-box program in its own process over the OpenAI-compatible endpoint,
+give the same token-exact trajectory as the equivalent ToolEnv; an agent that edits its history, fails,
+hangs, or outlives its episode ends that episode with a named cause, never the run."""
+
+import asyncio
+import json
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers.scripted_chat import TOK, call, scripted_model
+
+from gspo_mcore.envs import AgentEnv, ChatRenderer, EpisodeConfig, EpisodeOver, Tool, ToolEnv, load_env
+from gspo_mcore.rollout import InProcessEngine, RolloutError, SamplingParams
+from gspo_mcore.rollout.episode import EpisodeDriver
+
+PROGRAM = Path(__file__).with_name("agent_program.py")
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=80)
+SAMPLED = SamplingParams(temperature=0.7, max_new_tokens=80)  # drawn with the keys; the script wins
+ROW = {"prompt": "find ab", "metadata": {"table": {"ab": "ab-42"}, "expect": "cab ab"}}
+TURNS = [call("lookup", key="ab"), "cab ab"]
+
+
+def lookup(key: str, row) -> str:
+    """Look a key up.
+
+    Args:
+        key: the key.
+    """
+    return row["table"][key]
+
+
+TOOLS = [Tool.from_function(lookup).schema]
+
+
+def lookup_agent(client, row):
+    """The ToolEnv episode written as an agent: it runs the tool itself."""
+    messages = [{"role": "user", "content": row["prompt"]}]
+    reply = client.chat(messages, tools=TOOLS)
+    if not reply.get("tool_calls"):  # no call: the reply is the final answer (as ToolEnv ends it)
+        return 0.0
+    messages.append(reply)
+    for c in reply["tool_calls"]:
+        key = json.loads(c["function"]["arguments"])["key"]
+        messages.append({"role": "tool", "name": c["function"]["name"], "content": row["metadata"]["table"][key]})
+    final = client.chat(messages, tools=TOOLS)
+    return 1.0 if final["content"] == row["metadata"]["expect"] else 0.0
+
+
+async def program_agent(client, row):
+    """A black-box program: only the endpoint and the episode's key reach it."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(PROGRAM),
+        json.dumps(row),
+        json.dumps(TOOLS),
+        stdout=asyncio.subprocess.PIPE,
+        env={"OPENAI_BASE_URL": client.base_url, "OPENAI_API_KEY": client.api_key},
+    )
+    out, _ = await proc.communicate()
+    return float(out)
+
+
+def run(env, turns=TURNS, cfg=None, params=GREEDY, rows=(ROW,), n=1):
+    engine = InProcessEngine(scripted_model(turns), eos_token_id=TOK.eos_token_id)
+    driver = EpisodeDriver(env, ChatRenderer(TOK), cfg or EpisodeConfig(max_turns=4, max_total_tokens=400))
+    return [s for g in driver.run(engine, list(rows), n, params, seed=5) for s in g]
+
+
+@pytest.mark.parametrize("agent, serve", [(lookup_agent, False), (program_agent, True)], ids=["function", "program"])
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_an_agent_gives_the_tool_env_trajectory_token_for_token(agent, serve, params):
+    ref = run(ToolEnv([lookup]), params=params, n=2)
+    env = AgentEnv(agent, serve=serve)
+    try:
+        got = run(env, params=params, n=2)
+    finally:
+        env.close()
+    for a, b in zip(got, ref):
+        assert a.prompt_ids == b.prompt_ids and a.response_ids == b.response_ids
+        assert a.response_mask == b.response_mask and a.response_logprobs == b.response_logprobs
+        assert a.episode.turns == b.episode.turns and a.episode.end == b.episode.end
+        assert a.episode.env_tokens == b.episode.env_tokens > 0
+        assert a.episode.tool_calls == b.episode.tool_calls
+    if params is GREEDY:  # the scripted turns: the lookup, then the answer the agent pays for
+        assert [(s.episode.turns, s.episode.tool_calls, s.episode.env_reward) for s in got] == [(2, 1, 1.0)] * 2
+    assert env.sessions == {}, "every episode's session was ended"
+
+
+def test_the_assistant_message_carries_openai_tool_calls():
+    seen = []
+
+    def agent(client, row):
+        seen.append(client.chat([{"role": "user", "content": row["prompt"]}], tools=TOOLS))
+        return None
+
+    [s] = run(AgentEnv(agent))
+    assert seen == [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "call_0", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "ab"}'}}
+            ],
+        }
+    ]
+    assert s.episode.end == "done" and s.episode.turns == 1 and s.episode.env_reward == 0.0
+
+
+def _edits_history(client, row):
+    messages = [{"role": "user", "content": row["prompt"]}]
+    reply = client.chat(messages, tools=TOOLS)
+    client.chat([{"role": "user", "content": "summary"}, reply, {"role": "user", "content": "go on"}], tools=TOOLS)
+
+
+def _changes_the_answer(client, row):
+    messages = [{"role": "user", "content": row["prompt"]}]
+    client.chat(messages, tools=TOOLS)
+    client.chat([*messages, {"role": "assistant", "content": "other"}, {"role": "user", "content": "x"}], tools=TOOLS)
+
+
+def _changes_tools(client, row):
+    messages = [{"role": "user", "content": row["prompt"]}]
+    reply = client.chat(messages, tools=TOOLS)
+    client.chat([*messages, reply, {"role": "user", "content": "x"}], tools=[])
+
+
+def _raises(client, row):
+    client.chat([{"role": "user", "content": row["prompt"]}])
+    raise KeyError("boom")
+
+
+def _hangs(client, row):
+    client.chat([{"role": "user", "content": row["prompt"]}])
+    time.sleep(3)
+
+
+def _returns_text(client, row):
+    client.chat([{"role": "user", "content": row["prompt"]}])
+    return "1.0"
+
+
+@pytest.mark.parametrize(
+    "agent, error",
+    [
+        (_edits_history, "the request does not extend the conversation: message 0 differs"),
+        (_changes_the_answer, "message 1 is not the answer given"),
+        (_changes_tools, "the request changed its tools"),
+        (_raises, "RuntimeError: the agent failed: KeyError: 'boom'"),
+        (_hangs, "timeout"),
+        (_returns_text, "TypeError: the agent returned str, not a number"),
+    ],
+)
+def test_a_bad_agent_ends_its_episode_with_the_cause(agent, error):
+    env = AgentEnv(agent)
+    [s] = run(env, cfg=EpisodeConfig(max_turns=4, max_total_tokens=400, step_timeout_s=0.5))
+    assert s.episode.end == "error" and error in s.episode.error, s.episode.error
+    assert s.episode.turns == 1 and s.response_mask[-1] == 1
+
+
+def test_an_agent_that_outlives_its_episode_gets_episode_over():
+    """max_turns ends the episode while the agent waits for its next answer: the call raises EpisodeOver."""
+    caught, done = [], threading.Event()
+
+    def agent(client, row):
+        messages = [{"role": "user", "content": row["prompt"]}]
+        try:
+            while True:
+                messages += [client.chat(messages, tools=TOOLS), {"role": "tool", "name": "lookup", "content": "?"}]
+        except EpisodeOver as e:
+            caught.append(str(e))
+        finally:
+            done.set()
+
+    [s] = run(AgentEnv(agent), turns=[TURNS[0]], cfg=EpisodeConfig(max_turns=2, max_total_tokens=400))
+    assert s.episode.end == "max_turns" and s.episode.turns == 2
+    assert done.wait(5) and caught and "is over: the episode ended" in caught[0]
+
+
+def test_an_agent_that_never_calls_the_policy_is_refused_naming_the_key():
+    with pytest.raises(RolloutError, match=r"rollout.env_kwargs.agent returned before its first chat request"):
+        run(AgentEnv(lambda client, row: 1.0))
+
+
+def test_start_up_errors_name_the_key():
+    with pytest.raises(ValueError, match=r"rollout.env_kwargs.agent: cannot import module 'no_such_mod'"):
+        AgentEnv("no_such_mod:agent")
+    with pytest.raises(ValueError, match=r"cannot be called as agent\(client, row, \*\*agent_kwargs\)"):
+        AgentEnv(lambda client: 0.0)
+    with pytest.raises(ValueError, match=r"cannot be called as agent"):
+        AgentEnv(lookup_agent, {"unknown": 1})
+    with pytest.raises(ValueError, match=r"rollout.env_kwargs.port must be an integer"):
+        AgentEnv(lookup_agent, port=70000)
+    # the YAML path: rollout.env names the class, its kwargs the agent
+    with pytest.raises(ValueError, match=r"rollout.env: gspo_mcore.envs:AgentEnv\(\*\*rollout.env_kwargs\) failed"):
+        load_env("gspo_mcore.envs:AgentEnv", {"agent": "no_such_mod:agent"})
+    env = load_env("gspo_mcore.envs:AgentEnv", {"agent": "examples.agent_tiny.agent:two_turns"})
+    assert env.server is None
+
+
+def _post(url, body, key):
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Authorization": f"Bearer {key}"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_the_endpoint_listens_on_loopback_and_refuses_what_it_cannot_answer_exactly():
+    answers = {}
+
+    def agent(client, row):
+        url = client.base_url + "/chat/completions"
+        hello = [{"role": "user", "content": row["prompt"]}]
+        answers["stream"] = _post(url, {"messages": hello, "stream": True}, client.api_key)
+        answers["n"] = _post(url, {"messages": hello, "n": 2}, client.api_key)
+        answers["key"] = _post(url, {"messages": hello}, "not-a-key")
+        answers["route"] = _post(client.base_url + "/completions", {"prompt": "x"}, client.api_key)
+        answers["first"] = _post(url, {"messages": hello, "tools": TOOLS}, client.api_key)
+        answers["late"] = _post(
+            url, {"messages": [*hello, {"role": "user", "content": "x"}], "tools": TOOLS}, client.api_key
+        )
+        return 0.0
+
+    env = AgentEnv(agent, serve=True, model="my-policy")
+    try:
+        assert env.server.server_address[0] == "127.0.0.1"
+        with urllib.request.urlopen(env.base_url + "/models", timeout=10) as r:
+            assert json.loads(r.read())["data"][0]["id"] == "my-policy"
+        [s] = run(env)
+    finally:
+        env.close()
+    assert answers["stream"][0] == 400 and "stream is not supported" in answers["stream"][1]["error"]["message"]
+    assert answers["n"][0] == 400 and "n must be 1" in answers["n"][1]["error"]["message"]
+    assert answers["key"][0] == 401 and answers["route"][0] == 404
+    status, body = answers["first"]
+    assert status == 200 and body["object"] == "chat.completion" and body["model"] == "my-policy"
+    assert body["choices"][0]["finish_reason"] == "tool_calls"
+    assert body["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "lookup"
+    # the second request edits the history: refused, the episode ends with the cause
+    assert answers["late"][0] == 409 and "does not extend the conversation" in answers["late"][1]["error"]["message"]
+    assert s.episode.end == "error" and "does not extend" in s.episode.error
+
+
+def test_base_url_without_serve_says_how_to_get_one():
+    def agent(client, row):
+        return client.base_url
+
+    with pytest.raises(RolloutError, match=r"rollout.env_kwargs.serve is false"):
+        run(AgentEnv(agent))
+
+
+def test_the_documented_yaml_builds_the_environment():
+    """docs/agents.md's AgentEnv block, with its placeholder agent swapped for the tiny example's."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```yaml\n")[1:]]
+    [block] = [b for b in blocks if "gspo_mcore.envs:AgentEnv" in b]
+    rollout = yaml.safe_load(block)["rollout"]
+    kwargs = dict(rollout["env_kwargs"], agent="examples.agent_tiny.agent:two_turns_http")
+    env = load_env(rollout["env"], kwargs)
+    try:
+        assert env.base_url.startswith("http://127.0.0.1:")
+    finally:
+        env.close()
