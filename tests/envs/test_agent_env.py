@@ -53,6 +53,18 @@ def lookup_agent(client, row):
     return 1.0 if final["content"] == row["metadata"]["expect"] else 0.0
 
 
+async def async_lookup_agent(client, row):
+    """``lookup_agent`` as a coroutine, with ``achat``."""
+    messages = [{"role": "user", "content": row["prompt"]}]
+    reply = await client.achat(messages, tools=TOOLS)
+    if not reply.get("tool_calls"):
+        return 0.0
+    key = json.loads(reply["tool_calls"][0]["function"]["arguments"])["key"]
+    messages += [reply, {"role": "tool", "name": "lookup", "content": row["metadata"]["table"][key]}]
+    final = await client.achat(messages, tools=TOOLS)
+    return 1.0 if final["content"] == row["metadata"]["expect"] else 0.0
+
+
 async def program_agent(client, row):
     """A black-box program: only the endpoint and the episode's key reach it."""
     proc = await asyncio.create_subprocess_exec(
@@ -73,7 +85,11 @@ def run(env, turns=TURNS, cfg=None, params=GREEDY, rows=(ROW,), n=1):
     return [s for g in driver.run(engine, list(rows), n, params, seed=5) for s in g]
 
 
-@pytest.mark.parametrize("agent, serve", [(lookup_agent, False), (program_agent, True)], ids=["function", "program"])
+@pytest.mark.parametrize(
+    "agent, serve",
+    [(lookup_agent, False), (async_lookup_agent, False), (program_agent, True)],
+    ids=["function", "async", "program"],
+)
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_an_agent_gives_the_tool_env_trajectory_token_for_token(agent, serve, params):
     ref = run(ToolEnv([lookup]), params=params, n=2)
