@@ -50,6 +50,11 @@ class EpisodeOver(RuntimeError):
     """The episode ended (a limit, a timeout, a bad request): the agent's call has no answer."""
 
 
+class AgentError(RuntimeError):
+    """The agent raised (or returned something other than a number): its episode ends as ``error``, counted as
+    ``episode_env_errors/AgentError``."""
+
+
 class AgentRequestError(ValueError):
     """A request the trainer cannot answer token-exactly (edited history, changed tools, ``stream``, ...)."""
 
@@ -208,7 +213,7 @@ class AgentEnv:
         if kind == "finished":
             return Step(done=True, reward=event[1], info={TOOL_CALLS: calls})
         if kind == "failed":
-            raise RuntimeError(f"the agent failed: {event[1]}")
+            raise AgentError(f"the agent failed: {event[1]}")
         if kind == "closed":
             raise EpisodeOver(event[1])
         _, messages, tools = event

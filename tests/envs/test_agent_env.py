@@ -168,9 +168,9 @@ def _returns_text(client, row):
         (_edits_history, "the request does not extend the conversation: message 0 differs"),
         (_changes_the_answer, "message 1 is not the answer given"),
         (_changes_tools, "the request changed its tools"),
-        (_raises, "RuntimeError: the agent failed: KeyError: 'boom'"),
+        (_raises, "AgentError: the agent failed: KeyError: 'boom'"),
         (_hangs, "timeout"),
-        (_returns_text, "TypeError: the agent returned str, not a number"),
+        (_returns_text, "AgentError: the agent failed: TypeError: the agent returned str, not a number"),
     ],
 )
 def test_a_bad_agent_ends_its_episode_with_the_cause(agent, error):
