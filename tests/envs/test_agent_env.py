@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.scripted_chat import TOK, call, scripted_model
+from helpers.scripted_chat import TOK, call, lookup, scripted_model
 
 from gspo_mcore.envs import AgentEnv, ChatRenderer, EpisodeConfig, EpisodeOver, Tool, ToolEnv, load_env
 from gspo_mcore.rollout import InProcessEngine, RolloutError, SamplingParams
@@ -25,15 +25,6 @@ GREEDY = SamplingParams(temperature=0.0, max_new_tokens=80)
 SAMPLED = SamplingParams(temperature=0.7, max_new_tokens=80)  # drawn with the keys; the script wins
 ROW = {"prompt": "find ab", "metadata": {"table": {"ab": "ab-42"}, "expect": "cab ab"}}
 TURNS = [call("lookup", key="ab"), "cab ab"]
-
-
-def lookup(key: str, row) -> str:
-    """Look a key up.
-
-    Args:
-        key: the key.
-    """
-    return row["table"][key]
 
 
 TOOLS = [Tool.from_function(lookup).schema]

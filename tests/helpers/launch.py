@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from gspo_mcore.platform.launch import torchrun_prefix as torchrun
-from helpers import TESTS, worker_env
+from helpers import ROOT, TESTS, worker_env
 
 
 def run_ranks(script: str, nproc: int, args: list[str], *, timeout: float, env: dict[str, str] | None = None) -> str:
@@ -40,3 +40,13 @@ def run_ranks(script: str, nproc: int, args: list[str], *, timeout: float, env: 
             f"--- stderr\n{proc.stderr[-8000:]}"
         )
     return proc.stdout + proc.stderr
+
+
+def prepare_tiny(out, num_prompts: int, *extra: str) -> None:
+    """The tiny job's inputs in ``out`` (``python -m examples.tiny.prepare``: model, prompts, held-out set)."""
+    subprocess.run(
+        [sys.executable, "-m", "examples.tiny.prepare", "--out", str(out), "--num-prompts", str(num_prompts), *extra],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )

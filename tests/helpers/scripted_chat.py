@@ -38,6 +38,15 @@ def scripted_model(turns):
     return fn
 
 
+def lookup(key: str, row) -> str:
+    """Look a key up.
+
+    Args:
+        key: the key.
+    """
+    return row["table"][key]
+
+
 def call(name, **arguments):
     """A ``<tool_call>`` block."""
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"

@@ -6,21 +6,11 @@ import time
 
 import pytest
 import torch
-from helpers.scripted_chat import TOK, call, chars, scripted_model
+from helpers.scripted_chat import TOK, call, chars, lookup, scripted_model
 
 from gspo_mcore.envs import ChatRenderer, EpisodeConfig, Reset, Step, ToolEnv
 from gspo_mcore.rollout import InProcessEngine, SamplingParams
 from gspo_mcore.rollout.episode import EpisodeDriver
-
-
-def lookup(key: str, row) -> str:
-    """Look a key up.
-
-    Args:
-        key: the key.
-    """
-    return row["table"][key]
-
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=80)
 

@@ -5,11 +5,10 @@ episode figures. (A bad ``rollout.env`` is an input error at start-up: tests/tra
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 from helpers import ROOT
-from helpers.launch import torchrun
+from helpers.launch import prepare_tiny, torchrun
 
 
 def _train(tmp_path, *extra, steps=2, name="run"):
@@ -39,12 +38,7 @@ def _train(tmp_path, *extra, steps=2, name="run"):
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("agent")
-    subprocess.run(
-        [sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp), "--num-prompts", "32"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
+    prepare_tiny(tmp, 32)
     return tmp
 
 

@@ -4,10 +4,9 @@ documented schedule, and it leaves the training trajectory exactly as it is with
 import json
 import os
 import subprocess
-import sys
 
 import pytest
-from helpers.launch import torchrun
+from helpers.launch import prepare_tiny, torchrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EVAL_KEYS = {
@@ -21,15 +20,6 @@ EVAL_KEYS = {
     "truncated_fraction",
     "num_prompts",
 }
-
-
-def _prepare(tmp_path, num_prompts: int) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", str(num_prompts)],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
 
 
 def _train(tmp_path, name, *overrides) -> subprocess.CompletedProcess:
@@ -65,7 +55,7 @@ def _run(tmp_path, name, *overrides):
 
 @pytest.mark.distributed
 def test_eval_is_logged_on_schedule_and_does_not_change_training(tmp_path):
-    _prepare(tmp_path, 64)
+    prepare_tiny(tmp_path, 64)
     plain = _run(tmp_path, "plain")
     evald = _run(
         tmp_path,
@@ -89,7 +79,7 @@ def test_eval_is_logged_on_schedule_and_does_not_change_training(tmp_path):
 
 
 def test_a_prompt_longer_than_the_model_allows_is_refused_before_anything_is_built(tmp_path):
-    _prepare(tmp_path, 8)
+    prepare_tiny(tmp_path, 8)
     long = tmp_path / "long.jsonl"
     long.write_text(
         json.dumps({"prompt": "rev:1>", "answer": "1"})
@@ -128,7 +118,7 @@ def test_a_prompt_longer_than_the_model_allows_is_refused_before_anything_is_bui
 
 
 def test_an_eval_set_missing_the_rewards_field_is_refused_at_start_up(tmp_path):
-    _prepare(tmp_path, 8)
+    prepare_tiny(tmp_path, 8)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "rev:123>", "answer": "321"}) + "\n" + json.dumps({"prompt": "rev:1>"}) + "\n")
     from gspo_mcore.rewards import RewardSetupError
@@ -154,7 +144,7 @@ def test_an_eval_set_missing_the_rewards_field_is_refused_at_start_up(tmp_path):
 def test_a_reward_that_always_fails_stops_the_run_before_any_update(tmp_path):
     """``json:loads(response, metadata)`` raises TypeError on every call: the first step's reward stops the run
     (reward.max_error_fraction 0.1 by default) with the cause and the prompt, before an optimizer step."""
-    _prepare(tmp_path, 16)
+    prepare_tiny(tmp_path, 16)
     proc = _train(tmp_path, "run", "reward.reward=json:loads", "reward.required_fields=[]")
     out = tmp_path / "run"
     assert proc.returncode != 0

@@ -3,19 +3,13 @@ closes it: nothing is left running."""
 
 import os
 import subprocess
-import sys
 
 from helpers import ROOT, TESTS
-from helpers.launch import torchrun
+from helpers.launch import prepare_tiny, torchrun
 
 
 def test_backend_is_closed_when_setup_fails_after_it_is_built(tmp_path):
-    subprocess.run(
-        [sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "16"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
+    prepare_tiny(tmp_path, 16)
     cmd = [
         *torchrun(1),
         os.path.join(TESTS, "trainer", "cleanup_worker.py"),

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from helpers import ROOT
-from helpers.launch import torchrun
+from helpers.launch import prepare_tiny, torchrun
 
 KEYS = {
     "step",
@@ -40,12 +40,7 @@ KEYS = {
 
 @pytest.mark.distributed
 def test_tiny_job_runs_on_two_ranks_and_writes_metrics(tmp_path):
-    subprocess.run(
-        [sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "64"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
+    prepare_tiny(tmp_path, 64)
     out = tmp_path / "run"
     cmd = [
         *torchrun(2),
@@ -109,12 +104,7 @@ def test_plot_tool_names_a_malformed_line(tmp_path):
 @pytest.mark.distributed
 def test_tiny_moe_job_with_routing_replay_measures_routing_volatility(tmp_path):
     """The MoE model on 2 ranks (EP2) with Routing Replay and the volatility measurement every step."""
-    subprocess.run(
-        [sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "64", "--moe"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
+    prepare_tiny(tmp_path, 64, "--moe")
     out = tmp_path / "run"
     cmd = [
         *torchrun(2),

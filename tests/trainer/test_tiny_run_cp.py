@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from helpers import ROOT
-from helpers.launch import torchrun
+from helpers.launch import prepare_tiny, torchrun
 
 
 def _run(tmp_path, name, nproc, extra):
@@ -47,12 +47,7 @@ def _run(tmp_path, name, nproc, extra):
 
 @pytest.mark.distributed
 def test_tiny_job_with_context_parallel_2_equals_one_rank(tmp_path):
-    subprocess.run(
-        [sys.executable, "-m", "examples.tiny.prepare", "--out", str(tmp_path), "--num-prompts", "16"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
+    prepare_tiny(tmp_path, 16)
     one = _run(tmp_path, "one", 1, [])
     cp = _run(tmp_path, "cp2", 2, ["parallel.context=2"])
     assert [r["step"] for r in cp] == [r["step"] for r in one] == [0, 1]
