@@ -21,16 +21,26 @@ limits decide. ``stream`` and ``n`` > 1 are refused.
 
 When the episode ends for another cause (``max_turns``, ``max_total_tokens``, a timeout), the agent's pending
 or next call raises :class:`EpisodeOver` (HTTP 409), so its thread ends.
+
+Each episode has its own URL (``client.base_url``, ``/episodes/<id>/v1``) and its own key (``client.api_key``):
+a secret from :mod:`secrets` (nothing about it follows from another episode's), compared in constant time. A
+request with no key or another key is refused (HTTP 401, as OpenAI answers a bad key) and logged (a warning
+naming the episode whose URL it used, never the key); that episode is unaffected. The endpoint listens on
+loopback by default and warns when bound to another address: anything that can reach it can try keys.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import inspect
+import ipaddress
 import itertools
 import json
+import logging
 import queue
 import re
+import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +53,7 @@ from gspo_mcore.envs.base import TOOL_CALLS, Reset, Step
 from gspo_mcore.envs.tools import ToolCall, load_object, parse_tool_calls
 
 KEY = "rollout.env_kwargs"
+logger = logging.getLogger(__name__)
 _CALL_BLOCK = r"<tool_call>.*?</tool_call>"
 
 
@@ -64,6 +75,8 @@ class _Session:
     """One episode: the agent's requests go to the environment, its answers come back."""
 
     id: str
+    key: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
+    """The episode's API key: a secret of its own (never derived from the id or another key)."""
     # ("request", messages, tools) | ("finished", reward) | ("failed", why) | ("closed", why)
     events: queue.Queue = field(default_factory=queue.Queue)
     replies: queue.Queue = field(default_factory=queue.Queue)  # an assistant message | EpisodeOver
@@ -108,12 +121,15 @@ class ChatClient:
         self._session = session
         self._base_url = base_url
         self.model = model
-        self.api_key = session.id
-        """The episode's key: a black-box program sends it as its OpenAI API key (``Authorization: Bearer``)."""
+        self.episode = session.id
+        """The episode's id (not a secret: it names the episode in the endpoint's URL and log lines)."""
+        self.api_key = session.key
+        """The episode's key, a secret: a black-box program sends it as its OpenAI API key
+        (``Authorization: Bearer``)."""
 
     @property
     def base_url(self) -> str:
-        """``http://127.0.0.1:PORT/v1``: the OpenAI-compatible endpoint (``serve: true``)."""
+        """``http://127.0.0.1:PORT/episodes/<id>/v1``: the episode's OpenAI-compatible endpoint (``serve: true``)."""
         if self._base_url is None:
             raise RuntimeError(f"{KEY}.serve is false: no HTTP endpoint; set it to true, or call client.chat")
         return self._base_url
@@ -175,19 +191,34 @@ class AgentEnv:
                 self.server = _serve(self, host, port)
             except OSError as e:
                 raise ValueError(f"{KEY}: cannot listen on {host}:{port} ({e})") from e
+            if not _loopback(host):
+                logger.warning(
+                    "%s.host=%s: the agent endpoint listens beyond loopback; anything that reaches %s can try "
+                    "episode keys (keep 127.0.0.1 unless the agents run on another machine)",
+                    KEY,
+                    host,
+                    self.base_url,
+                )
 
     @property
     def base_url(self) -> str | None:
+        """The endpoint's root (``/v1/models``); each episode's is ``client.base_url``."""
         if self.server is None:
             return None
         host, port = self.server.server_address[:2]
         return f"http://{host}:{port}/v1"
 
+    def _episode_url(self, session: _Session) -> str | None:
+        if self.server is None:
+            return None
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}/episodes/{session.id}/v1"
+
     # -- the environment ----------------------------------------------------------------------------------
     def reset(self, row: Mapping[str, Any]) -> Reset:
         session = _Session(id=f"{self._prefix}{next(self._ids)}")
         self.sessions[session.id] = session
-        client = ChatClient(session, base_url=self.base_url, model=self.model)
+        client = ChatClient(session, base_url=self._episode_url(session), model=self.model)
         session.thread = threading.Thread(
             target=self._run_agent, args=(session, client, row), daemon=True, name=f"agent-{session.id}"
         )
@@ -196,10 +227,11 @@ class AgentEnv:
         if event[0] != "request":
             self.end_episode(session)
             what = "returned" if event[0] == "finished" else f"failed ({event[1]})"
-            raise ValueError(f"{KEY}.agent {what} before its first chat request")
+            raise AgentError(f"{KEY}.agent {what} before its first chat request")
         _, messages, tools = event
         if not messages:
-            raise ValueError(f"{KEY}.agent: its first request has no messages")
+            self.end_episode(session)
+            raise AgentRequestError(f"{KEY}.agent: its first request has no messages")
         session.history, session.tools = messages, tools
         return Reset(observation=messages, state=session, tools=tuple(tools))
 
@@ -302,6 +334,15 @@ def _normalise(message: Mapping[str, Any]) -> tuple:
     return message.get("role"), (message.get("content") or "").strip(), calls
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _plain(value, what: str):
     """A JSON round trip: the agent's objects become plain data it cannot change behind our back."""
     try:
@@ -311,23 +352,37 @@ def _plain(value, what: str):
 
 
 # -- the OpenAI-compatible endpoint ---------------------------------------------------------------------------
+_CHAT = re.compile(r"/episodes/([^/]+)/v1/chat/completions")
+_MODELS = re.compile(r"(/episodes/[^/]+)?/v1/models")
+
+
 def _serve(env: AgentEnv, host: str, port: int) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):  # quiet: one line per request would flood the run's log
             pass
 
         def do_GET(self):
-            if self.path.rstrip("/") == "/v1/models":
+            if _MODELS.fullmatch(self.path.rstrip("/")):
                 return self._json(HTTPStatus.OK, {"object": "list", "data": [{"id": env.model, "object": "model"}]})
             return self._error(HTTPStatus.NOT_FOUND, f"no route {self.path}")
 
         def do_POST(self):
-            if self.path.rstrip("/") != "/v1/chat/completions":
-                return self._error(HTTPStatus.NOT_FOUND, f"no route {self.path}; use /v1/chat/completions")
-            key = self.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-            session = env.sessions.get(key)
+            route = _CHAT.fullmatch(self.path.rstrip("/"))
+            if route is None:
+                return self._error(
+                    HTTPStatus.NOT_FOUND, f"no route {self.path}; use the episode's client.base_url + /chat/completions"
+                )
+            session = env.sessions.get(route.group(1))
             if session is None:
-                return self._error(HTTPStatus.UNAUTHORIZED, "unknown API key: use the episode's client.api_key")
+                return self._error(HTTPStatus.NOT_FOUND, f"no open episode {route.group(1)!r}")
+            header = self.headers.get("Authorization", "")
+            key = header[len("Bearer ") :].strip() if header.startswith("Bearer ") else ""
+            if not hmac.compare_digest(key.encode(), session.key.encode()):
+                why = "another key than its own" if key else "no API key"
+                logger.warning("agent endpoint: episode %s: refused a request with %s", session.id, why)
+                return self._error(
+                    HTTPStatus.UNAUTHORIZED, f"episode {session.id}: {why}; send the episode's client.api_key"
+                )
             try:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
                 if not isinstance(body, dict) or not isinstance(body.get("messages"), list):

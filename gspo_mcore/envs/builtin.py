@@ -46,7 +46,7 @@ def evaluate(expression: str) -> int | float:
 
 def _eval(node: ast.AST) -> int | float:
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
+        return _bounded(node.value)
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_eval(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
@@ -61,10 +61,15 @@ def _eval(node: ast.AST) -> int | float:
             raise ValueError("the result is too large") from None
         if isinstance(value, complex) or (isinstance(value, float) and not math.isfinite(value)):
             raise ValueError("the result is not a finite real number")
-        if abs(value) > MAX_MAGNITUDE:
-            raise ValueError(f"the result is beyond {MAX_MAGNITUDE:g} in magnitude")
-        return value
+        return _bounded(value)
     raise ValueError(f"only numbers, + - * / // % ** and parentheses are allowed (found {type(node).__name__})")
+
+
+def _bounded(value: int | float) -> int | float:
+    """``value`` when it is within 1e30 in magnitude (a literal such as ``1e999``, ``inf``, too)."""
+    if abs(value) > MAX_MAGNITUDE:
+        raise ValueError(f"{value:g} is beyond {MAX_MAGNITUDE:g} in magnitude")
+    return value
 
 
 def calculator(expression: str) -> str:

@@ -10,8 +10,14 @@ the environments, renders observations (:class:`gspo_mcore.envs.ChatRenderer`), 
 turn that ended (concurrently, each in its own thread, each within ``step_timeout_s``), applies the limits
 (``max_turns``, ``max_total_tokens``) and builds the samples with their :class:`EpisodeStats`.
 
-An environment step that raises or times out ends its episode as ``error`` with the cause (a timed-out step's
-thread is abandoned, not killed: make steps that can hang time out themselves, like the sandboxed tools).
+An environment reset or step that raises or times out ends its episode as ``error`` with the cause (a timed-out
+call's thread is abandoned, not killed: make steps that can hang time out themselves, like the sandboxed tools).
+Rendering and tokenising the observation happen inside the same timed call, so a failure there (content the
+template cannot render, a first observation too long for ``max_total_tokens``: refused by its characters before
+it is tokenised when the renderer says how many characters a token covers at most, ``max_token_chars``) ends
+that episode too; it counts against ``reward.max_error_fraction`` like any other. Resets run concurrently, each
+within ``step_timeout_s``; an episode whose reset failed has no tokens (``finish_reason`` ``abort``: the learner
+leaves it out) and never reaches the engine.
 
 Ranks: with tensor parallelism every rank of the group must feed the engine the same tokens; ``runs_env=False``
 ranks do not touch the environment and take every result from ``share`` (e.g. a broadcast from the rank that
@@ -20,6 +26,8 @@ runs it), which is called with the results on the rank that runs it and with ``N
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,13 +35,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gspo_mcore.rollout.turns import EpisodeStats, TurnEnd
-from gspo_mcore.rollout.types import RolloutError, Sample, SamplingParams, derive_sample_seed
+from gspo_mcore.rollout.types import Sample, SamplingParams, derive_sample_seed
 
 Share = Callable[[Any], Any]
 # the info keys summed into the episode's stats (gspo_mcore.envs.base; rollout does not import envs, so the
 # environment's answers are read by their attributes: Reset(observation, state, tools), Step(observation, done,
 # reward, info))
 TOOL_CALLS, TOOL_ERRORS = "tool_calls", "tool_errors"
+
+
+class PromptTooLong(ValueError):
+    """An episode's first observation leaves no room for a policy token under ``max_total_tokens``."""
 
 
 @dataclass
@@ -52,6 +64,7 @@ class _Episode:
     end: str | None = None
     error: str | None = None
     last: TurnEnd | None = None
+    started: bool = True  # its reset succeeded (else it never reaches the engine)
 
 
 class EpisodeDriver:
@@ -69,6 +82,10 @@ class EpisodeDriver:
             raise ValueError("EpisodeDriver: a rank that does not run the environment needs share")
         self.env, self.renderer, self.config = env, renderer, config
         self.runs_env, self.share = runs_env, share
+        try:  # a renderer that takes the turn's end (ChatRenderer) strips the stop text only after a stop token
+            self._says_stopped = "stopped" in inspect.signature(renderer.after_turn).parameters
+        except (TypeError, ValueError):
+            self._says_stopped = False
 
     def run(
         self,
@@ -82,37 +99,70 @@ class EpisodeDriver:
     ) -> list[list[Sample]]:
         """``n`` episodes per row; ``out[i][j]`` is episode ``j`` of ``rows[i]``. Episode ``j`` of the row at
         global index ``prompt_offset + i`` samples from the key ``derive_sample_seed(seed, prompt_offset + i, j)``."""
-        starts = [self._reset(r, i) for i, r in enumerate(rows) for _ in range(n)] if self.runs_env else None
-        prompts = self._agree([ids for ids, _ in starts] if starts is not None else None)
-        states = [state for _, state in starts] if starts is not None else [None] * len(prompts)
-        episodes = [_Episode(prompt=tuple(ids), state=state) for ids, state in zip(prompts, states)]
-        for i, ep in enumerate(episodes):
-            if len(ep.prompt) >= self.config.max_total_tokens:
-                raise RolloutError(
-                    f"episode of row {prompt_offset + i // n}: the first observation has {len(ep.prompt)} tokens, "
-                    f"no room under rollout.episode.max_total_tokens={self.config.max_total_tokens}"
-                )
+        starts = self._reset_all([r for r in rows for _ in range(n)]) if self.runs_env else None
+        # every rank: (prompt ids, None) or (None, the cause of the reset's failure)
+        prompts = self._agree([(ids, error) for ids, _, error in starts] if starts is not None else None)
+        states = [state for _, state, _ in starts] if starts is not None else [None] * len(prompts)
+        episodes = []
+        for (ids, error), state in zip(prompts, states):
+            ep = _Episode(prompt=tuple(ids or ()), state=state, started=error is None)
+            if error is not None:
+                ep.end, ep.error = "error", error
+            episodes.append(ep)
         keys = [derive_sample_seed(seed, prompt_offset + i, j) for i in range(len(rows)) for j in range(n)]
+        live = [k for k, ep in enumerate(episodes) if ep.started]
+
+        def on_turns(ends):  # the engine's rows are the live episodes
+            return self._on_turns(episodes, [dataclasses.replace(e, row=live[e.row]) for e in ends])
+
         try:
-            engine.generate_turns(
-                [ep.prompt for ep in episodes],
-                params,
-                keys=keys,
-                max_total_tokens=self.config.max_total_tokens,
-                on_turns=lambda ends: self._on_turns(episodes, ends),
-            )
+            if live:
+                engine.generate_turns(
+                    [episodes[k].prompt for k in live],
+                    params,
+                    keys=[keys[k] for k in live],
+                    max_total_tokens=self.config.max_total_tokens,
+                    on_turns=on_turns,
+                )
         finally:
             self._end_all(episodes)
         return [[self._sample(episodes[i * n + j], i, j) for j in range(n)] for i in range(len(rows))]
 
     # -- environment side -------------------------------------------------------------------------------
-    def _reset(self, row: Mapping[str, Any], index: int):
-        ok, value, _ = _timed(lambda: self.env.reset(row), self.config.step_timeout_s)
-        if not ok:
-            raise RolloutError(f"rollout.env: reset of row {index} failed: {value}")
+    def _reset_all(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple]:
+        """Every episode's reset and first render, concurrently, each within ``step_timeout_s``: ``(ids, state,
+        None)``, or ``(None, None, cause)`` when it raised or timed out."""
+        results: list = [(False, "not run", 0.0)] * len(rows)
+
+        def work(k, row):
+            results[k] = _timed(lambda: self._reset_one(row), self.config.step_timeout_s)
+
+        threads = [
+            threading.Thread(target=work, args=(k, row), daemon=True, name="env-reset") for k, row in enumerate(rows)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return [(value[0], value[1], None) if ok else (None, None, value) for ok, value, _ in results]
+
+    def _reset_one(self, row: Mapping[str, Any]) -> tuple[list[int], Any]:
+        value = self.env.reset(row)
         if not all(hasattr(value, a) for a in ("observation", "state", "tools")):
-            raise RolloutError(f"rollout.env: reset of row {index} returned {type(value).__name__}, not envs.Reset")
-        return self.renderer.first(value.observation, value.tools), value.state
+            raise TypeError(f"reset returned {type(value).__name__}, not envs.Reset")
+        limit = self.config.max_total_tokens
+        per_token = getattr(self.renderer, "max_token_chars", None)
+        if per_token is not None and _chars(value.observation) > limit * per_token:
+            raise PromptTooLong(
+                f"the first observation has {_chars(value.observation)} characters, more than "
+                f"rollout.episode.max_total_tokens={limit} tokens can hold ({per_token} characters per token at most)"
+            )
+        ids = list(self.renderer.first(value.observation, value.tools))
+        if len(ids) >= limit:
+            raise PromptTooLong(
+                f"the first observation has {len(ids)} tokens, no room under rollout.episode.max_total_tokens={limit}"
+            )
+        return ids, value.state
 
     def _end_all(self, episodes: list[_Episode]) -> None:
         """The environment's optional ``end_episode(state)`` for every episode, whatever ended it (an agent
@@ -121,7 +171,8 @@ class EpisodeDriver:
         if end is None:
             return
         for ep in episodes:
-            _timed(lambda state=ep.state: end(state), self.config.step_timeout_s)
+            if ep.started:
+                _timed(lambda state=ep.state: end(state), self.config.step_timeout_s)
 
     def _agree(self, value):
         """The environment rank's ``value`` on every rank (``share``); as it is without ``share``."""
@@ -165,34 +216,31 @@ class EpisodeDriver:
     def _step_all(self, eps: list[_Episode]) -> list[tuple]:
         """Every episode's environment step, concurrently: ``(kind, payload, tool_calls, tool_errors, reward,
         seconds)`` each; kind ``continue`` (payload: the ids to append), ``done`` or ``error`` (payload: the cause)."""
-        actions = [self.renderer.decode(ep.last.ids) for ep in eps]
         results: list[list] = [[False, "not run", 0.0] for _ in eps]
         threads = []
-        for k, (ep, action) in enumerate(zip(eps, actions)):
+        for k, ep in enumerate(eps):
 
-            def work(k=k, state=ep.state, action=action):
-                results[k] = list(_timed(lambda: self.env.step(state, action), self.config.step_timeout_s))
+            def work(k=k, state=ep.state, last=ep.last):
+                results[k] = list(_timed(lambda: self._step_one(state, last), self.config.step_timeout_s))
 
             t = threading.Thread(target=work, daemon=True, name="env-step")
             threads.append(t)
             t.start()
         for t in threads:
             t.join()
-        out = []
-        for ep, (ok, value, seconds) in zip(eps, results):
-            if not ok:
-                out.append(("error", value, 0, 0, 0.0, seconds))
-                continue
-            if not all(hasattr(value, a) for a in ("observation", "done", "reward", "info")):
-                out.append(("error", f"step returned {type(value).__name__}, not envs.Step", 0, 0, 0.0, seconds))
-                continue
-            calls, errors = int(value.info.get(TOOL_CALLS, 0)), int(value.info.get(TOOL_ERRORS, 0))
-            if value.done:
-                out.append(("done", None, calls, errors, float(value.reward), seconds))
-                continue
-            ids = self.renderer.after_turn(value.observation, ep.last.ids)
-            out.append(("continue", tuple(ids), calls, errors, float(value.reward), seconds))
-        return out
+        return [(*value, seconds) if ok else ("error", value, 0, 0, 0.0, seconds) for ok, value, seconds in results]
+
+    def _step_one(self, state, last: TurnEnd) -> tuple:
+        """One episode's step and the render of its observation (raises on any failure of either)."""
+        value = self.env.step(state, self.renderer.decode(last.ids))
+        if not all(hasattr(value, a) for a in ("observation", "done", "reward", "info")):
+            raise TypeError(f"step returned {type(value).__name__}, not envs.Step")
+        calls, errors = int(value.info.get(TOOL_CALLS, 0)), int(value.info.get(TOOL_ERRORS, 0))
+        if value.done:
+            return "done", None, calls, errors, float(value.reward)
+        kwargs = {"stopped": last.finish_reason == "stop"} if self._says_stopped else {}
+        ids = self.renderer.after_turn(value.observation, last.ids, **kwargs)
+        return "continue", tuple(ids), calls, errors, float(value.reward)
 
     # -- the trajectory ---------------------------------------------------------------------------------
     def _sample(self, ep: _Episode, i: int, j: int) -> Sample:
@@ -223,6 +271,22 @@ class EpisodeDriver:
             routed_experts=last.routed_experts if last is not None else None,
             episode=stats,
         )
+
+
+def _chars(observation) -> int:
+    """The characters of an observation's text (its messages' contents), before any template or tokenizer."""
+    if isinstance(observation, str):
+        return len(observation)
+    total = 0
+    for m in observation:
+        content = m.get("content") if isinstance(m, Mapping) else None
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, Sequence):
+            total += sum(
+                len(p.get("text", "")) for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)
+            )
+    return total
 
 
 def _timed(fn, timeout_s: float) -> tuple[bool, Any, float]:

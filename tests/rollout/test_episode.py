@@ -145,8 +145,74 @@ def test_limits_and_environment_failures_end_episodes_cleanly(env, cfg, end, tur
         assert spans == s.episode.turns
 
 
-def test_an_episode_that_cannot_fit_its_prompt_is_refused_naming_the_key():
+def test_an_episode_that_cannot_fit_its_prompt_ends_as_an_error_naming_the_key():
     engine = InProcessEngine(bigram(), eos_token_id=2)
     driver = EpisodeDriver(Echo(), PlainRenderer(), EpisodeConfig(max_total_tokens=4))
-    with pytest.raises(Exception, match="rollout.episode.max_total_tokens=4"):
-        driver.run(engine, [{"prompt": "too long"}], 2, GREEDY, seed=0)
+    [[a, b], [c, d]] = driver.run(engine, [{"prompt": "too long"}, {"prompt": "ok"}], 2, GREEDY, seed=0)
+    for s in (a, b):
+        assert s.episode.end == "error" and s.episode.error.startswith("PromptTooLong: the first observation has 8")
+        assert "rollout.episode.max_total_tokens=4" in s.episode.error
+        assert s.prompt_ids == s.response_ids == () and s.finish_reason == "abort" and s.episode.turns == 0
+    assert c.episode.turns == d.episode.turns == 1 and c.response_ids
+
+
+class Fails:
+    """Resets per row: ``raise`` (a broken reset), ``hang``, ``huge`` (a 2 MB prompt), ``none`` (a None content
+    the template cannot render), ``marker`` (a message holding the renderer's marker), ``slow`` (0.5 s); steps
+    answer per row too (``bad-tool``: a tool message with None content)."""
+
+    def reset(self, row):
+        kind = row["prompt"]
+        if kind == "raise":
+            raise KeyError("no such task")
+        if kind == "hang":
+            time.sleep(3)
+        if kind == "slow":
+            time.sleep(0.5)
+        if kind == "huge":
+            return Reset(observation="x" * 2_000_000)
+        if kind == "none":
+            return Reset(observation=[{"role": "user", "content": None}])
+        if kind == "not-a-reset":
+            return {"observation": "x"}
+        return Reset(observation=[{"role": "user", "content": kind}], state=kind)
+
+    def step(self, state, action):
+        if state == "bad-tool":
+            return Step(observation=[{"role": "tool", "name": "t", "content": None}])
+        return Step(done=True)
+
+
+def test_reset_and_render_failures_end_their_episode_not_the_run():
+    """Each failure ends only its episode, as ``error`` with its cause; the others run; the errors count
+    against reward.max_error_fraction."""
+    from gspo_mcore.trainer.batch import episode_metrics
+
+    turns = [call("lookup", key="ab"), "done"]
+    engine = InProcessEngine(scripted_model(turns), eos_token_id=TOK.eos_token_id)
+    cfg = EpisodeConfig(max_turns=3, max_total_tokens=400, step_timeout_s=1.0)
+    kinds = ["raise", "hang", "huge", "none", "not-a-reset", "bad-tool", "ok"]
+    t0 = time.perf_counter()
+    out = EpisodeDriver(Fails(), ChatRenderer(TOK), cfg).run(engine, [{"prompt": k} for k in kinds], 1, GREEDY, seed=0)
+    seconds = time.perf_counter() - t0
+    got = {k: g[0].episode for k, g in zip(kinds, out)}
+    assert got["raise"].error == "KeyError: 'no such task'" and got["hang"].error == "timeout"
+    assert got["huge"].error.startswith("PromptTooLong: the first observation has 2000000 characters")
+    assert "message 0 (user): content None" in got["none"].error
+    assert got["not-a-reset"].error == "TypeError: reset returned dict, not envs.Reset"
+    assert "content None" in got["bad-tool"].error and got["bad-tool"].turns == 1
+    assert all(got[k].end == "error" for k in kinds[:-1]) and got["ok"].end == "done"
+    assert seconds < 60, "the 2 MB prompt is refused by its length, not tokenised"
+    with pytest.raises(RuntimeError, match="6 of 7 episodes ended by an environment error"):
+        episode_metrics(out, max_error_fraction=0.5)
+
+
+def test_resets_run_concurrently():
+    """Six agents that take 0.5 s each to start cost about one start, not six (the bound is generous)."""
+    n, sleep = 6, 0.5
+    engine = InProcessEngine(scripted_model(["ok"]), eos_token_id=TOK.eos_token_id)
+    cfg = EpisodeConfig(max_turns=1, max_total_tokens=400, step_timeout_s=5)
+    t0 = time.perf_counter()
+    [group] = EpisodeDriver(Fails(), ChatRenderer(TOK), cfg).run(engine, [{"prompt": "slow"}], n, GREEDY, seed=0)
+    assert time.perf_counter() - t0 < 0.5 * n * sleep
+    assert all(s.episode.end != "error" for s in group)
