@@ -6,10 +6,15 @@
 - SAPO (arXiv 2511.20347) replaces the clip by a soft gate ``f(r) = (4 / tau) sigmoid(tau (r - 1))`` of each
   token ratio, ``tau`` = ``tau_pos`` for ``A > 0`` and ``tau_neg`` otherwise.
 - CISPO (MiniMax-M1, arXiv 2506.13585) weights each token's ``grad log pi`` by the clipped, stop-gradient
-  token ratio ``sg[clip(r, 1 - eps_low, 1 + eps_high)]``: no token's gradient is dropped. Its normaliser is
-  the mini-batch's counted-token count ``M`` (the paper's ``1 / sum_i |o_i|``), not ``N``.
+  token ratio ``sg[clip(r, 1 - eps_low, 1 + eps_high)]``: no token's gradient is dropped; the loss reported
+  is the paper's objective ``-(1/M) sum sg[r_hat] A log pi``. Its normaliser is the mini-batch's
+  counted-token count ``M`` (the paper's ``1 / sum_i |o_i|``), not ``N``.
 - GMPO (arXiv 2507.20673) maximises ``A_i`` times the geometric mean of the token ratios, each clipped in
-  log space to ``log r <= eps_high`` (``A > 0``) or ``log r >= -eps_low`` (``A < 0``) before the mean.
+  log space to ``log r <= eps`` (``A > 0``) or ``log r >= -eps`` (``A < 0``) before the mean; one ``eps``
+  (``eps_low == eps_high``), as the authors'.
+
+Each variant is a term function in :mod:`.variants`, chosen by its row of ``LOSS_VARIANTS``; this module
+holds what they share (checks, masking, off-policy weights, normalisers, metrics).
 
 All but CISPO are means over sequences: ``loss = -(1/N) sum_i J_i`` with ``N`` global to the optimisation
 mini-batch (all micro-batches and data-parallel ranks), so that splitting a mini-batch into micro-batches
@@ -74,7 +79,8 @@ def policy_loss(
         eps_low, eps_high: the clip range; ``None``: the variant's :data:`DEFAULT_EPS`. GSPO, GSPO-token,
             GRPO: ratios in ``[1 - eps_low, 1 + eps_high]``; CISPO: the importance weight's bounds
             ``[1 - eps_low, 1 + eps_high]`` (``eps_low`` up to 1, i.e. no lower bound); GMPO: log-ratio
-            bounds ``[-eps_low, eps_high]``; SAPO has none (refused when given).
+            bounds ``[-eps_low, eps_high]``, one range (``eps_low == eps_high``); SAPO has none (refused when
+            given). The rules are each variant's ``ClipRange`` (:func:`check_clip_range`).
         num_sequences: the global normaliser ``N`` (int or 0-d tensor); default: the ``B`` passed here.
             Every variant but CISPO divides by it.
         num_tokens: CISPO's global normaliser ``M``, the counted tokens of the whole mini-batch (int or 0-d
