@@ -37,7 +37,7 @@ from gspo_mcore.ops._checks import check_cu_seqlens, check_length, check_tensor
 
 VARIANTS = tuple(LOSS_VARIANTS)
 """The ``loss.variant`` names, in :data:`~gspo_mcore.algo.variants.LOSS_VARIANTS`' order."""
-DEFAULT_EPS = {name: v.clip.default if v.clip else (None, None) for name, v in LOSS_VARIANTS.items()}
+DEFAULT_EPS = {name: (None, None) if isinstance(v.clip, str) else v.clip.default for name, v in LOSS_VARIANTS.items()}
 """Each variant's clip range ``(eps_low, eps_high)`` when none is given: the papers' values (GSPO, GRPO, GMPO);
 CISPO's paper sets no lower bound and tunes ``eps_high`` without publishing it (docs/gspo.md); SAPO has none."""
 SAPO_DEFAULT_TAU = (1.0, 1.05)
@@ -280,12 +280,13 @@ def check_clip_range(variant: str, eps_low, eps_high, *, warn: bool = False, pre
     SAPO), ``None`` replaced by the default; a bad value raises ``ValueError`` naming ``prefix + key``. The
     rules are the variant's :class:`~gspo_mcore.algo.variants.ClipRange`."""
     clip = _variant(variant, prefix).clip
-    if clip is None:
+    if isinstance(clip, str):  # no clip range: the text says what to set instead
         for name, eps in (("eps_low", eps_low), ("eps_high", eps_high)):
             if eps is not None:
                 raise ValueError(
-                    f"{prefix}{name}={eps!r}: {variant} has no clip range (a soft gate); leave it unset and set "
-                    f"{prefix}sapo_tau_pos / {prefix}sapo_tau_neg instead"
+                    f"{prefix}{name}={eps!r}: {variant} has no clip range; leave it unset ("
+                    + clip.format(prefix=prefix)
+                    + ")"
                 )
         return None, None
     eps_low = clip.default[0] if eps_low is None else eps_low

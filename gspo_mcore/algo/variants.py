@@ -140,8 +140,9 @@ class Variant:
     level: Literal["sequence", "token"]
     """Whether the ratio (its off-policy weight: ``[B]`` or ``[T]``, and its ``ratio_*`` metrics) is per
     sequence or per token."""
-    clip: ClipRange | None
-    """``None``: no clip range (``eps_low`` / ``eps_high`` refused)."""
+    clip: ClipRange | str
+    """The clip range, or a text saying why there is none and what to set instead (``eps_low`` / ``eps_high``
+    are then refused; ``{prefix}`` in it becomes the config key's prefix)."""
     normaliser: Literal["sequences", "tokens"] = "sequences"
     """``sequences``: the loss is ``(1/N) sum_i`` of each sequence's term (token terms: their mean over the
     sequence); ``tokens``: ``(1/M) sum`` of all token terms, ``M`` the counted tokens (token terms only)."""
@@ -225,7 +226,9 @@ LOSS_VARIANTS: dict[str, Variant] = {
     "gspo": Variant(term=gspo, level="sequence", clip=_GSPO_CLIP),
     "gspo_token": Variant(term=gspo_token, level="sequence", clip=_GSPO_CLIP, token_advantages=True),
     "grpo": Variant(term=grpo, level="token", clip=ClipRange(default=(0.2, 0.27), **_RATIO_CLIP)),
-    "sapo": Variant(term=sapo, level="token", clip=None),  # a soft gate: SAPO_DEFAULT_TAU
+    "sapo": Variant(
+        term=sapo, level="token", clip="a soft gate; set {prefix}sapo_tau_pos / {prefix}sapo_tau_neg instead"
+    ),
     "cispo": Variant(
         term=cispo,
         level="token",
