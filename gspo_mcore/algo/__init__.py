@@ -14,9 +14,11 @@ from gspo_mcore.algo.policy import (
     policy_loss,
 )
 from gspo_mcore.algo.regularizers import kl_per_token, regularizer_loss
+from gspo_mcore.algo.variants import LOSS_VARIANTS
 
 __all__ = [
     "DEFAULT_EPS",
+    "LOSS_VARIANTS",
     "LossConfig",
     "OffPolicyConfig",
     "RATIO_LEVEL",

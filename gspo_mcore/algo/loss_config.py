@@ -41,7 +41,7 @@ class LossConfig:
         "recompute_old_logprobs": "set rollout.old_logprobs (recompute or rollout)",
     }
 
-    variant: Literal["gspo", "gspo_token", "grpo", "sapo", "cispo", "gmpo"] = "gspo"
+    variant: Literal[VARIANTS] = "gspo"  # the names of algo.variants.LOSS_VARIANTS
     """``"gspo"`` (sequence ratio), ``"gspo_token"`` (GSPO-token), ``"grpo"`` (token ratios), ``"sapo"`` (soft
     gate on token ratios), ``"cispo"`` (clipped stop-gradient token weights) or ``"gmpo"`` (geometric mean of
     log-space-clipped token ratios); docs/gspo.md."""
@@ -49,7 +49,7 @@ class LossConfig:
     """Clip range; ``None``: the variant's paper default (``algo.DEFAULT_EPS``). GSPO, GSPO-token, GRPO: ratios in
     ``[1 - eps_low, 1 + eps_high]``; CISPO: the importance weight's bounds ``[1 - eps_low, 1 + eps_high]``
     (``eps_low`` <= 1; default 1: no lower bound, as the paper); GMPO: log-ratios in ``[-eps_low, eps_high]``
-    (default 0.4 each); SAPO: must stay unset (no clip)."""
+    (one range, as the authors': the two must be equal; default 0.4); SAPO: must stay unset (no clip)."""
     eps_high: float | None = None
     """The upper side of the clip range (see ``eps_low``); ``None``: the variant's paper default."""
     sapo_tau_pos: float = 1.0

@@ -1,10 +1,11 @@
 """An independent, literal implementation of the policy losses (the formulas of docs/gspo.md).
 
 It loops over sequences and writes each formula as printed (``torch.minimum`` of the unclipped and
-clipped terms; GMPO as the paper's product of token terms raised to ``1/|y_i|``; CISPO as the paper's
-``sg[r_hat] A log pi``), so tests can hold :func:`gspo_mcore.algo.policy_loss` (compiled segment ops, fused
-sequence terms, log-space means) against it, value and gradient. Not for production: it is slow and
-syncs with the host.
+clipped terms; GMPO as the authors' product of clipped token ratios
+``min[rho^sgn(A), clip(rho^sgn(A), e1, e2)]^sgn(A)`` raised to ``1/|y_i|``; CISPO as the paper's
+``sg[r_hat] A log pi``, value and gradient), so tests can hold :func:`gspo_mcore.algo.policy_loss` (compiled
+segment ops, fused sequence terms, log-space means) against it, value and gradient. Not for production: it
+is slow and syncs with the host.
 """
 
 from __future__ import annotations
@@ -101,24 +102,22 @@ def policy_loss_reference(
             w = _is_weight(olp - mu, off_policy, cap)
             total = total + (w * torch.sigmoid(tau * (r - 1.0)) * (4.0 / tau) * A).mean()
         elif variant == "cispo":
-            # (1/M) sum_t sg[clip(r_t, 1 - eps_low, 1 + eps_high)] A_i log pi_t: the paper's surrogate, plus the
-            # constant sg[r_hat] A (1 - sg[log pi]) so that its value is the weighted advantage r_hat A
+            # MiniMax-M1 (Eq. 4-5): J = (1/M) sum_t sg[clip(r_t, 1 - eps_low, 1 + eps_high)] A_i log pi_t
             A = advantages[i].double()
             r_hat = torch.exp(lp - olp).clamp(lo, hi).detach()
             w = _is_weight(olp - mu, off_policy, cap)
-            surrogate = r_hat * A * lp
-            total_shift = (r_hat * A * (1.0 - lp.detach())).detach()
-            token_total = token_total + (w * (surrogate + total_shift)).sum()
+            token_total = token_total + (w * r_hat * A * lp).sum()
         elif variant == "gmpo":
-            # J_i = sgn(A_i) * (prod_t |min(rho_t A_i, clip(rho_t, e^-eps_low, e^eps_high) A_i)|) ** (1/|y_i|)
+            # the authors' J_i = (prod_t min[rho_t^sgn(A), clip(rho_t^sgn(A), e1, e2)]^sgn(A)) ** (1/|y_i|) * A_i,
+            # e1 = e^-eps_low, e2 = e^eps_high (policy_loss refuses eps_low != eps_high: only e2 acts here)
             A = advantages[i].double()
             if float(A) == 0.0:
-                continue  # a zero term (and |0| ** (1/n) has no gradient at 0)
-            rho = torch.exp(lp - olp)
-            clipped = rho.clamp(math.exp(-eps_low), math.exp(eps_high))
-            prod = torch.minimum(rho * A, clipped * A).abs().prod()
+                continue  # a zero term
+            sgn = 1.0 if float(A) > 0 else -1.0
+            rho_s = torch.exp(lp - olp) ** sgn
+            kept = torch.minimum(rho_s, rho_s.clamp(math.exp(-eps_low), math.exp(eps_high))) ** sgn
             w = _is_weight((olp - mu).mean(), off_policy, cap)
-            total = total + w * torch.sign(A) * prod ** (1.0 / lp.numel())
+            total = total + w * kept.prod() ** (1.0 / lp.numel()) * A
         else:
             raise ValueError(variant)
     return ((penalty - total) / n - token_total / m_tokens).float()

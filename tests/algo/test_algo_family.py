@@ -570,5 +570,5 @@ def test_loss_config_accepts_the_paper_defaults():
     for v in VARIANTS:
         LossConfig(variant=v)
     LossConfig(variant="cispo", eps_low=1.0, eps_high=5.0)
-    LossConfig(variant="gmpo", eps_low=0.6, eps_high=1.2)
+    LossConfig(variant="gmpo", eps_low=0.6, eps_high=0.6)
     LossConfig(variant="sapo", sapo_tau_pos=0.5, sapo_tau_neg=2.0)
