@@ -2,7 +2,12 @@
 
 The layers, lowest first::
 
-    ops  <-  algo  <-  {learner, rollout, rewards, data}  <-  trainer  <-  train
+    ops      <-  algo  <-  {learner, rollout}  <-  trainer  <-  train
+    sandbox  <-  {rewards, envs}  <-  trainer
+    data     <-  {envs, trainer}
+
+(``platform`` sits under learner and rollout, ``convert`` over the learner, ``metrics`` over algo; ``ALLOWED``
+below is the exact list.)
 
 - a package imports only from its own layer's allowed set (``ALLOWED``): nothing imports upward;
 - ``learner`` and ``rollout`` never import each other (the trainer wires them);
@@ -32,8 +37,9 @@ ALLOWED: dict[str, set[str]] = {
     "platform": {"platform"},
     "algo": {"ops", "algo"},
     "data": {"data"},
-    "rewards": {"rewards"},
-    "envs": {"envs", "rewards", "data"},
+    "sandbox": {"sandbox"},
+    "rewards": {"rewards", "sandbox"},
+    "envs": {"envs", "sandbox", "data"},
     "learner": {"ops", "algo", "learner", "platform"},
     "convert": {"convert", "learner", "platform"},
     "rollout": {"ops", "algo", "rollout", "platform"},
@@ -145,6 +151,9 @@ def test_learner_and_rollout_never_import_each_other():
         ("rewards/_bad.py", "import megatron.core\n", "only ['convert', 'learner', 'platform'] import megatron"),
         ("trainer/_bad.py", "import aiohttp\n", "only rollout speaks to SGLang"),
         ("ops/_bad.py", "from ..algo import policy_loss\n", "ops imports gspo_mcore.algo"),
+        ("sandbox/_bad.py", "from gspo_mcore.rewards import code\n", "sandbox imports gspo_mcore.rewards"),
+        ("sandbox/_bad.py", "from ..envs.builtin import python\n", "sandbox imports gspo_mcore.envs"),
+        ("envs/_bad.py", "from gspo_mcore.rewards.runner import RewardRunner\n", "envs imports gspo_mcore.rewards"),
         ("newpkg/_bad.py", "x = 1\n", "has no place in ALLOWED"),
     ],
 )

@@ -52,7 +52,7 @@ PROBLEMS = {
 WORKER = r"""
 import json, os, sys, time
 from gspo_mcore.rewards.code import CodeRewardConfig, code_reward
-from gspo_mcore.rewards.sandbox import SandboxConfig
+from gspo_mcore.sandbox import SandboxConfig
 problems = json.loads(sys.argv[1])
 config = CodeRewardConfig(sandbox=SandboxConfig(**json.loads(sys.argv[2])))
 print("ready", flush=True)
@@ -114,7 +114,7 @@ def judge_worst_case(repeat: int = 3) -> None:
 
     from gspo_mcore.rewards import asserts, judge
     from gspo_mcore.rewards.code import CodeRewardConfig
-    from gspo_mcore.rewards.sandbox import SandboxConfig
+    from gspo_mcore.sandbox import SandboxConfig
 
     cap, p61 = SandboxConfig().max_output_bytes, 2**61 - 1
     cfg = CodeRewardConfig()

@@ -1,6 +1,6 @@
 """The environment interface: what a user writes to train a multi-turn agent.
 
-An environment is any class with two methods (checked at start-up, :func:`gspo_mcore.envs.load.load_env`):
+An environment is any class with two methods (checked at start-up, :func:`gspo_mcore.envs.config.load_env`):
 
 - ``reset(row) -> Reset``: the dataset row (``{"prompt" or "messages", "metadata"}``) in, the first
   observation out (chat messages, or text for a model without a chat template) with the episode's state;

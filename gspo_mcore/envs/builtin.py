@@ -10,7 +10,7 @@ import ast
 import math
 import operator
 
-from gspo_mcore.rewards.sandbox import SandboxConfig, run_python
+from gspo_mcore.sandbox import SandboxConfig, run_python
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64

@@ -35,7 +35,7 @@ from typing import Any, Mapping
 
 from gspo_mcore.rewards import asserts, judge
 from gspo_mcore.rewards.extract import last_code_block
-from gspo_mcore.rewards.sandbox import SandboxConfig, run_python
+from gspo_mcore.sandbox import SandboxConfig, run_python
 
 _HERE = Path(__file__).parent
 _HARNESS = (_HERE / "_harness.py").read_text()

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 
 from gspo_mcore.rewards.resolve import RewardSetupError
 from gspo_mcore.rewards.runner import RewardRunner, RewardRunnerConfig
-from gspo_mcore.rewards.sandbox import SandboxUnavailable, startup_check
+from gspo_mcore.sandbox import SandboxUnavailable, startup_check
 
 logger = logging.getLogger(__name__)
 _SHOWN = 10

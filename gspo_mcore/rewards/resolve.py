@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 from gspo_mcore.config import ConfigError, from_dict, to_dict
 from gspo_mcore.rewards import registry
 from gspo_mcore.rewards.config import RewardRunnerConfig, RewardTermConfig
-from gspo_mcore.rewards.sandbox import SandboxConfig
+from gspo_mcore.sandbox import SandboxConfig
 
 
 class RewardError(RuntimeError):

@@ -31,7 +31,7 @@ from gspo_mcore.rewards import code
 from gspo_mcore.rewards.config import RewardRunnerConfig, RewardTermConfig
 from gspo_mcore.rewards.registry import RESPONSE_IDS_KEY, TokenRewards
 from gspo_mcore.rewards.resolve import Reward, RewardError, RewardSetupError, default_terms, resolve, short_name
-from gspo_mcore.rewards.sandbox import SandboxUnavailable
+from gspo_mcore.sandbox import SandboxUnavailable
 
 __all__ = ["RewardFailure", "RewardRunner", "RewardRunnerConfig", "RewardTermConfig"]
 

@@ -72,7 +72,7 @@ class RolloutConfig:
     """DAPO's dynamic sampling: roll out further rounds of ``prompts_per_step`` fresh prompts until the
     step holds ``prompts_per_step`` groups whose (shaped) rewards are not all equal, at most
     ``max_sampling_rounds`` rounds; extra groups of the last round are discarded, and a step that still has
-    fewer trains on those (see :mod:`gspo_mcore.trainer.sampling`). Implies dropping zero-advantage groups."""
+    fewer trains on those (see :mod:`gspo_mcore.trainer.dynamic_sampling`). Implies dropping zero-advantage groups."""
     max_sampling_rounds: int = 3
     """``dynamic_sampling``: the most rounds of generation per step (>= 1; 1 only filters)."""
     normalize_std: bool = True

@@ -46,8 +46,8 @@ from gspo_mcore.trainer.batch import (
     staleness_metrics,
 )
 from gspo_mcore.trainer.config import TrainConfig, resolve
+from gspo_mcore.trainer.dynamic_sampling import RolloutBatch, collect, rollout_seed
 from gspo_mcore.trainer.evaluation import Evaluator
-from gspo_mcore.trainer.sampling import RolloutBatch, collect, rollout_seed
 
 logger = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ def gspo_step(run: Run, step: int) -> dict | None:
 
 
 def _rollout_batch(run: Run, step: int, phases: _Phases) -> tuple[RolloutBatch | None, float]:
-    """The step's scored rollout batch (:func:`~gspo_mcore.trainer.sampling.collect`: rounds of fresh prompts
+    """The step's scored rollout batch (:func:`~gspo_mcore.trainer.dynamic_sampling.collect`: rounds of fresh prompts
     until enough groups have a reward spread, with dynamic sampling), and the engine's generation seconds."""
     cfg = run.cfg
     G = cfg.rollout.group_size

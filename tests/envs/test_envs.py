@@ -158,7 +158,7 @@ def test_calculator_is_arithmetic_only():
 
 
 def test_python_tool_runs_in_the_sandbox_and_returns_truncated_output():
-    from gspo_mcore.rewards.sandbox import SandboxUnavailable
+    from gspo_mcore.sandbox import SandboxUnavailable
 
     try:
         out = python("print(6 * 7)\nimport sys; sys.stderr.write('warn')")

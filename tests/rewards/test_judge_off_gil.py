@@ -10,7 +10,7 @@ import pytest
 from gspo_mcore.rewards import RewardRunner, RewardRunnerConfig, asserts, judge
 from gspo_mcore.rewards import code as code_mod
 from gspo_mcore.rewards.code import CodeRewardConfig, code_reward
-from gspo_mcore.rewards.sandbox import SandboxConfig
+from gspo_mcore.sandbox import SandboxConfig
 
 FAST = CodeRewardConfig(sandbox=SandboxConfig(cpu_time_s=2, wall_time_s=20, memory_mb=256, max_processes=8))
 N = 30_000  # a reported list of N ints is ~200 KiB: past the default inline limit of 16 KiB

@@ -15,7 +15,7 @@ from gspo_mcore.rewards.code import CodeRewardConfig, code_reward, parse_tests
 from gspo_mcore.rewards.extract import last_boxed, last_code_block
 from gspo_mcore.rewards.match import ExactMatchConfig, RegexMatchConfig, exact_match, regex_match
 from gspo_mcore.rewards.math import MathRewardConfig, math_reward, normalise
-from gspo_mcore.rewards.sandbox import SandboxConfig
+from gspo_mcore.sandbox import SandboxConfig
 
 # ---------------------------------------------------------------------------------------------- extract
 

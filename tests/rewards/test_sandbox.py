@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import gspo_mcore
-from gspo_mcore.rewards.sandbox import SandboxConfig, SandboxUnavailable, probe, run_python
+from gspo_mcore.sandbox import SandboxConfig, SandboxUnavailable, probe, run_python
 
 # Wall clocks are generous: the machine may be loaded; tests of the wall-clock limit set their own.
 SMALL = SandboxConfig(cpu_time_s=1, wall_time_s=20, memory_mb=256, max_processes=8, max_file_mb=1)
@@ -177,7 +177,7 @@ def test_writing_outside_its_directory_fails(tmp_path):
 def _host_dir_outside_private_tmpfs() -> Path:
     """A writable host directory that the sandbox does NOT cover with a private tmpfs (the checkout may
     itself live under /tmp, e.g. a CI clone, where the sandbox would see an empty tmpfs instead)."""
-    from gspo_mcore.rewards._launcher import WRITABLE_DIRS
+    from gspo_mcore.sandbox._launcher import WRITABLE_DIRS
 
     for cand in (Path(gspo_mcore.__file__).parent.parent, Path.home(), Path("/var/cache"), Path("/opt")):
         real = cand.resolve()

@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 import gspo_mcore
-from gspo_mcore.rewards import cgroups
-from gspo_mcore.rewards.sandbox import SandboxConfig, SandboxUnavailable, probe, run_python
+from gspo_mcore.sandbox import SandboxConfig, SandboxUnavailable, cgroups, probe, run_python
 
 SMALL = SandboxConfig(cpu_time_s=2, wall_time_s=20, memory_mb=256, max_processes=8, max_file_mb=1, tmpfs_mb=8)
 LAYERS = set(probe(SMALL))
@@ -236,7 +235,7 @@ def test_no_cgroup_is_left_after_runs():
 def test_without_a_cgroup_layer_the_sandbox_warns_once_and_require_cgroup_refuses(tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(cgroups, "_warned", threading.Event())
     bogus = SandboxConfig(cgroup_parent=str(tmp_path / "not-a-cgroup"), require=())
-    with caplog.at_level(logging.WARNING, logger="gspo_mcore.rewards.cgroups"):
+    with caplog.at_level(logging.WARNING, logger="gspo_mcore.sandbox.cgroups"):
         r1 = run_python("print(1)", config=bogus)
         r2 = run_python("print(2)", config=bogus)
     assert r1.ok and r2.ok and "cgroup" not in r1.layers

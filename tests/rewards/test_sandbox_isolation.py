@@ -17,9 +17,8 @@ import uuid
 
 import pytest
 
-from gspo_mcore.rewards import sandbox as sandbox_mod
-from gspo_mcore.rewards import syscalls
-from gspo_mcore.rewards.sandbox import SandboxConfig, SandboxUnavailable, probe, run_python, startup_check
+from gspo_mcore.sandbox import SandboxConfig, SandboxUnavailable, probe, run_python, startup_check, syscalls
+from gspo_mcore.sandbox import run as sandbox_mod
 
 SMALL = SandboxConfig(cpu_time_s=5, wall_time_s=30, memory_mb=256, max_processes=8, max_file_mb=1, tmpfs_mb=8)
 LAYERS = set(probe(SMALL))
@@ -87,7 +86,7 @@ def test_without_a_filter_the_sandbox_warns_once_and_require_seccomp_refuses(mon
     monkeypatch.setattr(syscalls, "availability", lambda: (None, "pyseccomp missing (test)"))
     monkeypatch.setattr(syscalls, "_warned", threading.Event())
     cfg = dataclasses.replace(SMALL, require=())
-    with caplog.at_level(logging.WARNING, logger="gspo_mcore.rewards.syscalls"):
+    with caplog.at_level(logging.WARNING, logger="gspo_mcore.sandbox.syscalls"):
         layers = startup_check(cfg)  # the start-up probe reports per layer
         r = run_python("print(1)", config=cfg)
     assert r.ok and "seccomp" not in layers and "seccomp" not in r.layers
@@ -288,11 +287,11 @@ def test_the_program_holds_no_capability_and_its_bounding_set_is_empty(monkeypat
 AS_USER = r"""
 import sys, types
 tree, weaken = sys.argv[1], sys.argv[2] == "1"
-for name in ("gspo_mcore", "gspo_mcore.rewards"):  # the sandbox alone (no torch, no package __init__)
+for name in ("gspo_mcore", "gspo_mcore.sandbox"):  # the sandbox alone (no torch, no package __init__)
     pkg = types.ModuleType(name)
     pkg.__path__ = [tree + "/" + name.replace(".", "/")]
     sys.modules[name] = pkg
-from gspo_mcore.rewards import sandbox
+from gspo_mcore.sandbox import run as sandbox
 if weaken:
     step = b"        _drop_capabilities(report)\n"
     assert step in sandbox._LAUNCHER_SOURCE
@@ -328,7 +327,7 @@ def _nobody_can_run_the_sandbox() -> bool:
     if subprocess.run(["/usr/bin/python3", "-I", "-c", recent], capture_output=True).returncode != 0:
         return False
     tree = os.path.dirname(os.path.dirname(sandbox_mod.__file__))
-    return subprocess.run(["test", "-r", tree + "/rewards/sandbox.py"], user=65534, cwd="/").returncode == 0
+    return subprocess.run(["test", "-r", tree + "/sandbox/run.py"], user=65534, cwd="/").returncode == 0
 
 
 @pytest.mark.skipif(

@@ -8,7 +8,7 @@ from gspo_mcore import rewards
 from gspo_mcore.rewards import RewardRunner, RewardRunnerConfig, RewardTermConfig, TokenRewards
 from gspo_mcore.rollout.types import Sample
 from gspo_mcore.trainer.batch import learner_samples
-from gspo_mcore.trainer.sampling import collect
+from gspo_mcore.trainer.dynamic_sampling import collect
 
 
 def _per_token(response, metadata):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gspo_mcore.rewards import asserts
 from gspo_mcore.rewards.code import CodeRewardConfig, _records
-from gspo_mcore.rewards.sandbox import run_python
+from gspo_mcore.sandbox import run_python
 
 IN_PROCESS = (Path(__file__).parent / "weak_in_process_harness.py").read_text()
 

@@ -17,7 +17,7 @@ from gspo_mcore.rollout.sglang_control import SGLangClientConfig
 from gspo_mcore.trainer.asynchronous import Prefetcher, fresh_groups, version_lags
 from gspo_mcore.trainer.backends import SGLangConfig, SGLangRollout
 from gspo_mcore.trainer.config import RolloutConfig, TrainConfig
-from gspo_mcore.trainer.sampling import collect
+from gspo_mcore.trainer.dynamic_sampling import collect
 
 
 def _group(*versions):

@@ -1,4 +1,4 @@
-"""Dynamic sampling's refill logic (gspo_mcore.trainer.sampling.collect) on scripted rounds: which groups
+"""Dynamic sampling's refill logic (gspo_mcore.trainer.dynamic_sampling.collect) on scripted rounds: which groups
 are kept, how many prompts are drawn, when it stops, and that the prompt stream it leaves is the one a
 resumed run continues from."""
 
@@ -7,7 +7,7 @@ import torch
 
 from gspo_mcore.data.sampler import PromptSampler, SamplerConfig
 from gspo_mcore.trainer.config import RolloutConfig
-from gspo_mcore.trainer.sampling import collect, rollout_seed
+from gspo_mcore.trainer.dynamic_sampling import collect, rollout_seed
 
 G = 2
 

@@ -42,7 +42,7 @@ Also: a seccomp allow-list (``syscalls.py``), a UTS namespace with its own hostn
 launcher's plan passed through descriptors (docs/rewards.md). Not covered: kernel exploits through the allowed
 system calls, the contents of the read-only system directories
 (/usr ...), and disk-bandwidth contention. Verdicts never depend on the program's honesty: see
-``code.py`` and ``asserts.py``.
+``rewards/code.py`` and ``rewards/asserts.py``.
 
 By default a run is refused (``SandboxUnavailable``) unless the network namespace, privilege
 separation ('privilege': a uid drop, or a user namespace with a read-only filesystem) and the private
@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from gspo_mcore.rewards import cgroups, syscalls
+from gspo_mcore.sandbox import cgroups, syscalls
 
 _LAUNCHER_SOURCE = Path(__file__).with_name("_launcher.py").read_bytes()
 # The launcher's command line: its source and plan come through descriptors (argv: source fd, plan fd,

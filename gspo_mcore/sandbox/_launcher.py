@@ -1,6 +1,6 @@
 """Sandbox launcher: a script, never imported by the package (it must run with ``python -I -S``).
 
-``sandbox.py`` starts it in a fresh session with the run's work directory as cwd, as
+``run.py`` starts it in a fresh session with the run's work directory as cwd, as
 ``python -I -S -B -c BOOT <source fd> <plan fd> <status fd>``: its own source and the JSON plan come
 through inherited descriptors (read, then closed), never on the command line, so ``/proc/1/cmdline``
 in the sandbox shows no host pid or path; a pipe for the report is the status fd. It then, in this order:
