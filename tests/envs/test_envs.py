@@ -268,7 +268,7 @@ def test_python_tool_cannot_read_host_files_or_reach_loopback(tmp_path):
     of its reach (run without the sandbox, both succeed and this fails)."""
     import socket
 
-    from gspo_mcore.rewards.sandbox import SandboxUnavailable
+    from gspo_mcore.sandbox import SandboxUnavailable
 
     secret = tmp_path / "host_secret.txt"
     secret.write_text("HOST-SECRET-1234")
