@@ -20,6 +20,7 @@ runs it), which is called with the results on the rank that runs it and with ``N
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gspo_mcore.rollout.turns import EpisodeStats, TurnEnd
-from gspo_mcore.rollout.types import RolloutError, Sample, SamplingParams, derive_sample_seed
+from gspo_mcore.rollout.types import RolloutEngine, RolloutError, Sample, SamplingParams, derive_sample_seed
 
 Share = Callable[[Any], Any]
 # the info keys summed into the episode's stats (gspo_mcore.envs.base; rollout does not import envs, so the
@@ -55,7 +56,8 @@ class _Episode:
 
 
 class EpisodeDriver:
-    """Runs episodes of ``env`` on an engine with ``generate_turns`` (see the module docstring).
+    """Runs episodes of ``env`` on an engine's ``generate_turns`` coroutine, on an event loop of its own (see the
+    module docstring).
 
     Args:
         env: an environment (``reset(row)``, ``step(state, action)``).
@@ -72,7 +74,7 @@ class EpisodeDriver:
 
     def run(
         self,
-        engine,
+        engine: RolloutEngine,
         rows: Sequence[Mapping[str, Any]],
         n: int,
         params: SamplingParams,
@@ -94,12 +96,14 @@ class EpisodeDriver:
                 )
         keys = [derive_sample_seed(seed, prompt_offset + i, j) for i in range(len(rows)) for j in range(n)]
         try:
-            engine.generate_turns(
-                [ep.prompt for ep in episodes],
-                params,
-                keys=keys,
-                max_total_tokens=self.config.max_total_tokens,
-                on_turns=lambda ends: self._on_turns(episodes, ends),
+            asyncio.run(
+                engine.generate_turns(
+                    [ep.prompt for ep in episodes],
+                    params,
+                    keys=keys,
+                    max_total_tokens=self.config.max_total_tokens,
+                    on_turns=lambda ends: self._on_turns(episodes, ends),
+                )
             )
         finally:
             self._end_all(episodes)

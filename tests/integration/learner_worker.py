@@ -285,7 +285,7 @@ class Worker:
         log: dict[int, list] = {}
 
         class Recorded:
-            def generate_turns(_, prompts, params, *, keys, max_total_tokens, on_turns):
+            async def generate_turns(_, prompts, params, *, keys, max_total_tokens, on_turns):
                 def on(ends):
                     answers = on_turns(ends)
                     for e, more in zip(ends, answers):
@@ -294,10 +294,8 @@ class Worker:
                             log[e.row].append(("env", list(more)))
                     return answers
 
-                asyncio.run(
-                    self.engine.generate_turns(
-                        prompts, params, keys=keys, max_total_tokens=max_total_tokens, on_turns=on
-                    )
+                await self.engine.generate_turns(
+                    prompts, params, keys=keys, max_total_tokens=max_total_tokens, on_turns=on
                 )
 
         config = EpisodeConfig(max_turns=max_turns, max_total_tokens=max_total_tokens)
