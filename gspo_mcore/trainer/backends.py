@@ -15,6 +15,7 @@ method in the same order.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import dataclasses
 import os
@@ -22,7 +23,7 @@ import shutil
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -32,25 +33,53 @@ from gspo_mcore.rollout.sglang_control import SGLangClientConfig
 from gspo_mcore.rollout.types import Sample, SamplingParams
 
 
-class RolloutBackend(Protocol):
-    """What the training loop needs of a rollout engine. Every rank calls every method, in the same order."""
+class GenerateHandle:
+    """A generation that :meth:`RolloutBackend.start_generate` started, for :meth:`RolloutBackend.finish_generate`."""
 
+    seconds: float | None = None
+    """How long the engine generated, once it has finished (``None`` before, and on ranks that do not drive it)."""
+
+
+class RolloutBackend(abc.ABC):
+    """What the training loop and the evaluator need of a rollout engine: every method they call is declared here
+    (an optional one with its default). Every rank calls every method, in the same order."""
+
+    runs_episodes: bool = False
+    """Whether :meth:`generate` runs multi-turn episodes of ``rollout.env`` (its prompts are then the loader's
+    items or the dataset's rows, which reset the environment), not one response per prompt's token ids."""
+
+    @abc.abstractmethod
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, *, seed: int) -> list[list[Sample]]:
         """``n`` samples for each prompt, on every rank. The samples depend only on ``seed``, the prompts
         and ``params``, not on the parallel layout."""
 
-    def before_train(self) -> None:
-        """The learner is about to train (colocated engines free their memory)."""
+    def start_generate(self, prompts: list[list[int]], n: int, params: SamplingParams, *, seed: int) -> GenerateHandle:
+        """Start :meth:`generate` in the background (asynchronous rollouts, ``rollout.max_staleness >= 1``); the
+        learner trains meanwhile. By default a backend generates synchronously only, and says so."""
+        raise RuntimeError(
+            f"{type(self).__name__} generates synchronously only (rollout.max_staleness: 0): no start_generate"
+        )
 
+    def finish_generate(self, handle: GenerateHandle) -> list[list[Sample]]:
+        """The groups of a :meth:`start_generate`, on every rank (a collective, like :meth:`generate`)."""
+        raise RuntimeError(
+            f"{type(self).__name__} generates synchronously only (rollout.max_staleness: 0): no finish_generate"
+        )
+
+    def before_train(self) -> None:  # noqa: B027 - optional: most backends have nothing to free
+        """The learner is about to train (colocated engines free their memory). Default: nothing."""
+
+    @abc.abstractmethod
     def sync_weights(self, learner, version: int) -> None:
         """The learner's parameters changed: serve them from now on, tagged ``version``."""
 
+    @abc.abstractmethod
     def restore_weights(self, learner, version: int) -> None:
         """A resumed run: serve the parameters just restored from a checkpoint, tagged ``version`` (before
         the first rollout; the engine may still hold the weights it was started with)."""
 
-    def close(self) -> None:
-        """Release the engine (servers this run launched are stopped)."""
+    def close(self) -> None:  # noqa: B027 - optional: a backend that started nothing has nothing to release
+        """Release the engine (servers this run launched are stopped). Default: nothing."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,7 +124,7 @@ class SGLangConfig:
             raise ValueError("SGLangConfig.server_tp_size and bucket_mb must be >= 1")
 
 
-class InProcessRollout:
+class InProcessRollout(RolloutBackend):
     """Sampling from the learner's live model on the same ranks (see :mod:`gspo_mcore.rollout.inprocess`)."""
 
     def __init__(self, learner, tokenizer, *, max_batch_size: int):
@@ -128,23 +157,17 @@ class InProcessRollout:
         dist.all_gather_object(parts, mine, group=layout.dp_group)
         return [g for part in parts for g in part]
 
-    def before_train(self) -> None:
-        pass
-
     def sync_weights(self, learner, version: int) -> None:
         self.engine.set_weight_version(version)  # it reads the updated parameters directly
 
     def restore_weights(self, learner, version: int) -> None:
         self.engine.set_weight_version(version)  # it reads the restored parameters directly
 
-    def close(self) -> None:
-        pass
-
 
 ROUTED_EXPERTS_FLAG = "--enable-return-routed-experts"
 
 
-class SGLangRollout:
+class SGLangRollout(RolloutBackend):
     """Rollouts from SGLang servers, driven by global rank 0."""
 
     def __init__(
@@ -212,16 +235,16 @@ class SGLangRollout:
         )
         return self._broadcast(groups)
 
-    def start_generate(self, prompts: list[list[int]], n: int, params: SamplingParams, *, seed: int):
+    def start_generate(self, prompts: list[list[int]], n: int, params: SamplingParams, *, seed: int) -> GenerateHandle:
         """Start :meth:`generate` in a background thread on the driver (its own event loop: the client
         opens a connection per request, so nothing is shared with the main loop); returns the handle
         :meth:`finish_generate` takes. The learner trains meanwhile (``rollout.max_staleness >= 1``)."""
         if not self.is_driver:
-            return None
+            return GenerateHandle()
         params = dataclasses.replace(params, seed=seed)
         return _Background(lambda: asyncio.run(self.engine.generate(prompts, n, params)))
 
-    def finish_generate(self, handle):
+    def finish_generate(self, handle: GenerateHandle) -> list[list[Sample]]:
         """The groups of a :meth:`start_generate`, on every rank (a collective, like :meth:`generate`)."""
         return self._broadcast([handle.result() if self.is_driver else None])
 
@@ -321,13 +344,12 @@ class SGLangRollout:
             self.loop.close()
 
 
-class _Background:
+class _Background(GenerateHandle):
     """``fn()`` in a daemon thread; :meth:`result` joins it and returns its value or raises its error.
     ``seconds``: how long ``fn`` ran (the engine's busy time for a generation), once it has returned."""
 
     def __init__(self, fn):
         self._value = self._error = None
-        self.seconds: float | None = None
         self._thread = threading.Thread(target=self._main, args=(fn,), name="gspo-rollout", daemon=True)
         self._thread.start()
 
