@@ -255,12 +255,12 @@ class SGLangRollout(RolloutBackend):
 
     def before_train(self) -> None:
         if self.is_driver and self.cfg.colocate:
-            self._run(self.engine.release_memory())
+            self._run(self.engine.control.release_memory())
 
     def sync_weights(self, learner, version: int) -> None:
         """Every rank exports; rank 0 pushes the buckets to the servers and tags them ``version``."""
         if self.is_driver and self.cfg.colocate:
-            self._run(self.engine.resume_memory())
+            self._run(self.engine.control.resume_memory())
         self._push(learner, version)
 
     def restore_weights(self, learner, version: int) -> None:
@@ -302,7 +302,7 @@ class SGLangRollout(RolloutBackend):
             broadcast_bucket(holder["group"])(bucket)
 
         self._run(
-            self.engine.init_weight_update_group(
+            self.engine.control.init_group(
                 master_address=self.cfg.group_address,
                 master_port=port,
                 trainer_init=trainer_init,

@@ -79,7 +79,7 @@ class SGLangTeacher:
         if cfg.urls:
             self.engine = SGLangEngine(list(cfg.urls), config=cfg.client)
             try:  # reachable now, not at the first step
-                self._run(self.engine.server_info(refresh=True))
+                self._run(self.engine.control.server_info(refresh=True))
             except Exception as exc:
                 self.close()
                 raise ValueError(f"distill.sglang.urls: {exc}") from None

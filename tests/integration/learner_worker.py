@@ -123,7 +123,7 @@ class Worker:
                     dist.broadcast(t.contiguous(), src=0, group=self.group_pg)
 
             port = free_port()
-            world = await self.engine.init_weight_update_group(
+            world = await self.engine.control.init_group(
                 master_address="127.0.0.1",
                 master_port=port,
                 trainer_init=trainer_init,
@@ -135,7 +135,7 @@ class Worker:
             buckets = [list(b) for b in self._buckets(bucket_bytes)]
             self.report["sync_buckets"] = len(buckets)
             await self.engine.update_weights(buckets, version)  # the group's broadcast is the default path
-            await self.engine.destroy_weight_update_group()
+            await self.engine.control.destroy_group()
         else:
             raise ValueError(f"unknown sync method {method!r}")
         self.report["sync"].append(
