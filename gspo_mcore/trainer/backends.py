@@ -22,14 +22,14 @@ import os
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.distributed as dist
 
 from gspo_mcore.config import check_literals
-from gspo_mcore.rollout.sglang_control import SGLangClientConfig
+from gspo_mcore.rollout.sglang_server import SGLangServers
 from gspo_mcore.rollout.types import Sample, SamplingParams
 
 
@@ -83,25 +83,13 @@ class RolloutBackend(abc.ABC):
 
 
 @dataclass(frozen=True, kw_only=True)
-class SGLangConfig:
-    """SGLang servers for rollouts: connect to ``urls`` (or ``router_url``), or launch ``num_servers``."""
+class SGLangConfig(SGLangServers):
+    """SGLang servers for rollouts: connect to ``urls`` (or ``router_url``), or launch ``num_servers`` from the
+    model dir (the servers' settings: :class:`~gspo_mcore.rollout.sglang_server.SGLangServers`), and how the
+    learner's weights reach them."""
 
-    urls: tuple[str, ...] = ()
-    """Running servers to use (``http://host:port``). Empty: launch ``num_servers`` from the model dir."""
     router_url: str | None = None
     """An sglang-router in front of the servers (generation goes there; control calls to ``urls``)."""
-    num_servers: int = 1
-    """Servers to launch when ``urls`` is empty (on loopback, GPU ids assigned in order)."""
-    server_tp_size: int = 1
-    """Tensor parallel size of each launched server."""
-    gpu_offset: int = 0
-    """First GPU id for launched servers (separate mode: GPUs after the learner's)."""
-    extra_args: tuple[str, ...] = ()
-    """Extra ``sglang.launch_server`` arguments (e.g. ``--mem-fraction-static 0.5``)."""
-    python: str = ""
-    """Interpreter that runs the launched servers (SGLang often lives in its own environment); empty: this one."""
-    env: dict = field(default_factory=dict)
-    """Extra environment variables for the launched servers."""
     weight_sync: Literal["tensor", "disk", "distributed"] = "tensor"
     """``tensor`` (colocated, shared tensors), ``disk`` (safetensors directory under the run's output) or
     ``distributed`` (broadcast from learner rank 0 over a process group shared with the servers: NCCL on
@@ -114,14 +102,12 @@ class SGLangConfig:
     """dtype of the exported weights."""
     bucket_mb: int = 512
     """Weight-sync bucket size."""
-    client: SGLangClientConfig = field(default_factory=SGLangClientConfig)
 
     def __post_init__(self):
+        super().__post_init__()
         check_literals(self)
-        if not self.urls and self.num_servers < 1:
-            raise ValueError("SGLangConfig needs urls or num_servers >= 1")
-        if self.server_tp_size < 1 or self.bucket_mb < 1:
-            raise ValueError("SGLangConfig.server_tp_size and bucket_mb must be >= 1")
+        if self.bucket_mb < 1:
+            raise ValueError("SGLangConfig.bucket_mb must be >= 1")
 
 
 class InProcessRollout(RolloutBackend):
@@ -201,28 +187,9 @@ class SGLangRollout(RolloutBackend):
                 self.engine = SGLangEngine(list(cfg.urls), router_url=cfg.router_url, config=cfg.client)
             else:
                 self.engine = SGLangEngine.launch(
-                    self._server_configs(), config=cfg.client, log_dir=os.path.join(output_dir, "sglang_logs")
+                    cfg.launch_configs(model_dir), config=cfg.client, log_dir=os.path.join(output_dir, "sglang_logs")
                 )
             self._run(self.engine.check_routed_experts())
-
-    def _server_configs(self):
-        from gspo_mcore.rollout.sglang_server import SGLangServerConfig
-
-        tp = self.cfg.server_tp_size
-        extra = {"python": self.cfg.python} if self.cfg.python else {}
-        return [
-            SGLangServerConfig(
-                model_path=self.model_dir,
-                tp_size=tp,
-                extra_args=self.cfg.extra_args,
-                env=dict(self.cfg.env),
-                **extra,
-                gpu_ids=tuple(range(self.cfg.gpu_offset + i * tp, self.cfg.gpu_offset + (i + 1) * tp))
-                if torch.cuda.is_available()
-                else None,
-            )
-            for i in range(self.cfg.num_servers)
-        ]
 
     def _run(self, coro):
         return self.loop.run_until_complete(coro)

@@ -233,7 +233,8 @@ class Worker:
         folder) score those samples' token ids; their log-probs of every counted token go to
         ``report["teacher"][label]``. Every other sample counts from its third response token on (a later start)."""
         from gspo_mcore.learner.teacher import Teacher
-        from gspo_mcore.trainer.sglang_teacher import SGLangTeacher, TeacherSGLangConfig
+        from gspo_mcore.rollout.sglang_server import SGLangServers
+        from gspo_mcore.trainer.sglang_teacher import SGLangTeacher
 
         gen = self.report["generate"][name]
         flat = [s for g in gen["groups"] for s in g if len(s["response_ids"]) >= 3]
@@ -243,7 +244,7 @@ class Worker:
             mask = torch.zeros_like(tokens)
             mask[len(s["prompt_ids"]) + (2 if k % 2 else 0) :] = 1
             samples.append(TrainSample(tokens=tokens, loss_mask=mask, advantage=0.0))
-        config = TeacherSGLangConfig(urls=tuple(self.spec["urls"]))
+        config = SGLangServers(urls=tuple(self.spec["urls"]))
         # in a thread: the teacher runs its own event loop (as on the trainer's rank 0)
         served = await asyncio.to_thread(
             SGLangTeacher, config, teacher_dir=self.hf_dir, layout=self.layout, log_dir="."
