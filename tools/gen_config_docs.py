@@ -40,13 +40,17 @@ every default filled in (`gspo-train --print-config` alone: the defaults). "requ
 
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
-    """``{field name: docstring}`` of dataclass ``cls``, from the string statement after each field."""
+    """``{field name: docstring}`` of dataclass ``cls``, from the string statement after each field (an inherited
+    field's from the base class that declares it)."""
+    docs = {}
+    for base in reversed(cls.__mro__[1:]):
+        if dataclasses.is_dataclass(base):
+            docs.update(field_docs(base))
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):
-        return {}
+        return docs
     body = ast.parse(source).body[0].body
-    docs = {}
     for stmt, nxt in zip(body, body[1:] + [None]):
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
             if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):

@@ -26,6 +26,7 @@ runs it), which is called with the results on the rank that runs it and with ``N
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import threading
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gspo_mcore.rollout.turns import EpisodeStats, TurnEnd
-from gspo_mcore.rollout.types import Sample, SamplingParams, derive_sample_seed
+from gspo_mcore.rollout.types import RolloutEngine, Sample, SamplingParams, derive_sample_seed
 
 Share = Callable[[Any], Any]
 # the info keys summed into the episode's stats (gspo_mcore.envs.base; rollout does not import envs, so the
@@ -68,7 +69,8 @@ class _Episode:
 
 
 class EpisodeDriver:
-    """Runs episodes of ``env`` on an engine with ``generate_turns`` (see the module docstring).
+    """Runs episodes of ``env`` on an engine's ``generate_turns`` coroutine, on an event loop of its own (see the
+    module docstring).
 
     Args:
         env: an environment (``reset(row)``, ``step(state, action)``).
@@ -89,7 +91,7 @@ class EpisodeDriver:
 
     def run(
         self,
-        engine,
+        engine: RolloutEngine,
         rows: Sequence[Mapping[str, Any]],
         n: int,
         params: SamplingParams,
@@ -117,12 +119,14 @@ class EpisodeDriver:
 
         try:
             if live:
-                engine.generate_turns(
-                    [episodes[k].prompt for k in live],
-                    params,
-                    keys=[keys[k] for k in live],
-                    max_total_tokens=self.config.max_total_tokens,
-                    on_turns=on_turns,
+                asyncio.run(
+                    engine.generate_turns(
+                        [episodes[k].prompt for k in live],
+                        params,
+                        keys=[keys[k] for k in live],
+                        max_total_tokens=self.config.max_total_tokens,
+                        on_turns=on_turns,
+                    )
                 )
         finally:
             self._end_all(episodes)

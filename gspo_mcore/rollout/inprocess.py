@@ -62,6 +62,10 @@ class DecodeSession(Protocol):
 class DecodeModel(Protocol):
     """What the engine needs from a model: a prefill that starts a :class:`DecodeSession`."""
 
+    own_cache: bool
+    """Whether its sessions keep the KV cache themselves, so that :meth:`DecodeSession.extend` can append any
+    number of tokens to a row (multi-turn episodes need it; Transformer Engine's attention does not allow it)."""
+
     def start(
         self, tokens: torch.Tensor, lengths: torch.Tensor, max_new_tokens: int
     ) -> tuple[DecodeSession, torch.Tensor]:
@@ -74,6 +78,9 @@ class DecodeModel(Protocol):
 class RecomputeModel:
     """:class:`DecodeModel` over ``logits_fn(tokens [B, L]) -> logits [B, L, V]`` (causal, right padding
     allowed): every step recomputes the whole batch. Exact but quadratic in the length."""
+
+    own_cache = True
+    """It recomputes every row from its tokens, so rows can be extended."""
 
     def __init__(self, logits_fn: LogitsFn, *, pad_token_id: int = 0):
         self.logits_fn = logits_fn
@@ -255,7 +262,7 @@ class InProcessEngine(RolloutEngine):
             results.append((ids[:n].tolist(), out_lps[b, :n].tolist(), "stop" if bool(finished[b]) else "length"))
         return results
 
-    def generate_turns(
+    async def generate_turns(
         self,
         prompts: Sequence[Sequence[int]],
         params: SamplingParams,
@@ -264,7 +271,9 @@ class InProcessEngine(RolloutEngine):
         max_total_tokens: int,
         on_turns: OnTurns,
     ) -> None:
-        """Multi-turn episodes, one per prompt (row), decoded together whatever turn each is at.
+        """Multi-turn episodes, one per prompt (row), decoded together whatever turn each is at. A coroutine like
+        every engine's (:meth:`RolloutEngine.generate_turns`) that decodes in place, without yielding: ``on_turns``
+        is called on the caller's thread (tensor-parallel ranks broadcast inside it).
 
         Each policy turn samples at most ``params.max_new_tokens`` tokens and at most what is left of the row's
         ``max_total_tokens``; when turns end, ``on_turns`` (see :mod:`gspo_mcore.rollout.turns`) gives each

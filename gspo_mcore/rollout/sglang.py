@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gspo_mcore.rollout import _http
@@ -67,9 +67,9 @@ class SGLangEngine(RolloutEngine):
         self.router_url = router_url.rstrip("/") if router_url else None
         self.config = config or SGLangClientConfig()
         self._processes = list(processes)
-        self._version = self.config.initial_weight_version
         self._down: dict[str, str] = {}  # generate URL -> why it was taken out of rotation
-        self.control = SGLangControl(self.worker_urls, self.config)
+        self.control: SGLangControl = SGLangControl(self.worker_urls, self.config)
+        """The control client (pause/resume, memory, cache, ``/server_info``, weight updates) of every worker."""
 
     @property
     def generate_urls(self) -> list[str]:
@@ -77,7 +77,7 @@ class SGLangEngine(RolloutEngine):
 
     @property
     def weight_version(self) -> int:
-        return self._version
+        return self.control.version
 
     # --------------------------------------------------------------------------------- launching
     @classmethod
@@ -351,105 +351,37 @@ class SGLangEngine(RolloutEngine):
         return results
 
     # ----------------------------------------------------------------- control (all workers)
+    # The engine's RolloutEngine methods below use its control client; every other control call (memory,
+    # cache, /server_info, the weight-update group, the explicit update paths) is made on ``engine.control``.
     async def pause(self) -> None:
         await self.control.pause()
 
     async def resume(self) -> None:
         await self.control.resume()
 
-    async def release_memory(self, tags=api.MEMORY_TAGS) -> None:
-        """Colocated mode: free the servers' GPU memory (KV cache, weights) while the learner trains."""
-        await self.control.release_memory(tags)
+    async def update_weights_from_disk(self, path: str, version: int) -> None:
+        await self.control.update_from_disk(path, version)
 
-    async def resume_memory(self, tags=api.MEMORY_TAGS) -> None:
-        """Colocated mode: take the memory back before the next weight update / rollout."""
-        await self.control.resume_memory(tags)
-
-    async def flush_cache(self) -> None:
-        await self.control.flush_cache()
+    async def update_weights(self, buckets: Iterable[NamedTensors], version: int) -> None:
+        """Through the weight-update group if ``control.init_group`` set one up with a ``broadcast`` callback,
+        else as serialized tensors (colocated servers)."""
+        group = self.control.group
+        if group is not None and group.broadcast is not None:
+            await self.control.update_from_distributed(buckets, version, broadcast=group.broadcast)
+        else:
+            await self.control.update_from_tensor(buckets, version)
 
     async def check_routed_experts(self) -> None:
         """Refuse servers that cannot return routed experts when the client asks for them (R3)."""
         if self.config.routed_experts is None:
             return
-        for url, info in (await self.server_info(refresh=True)).items():
+        for url, info in (await self.control.server_info(refresh=True)).items():
             if not info.routed_experts:
                 raise RolloutError(
                     f"routing.replay=rollout: the SGLang server {url} was not started with "
                     "--enable-return-routed-experts (its /server_info has enable_return_routed_experts=false), "
                     "so it cannot return the experts it routed each token to"
                 )
-
-    async def server_info(self, refresh: bool = False) -> dict[str, api.ServerInfo]:
-        """``/server_info`` of every worker (cached); logs a warning on a version other than the pinned one."""
-        return await self.control.server_info(refresh)
-
-    async def update_weights_from_disk(self, path: str, version: int) -> None:
-        await self.control.update_from_disk(path, version)
-        self._version = version
-
-    async def update_weights(self, buckets: Iterable[NamedTensors], version: int) -> None:
-        """Through the weight-update group if :meth:`init_weight_update_group` set one up with a
-        ``broadcast`` callback, else as serialized tensors (colocated servers)."""
-        group = self.control.group
-        if group is not None and group.broadcast is not None:
-            await self.update_weights_from_distributed(buckets, version, broadcast=group.broadcast)
-        else:
-            await self.update_weights_from_tensor(buckets, version)
-
-    async def update_weights_from_tensor(
-        self, buckets: Iterable[NamedTensors], version: int, *, load_format: str | None = None
-    ) -> None:
-        """Push buckets of ``(hf_name, tensor)`` to colocated servers as shared tensors (CUDA IPC, or
-        shared memory for CPU tensors); see :func:`sglang_api.serialize_named_tensors`."""
-        await self.control.update_from_tensor(buckets, version, load_format=load_format)
-        self._version = version
-
-    async def init_weight_update_group(
-        self,
-        *,
-        master_address: str,
-        master_port: int,
-        trainer_init: Callable[[int], None],
-        broadcast: Callable[[NamedTensors], None] | None = None,
-        group_name: str = api.DEFAULT_GROUP_NAME,
-        backend: str = "nccl",
-        ranks_per_server: Sequence[int] | None = None,
-    ) -> int:
-        """Create the process group the trainer broadcasts weights over; returns its world size.
-
-        The trainer is rank 0; server ``i`` takes ranks ``1 + sum(ranks_per_server[:i])`` onwards
-        (``ranks_per_server`` defaults to tp x pp from ``/server_info``). ``trainer_init(world_size)``
-        must create the trainer's side of the group the way SGLang does (a custom group with the same
-        ``group_name``; a plain ``init_process_group`` hangs); it runs in a thread while the servers join.
-        ``broadcast(bucket)``, if given, becomes the default for :meth:`update_weights`.
-        """
-        return await self.control.init_group(
-            master_address=master_address,
-            master_port=master_port,
-            trainer_init=trainer_init,
-            broadcast=broadcast,
-            group_name=group_name,
-            backend=backend,
-            ranks_per_server=ranks_per_server,
-        )
-
-    async def destroy_weight_update_group(self) -> None:
-        await self.control.destroy_group()
-
-    async def update_weights_from_distributed(
-        self,
-        buckets: Iterable[NamedTensors],
-        version: int,
-        *,
-        broadcast: Callable[[NamedTensors], None],
-        load_format: str | None = None,
-    ) -> None:
-        """For each bucket, send its metadata (names, dtypes, shapes) to every server and, meanwhile,
-        call ``broadcast(bucket)`` (in a thread), which must broadcast each tensor from rank 0 of the
-        group in bucket order."""
-        await self.control.update_from_distributed(buckets, version, broadcast=broadcast, load_format=load_format)
-        self._version = version
 
 
 async def _all_or_first_error(tasks: list[asyncio.Task]) -> list:

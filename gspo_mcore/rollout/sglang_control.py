@@ -106,11 +106,16 @@ class WeightGroup:
 
 
 class SGLangControl:
-    """Control calls to a fixed set of SGLang workers."""
+    """Control calls to a fixed set of SGLang workers: pause/resume, memory, cache, ``/server_info`` and the weight
+    updates (pause -> flush -> [session] -> update -> continue). :class:`~gspo_mcore.rollout.sglang.SGLangEngine`
+    holds one as its ``control``; the engine's :class:`~gspo_mcore.rollout.types.RolloutEngine` methods use it, and
+    callers that need the other control calls use it directly (``engine.control.release_memory()``)."""
 
     def __init__(self, worker_urls: Sequence[str], config: SGLangClientConfig):
         self.worker_urls = list(worker_urls)
         self.config = config
+        self.version = config.initial_weight_version
+        """The weight version the servers serve: the last successful update's."""
         self.group: WeightGroup | None = None
         self._infos: dict[str, api.ServerInfo] = {}
         self._has_session: dict[str, bool] = {}
@@ -173,10 +178,12 @@ class SGLangControl:
     async def resume(self) -> None:
         await self.post_all(api.CONTINUE, self._to_all(api.continue_body()), self.config.control_timeout_s)
 
-    async def release_memory(self, tags) -> None:
+    async def release_memory(self, tags: Sequence[str] = api.MEMORY_TAGS) -> None:
+        """Colocated mode: free the servers' GPU memory (KV cache, weights) while the learner trains."""
         await self.post_all(api.RELEASE_MEMORY, self._to_all(api.memory_body(tags)), self.config.control_timeout_s)
 
-    async def resume_memory(self, tags) -> None:
+    async def resume_memory(self, tags: Sequence[str] = api.MEMORY_TAGS) -> None:
+        """Colocated mode: take the memory back before the next weight update / rollout."""
         await self.post_all(api.RESUME_MEMORY, self._to_all(api.memory_body(tags)), self.config.control_timeout_s)
 
     async def flush_cache(self) -> None:
@@ -236,6 +243,7 @@ class SGLangControl:
 
     # ---------------------------------------------------------------------------- weight updates
     async def update_from_disk(self, path: str, version: int) -> None:
+        """Load an exported HF-format (safetensors) directory on every server as ``version``."""
         body = api.update_from_disk_body(path, version)
         await self._pause_and_flush()
         try:
@@ -243,10 +251,13 @@ class SGLangControl:
         except RolloutError as e:
             raise WeightUpdateError(f"update_weights_from_disk({path!r}, version={version}) failed: {e}") from None
         await self.resume()
+        self.version = version
 
     async def update_from_tensor(
         self, buckets: Iterable[NamedTensors], version: int, *, load_format: str | None = None
     ) -> None:
+        """Push buckets of ``(hf_name, tensor)`` to colocated servers as shared tensors (CUDA IPC, or
+        shared memory for CPU tensors); see :func:`sglang_api.serialize_named_tensors`."""
         infos = await self.server_info()
 
         async def push(bucket: NamedTensors, last: bool) -> None:
@@ -269,11 +280,19 @@ class SGLangControl:
         master_address: str,
         master_port: int,
         trainer_init: Callable[[int], None],
-        broadcast: Callable[[NamedTensors], None] | None,
-        group_name: str,
-        backend: str,
-        ranks_per_server: Sequence[int] | None,
+        broadcast: Callable[[NamedTensors], None] | None = None,
+        group_name: str = api.DEFAULT_GROUP_NAME,
+        backend: str = "nccl",
+        ranks_per_server: Sequence[int] | None = None,
     ) -> int:
+        """Create the process group the trainer broadcasts weights over; returns its world size.
+
+        The trainer is rank 0; server ``i`` takes ranks ``1 + sum(ranks_per_server[:i])`` onwards
+        (``ranks_per_server`` defaults to tp x pp from ``/server_info``). ``trainer_init(world_size)``
+        must create the trainer's side of the group the way SGLang does (a custom group with the same
+        ``group_name``; a plain ``init_process_group`` hangs); it runs in a thread while the servers join.
+        ``broadcast(bucket)``, if given, becomes the default of the engine's ``update_weights``.
+        """
         if ranks_per_server is None:
             infos = await self.server_info()
             for url, info in infos.items():
@@ -305,6 +324,7 @@ class SGLangControl:
         return world_size
 
     async def destroy_group(self) -> None:
+        """Tear the weight-update group down on every server (nothing when none was created)."""
         if self.group is None:
             return
         body = api.destroy_group_body(self.group.name)
@@ -319,6 +339,9 @@ class SGLangControl:
         broadcast: Callable[[NamedTensors], None],
         load_format: str | None = None,
     ) -> None:
+        """For each bucket, send its metadata (names, dtypes, shapes) to every server and, meanwhile,
+        call ``broadcast(bucket)`` (in a thread), which must broadcast each tensor from rank 0 of the
+        group in bucket order."""
         if self.group is None:
             raise WeightUpdateError("update_weights_from_distributed needs init_weight_update_group first")
         group = self.group.name
@@ -366,6 +389,7 @@ class SGLangControl:
                 except RolloutError as e:
                     log.warning("could not close the weight-update session: %s", e)
         await self.resume()
+        self.version = version
 
     async def _begin_session(self) -> list[str]:
         """Open a session on each server that has the endpoint; returns those URLs."""

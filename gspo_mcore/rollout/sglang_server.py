@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gspo_mcore.platform.launch import free_port
+from gspo_mcore.rollout.sglang_control import SGLangClientConfig
 
 _TRUTHY = ("1", "true", "yes", "on")
 
@@ -83,6 +84,65 @@ class SGLangServerConfig:
         if self.tp_size != 1:
             cmd += ["--tp-size", str(self.tp_size)]
         return cmd + list(self.extra_args)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SGLangServers:
+    """The SGLang servers a run uses: connect to ``urls``, or launch ``num_servers`` on a model directory. The
+    settings every user of SGLang servers shares (the rollout's ``rollout.sglang`` adds its weight sync; the
+    distillation teacher's ``distill.sglang`` is this alone)."""
+
+    urls: tuple[str, ...] = ()
+    """Running servers to use (``http://host:port``; they must serve the model the run expects, which is not
+    checked). Empty: launch ``num_servers`` on the model directory."""
+    num_servers: int = 1
+    """Servers to launch when ``urls`` is empty (on loopback; GPU ids from ``gpu_offset`` on)."""
+    server_tp_size: int = 1
+    """Tensor parallel size of each launched server."""
+    gpu_offset: int = 0
+    """First GPU id of the launched servers (GPUs the learner and any other servers do not use)."""
+    extra_args: tuple[str, ...] = ()
+    """Extra ``sglang.launch_server`` arguments (e.g. ``--mem-fraction-static 0.5``)."""
+    python: str = ""
+    """Interpreter that runs the launched servers (SGLang often lives in its own environment); empty: this one."""
+    env: dict = dataclasses.field(default_factory=dict)
+    """Extra environment variables of the launched servers."""
+    client: SGLangClientConfig = dataclasses.field(default_factory=SGLangClientConfig)
+    """Timeouts, retries and concurrency of the requests."""
+
+    def __post_init__(self):
+        object.__setattr__(self, "urls", tuple(self.urls))
+        object.__setattr__(self, "extra_args", tuple(self.extra_args))
+        for key in ("num_servers", "server_tp_size"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{key} must be an integer >= 1, got {v!r}")
+        if isinstance(self.gpu_offset, bool) or not isinstance(self.gpu_offset, int) or self.gpu_offset < 0:
+            raise ValueError(f"gpu_offset must be an integer >= 0, got {self.gpu_offset!r}")
+        bad = [u for u in self.urls if not (isinstance(u, str) and u.startswith("http://"))]
+        if bad:
+            raise ValueError(f"urls: {bad[0]!r} is not an http:// URL")
+
+    def launch_configs(self, model_path: str, *, gpus: bool | None = None) -> list[SGLangServerConfig]:
+        """The ``num_servers`` servers to launch on ``model_path``: server ``i`` on GPUs ``gpu_offset + i * tp``
+        onwards (``tp = server_tp_size``) when ``gpus`` (default: when CUDA is available), else no GPU ids."""
+        if gpus is None:
+            import torch
+
+            gpus = torch.cuda.is_available()
+        tp, first = self.server_tp_size, self.gpu_offset
+        extra = {"python": self.python} if self.python else {}
+        return [
+            SGLangServerConfig(
+                model_path=model_path,
+                tp_size=tp,
+                extra_args=self.extra_args,
+                env=dict(self.env),
+                gpu_ids=tuple(range(first + i * tp, first + (i + 1) * tp)) if gpus else None,
+                **extra,
+            )
+            for i in range(self.num_servers)
+        ]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -253,18 +313,3 @@ def launch_router(
         proc.shutdown(timeout_s=5.0)
         raise
     return proc
-
-
-def server_configs_for_gpus(
-    model_path: str, *, num_servers: int, gpus_per_server: int, first_gpu: int = 0, **common
-) -> list[SGLangServerConfig]:
-    """``num_servers`` configs on consecutive GPU ranges, ``tp_size = gpus_per_server`` each."""
-    return [
-        SGLangServerConfig(
-            model_path=model_path,
-            tp_size=gpus_per_server,
-            gpu_ids=tuple(range(first_gpu + i * gpus_per_server, first_gpu + (i + 1) * gpus_per_server)),
-            **common,
-        )
-        for i in range(num_servers)
-    ]

@@ -48,6 +48,8 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     import torch
 
+    from gspo_mcore.rollout.turns import OnTurns
+
 FinishReason = Literal["stop", "length", "abort"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
 
@@ -209,6 +211,23 @@ class RolloutEngine(abc.ABC):
         Returns ``out[i][j]`` = sample ``j`` of prompt ``i``: ``len(out) == len(prompts)`` and
         ``len(out[i]) == n``.
         """
+
+    @abc.abstractmethod
+    async def generate_turns(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        keys: Sequence[int],
+        max_total_tokens: int,
+        on_turns: OnTurns,
+    ) -> None:
+        """Multi-turn episodes, one per prompt (row), for the episode driver (:mod:`gspo_mcore.rollout.episode`):
+        the contract of :mod:`gspo_mcore.rollout.turns`. Each policy turn samples at most
+        ``params.max_new_tokens`` and at most what is left of ``max_total_tokens``; whenever turns end,
+        ``on_turns(ends)`` gives each row's next environment span (appended as given, never re-tokenised) or
+        ``None`` (the row is over). ``keys[i]``: row ``i``'s sampling key (as :func:`derive_sample_seed`).
+        Returns when every row is over."""
 
     @abc.abstractmethod
     async def update_weights(self, buckets: Iterable[NamedTensors], version: int) -> None:

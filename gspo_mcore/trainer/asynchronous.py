@@ -40,11 +40,6 @@ def fresh_groups(groups: Sequence[Sequence[Any]], *, version: int, max_staleness
     return torch.tensor([all(s.weight_version >= oldest for s in g) for g in groups], dtype=torch.bool)
 
 
-def version_lags(groups: Sequence[Sequence[Any]], *, version: int) -> list[int]:
-    """Each sample's weight-version lag behind ``version``, group after group."""
-    return [version - s.weight_version for g in groups for s in g]
-
-
 @dataclass
 class _Pending:
     step: int
@@ -56,7 +51,8 @@ class _Pending:
 class Prefetcher:
     """Draws and starts the first round of the next step in the background; hands it to that step.
 
-    ``start_generate(prompt_ids, seed=...)`` must return a handle and ``finish_generate(handle)`` the
+    ``start_generate(prompt_ids, seed=...)`` must return a handle (a
+    :class:`~gspo_mcore.trainer.backends.GenerateHandle`: its ``seconds``) and ``finish_generate(handle)`` the
     groups; every rank calls both in the same order (the backend broadcasts from its driver).
     """
 
@@ -80,7 +76,7 @@ class Prefetcher:
         """Let the in-flight generation finish (before the weights change, unless partial rollouts)."""
         if self.pending is not None and self._done is None:
             self._done = self._finish(self.pending.handle) if self.pending.prompts else []
-            self.seconds = getattr(self.pending.handle, "seconds", None) or 0.0
+            self.seconds = (self.pending.handle.seconds if self.pending.prompts else None) or 0.0
 
     def take(self, step: int) -> tuple[list, list] | None:
         """The prompts and groups prefetched for ``step``, or ``None`` when there are none for it."""

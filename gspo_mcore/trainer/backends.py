@@ -15,64 +15,81 @@ method in the same order.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import dataclasses
 import os
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.distributed as dist
 
 from gspo_mcore.config import check_literals
-from gspo_mcore.rollout.sglang_control import SGLangClientConfig
+from gspo_mcore.rollout.sglang_server import SGLangServers
 from gspo_mcore.rollout.types import Sample, SamplingParams
 
 
-class RolloutBackend(Protocol):
-    """What the training loop needs of a rollout engine. Every rank calls every method, in the same order."""
+class GenerateHandle:
+    """A generation that :meth:`RolloutBackend.start_generate` started, for :meth:`RolloutBackend.finish_generate`."""
 
+    seconds: float | None = None
+    """How long the engine generated, once it has finished (``None`` before, and on ranks that do not drive it)."""
+
+
+class RolloutBackend(abc.ABC):
+    """What the training loop and the evaluator need of a rollout engine: every method they call is declared here
+    (an optional one with its default). Every rank calls every method, in the same order."""
+
+    runs_episodes: bool = False
+    """Whether :meth:`generate` runs multi-turn episodes of ``rollout.env`` (its prompts are then the loader's
+    items or the dataset's rows, which reset the environment), not one response per prompt's token ids."""
+
+    @abc.abstractmethod
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, *, seed: int) -> list[list[Sample]]:
         """``n`` samples for each prompt, on every rank. The samples depend only on ``seed``, the prompts
         and ``params``, not on the parallel layout."""
 
-    def before_train(self) -> None:
-        """The learner is about to train (colocated engines free their memory)."""
+    def start_generate(self, prompts: list[list[int]], n: int, params: SamplingParams, *, seed: int) -> GenerateHandle:
+        """Start :meth:`generate` in the background (asynchronous rollouts, ``rollout.max_staleness >= 1``); the
+        learner trains meanwhile. By default a backend generates synchronously only, and says so."""
+        raise RuntimeError(
+            f"{type(self).__name__} generates synchronously only (rollout.max_staleness: 0): no start_generate"
+        )
 
+    def finish_generate(self, handle: GenerateHandle) -> list[list[Sample]]:
+        """The groups of a :meth:`start_generate`, on every rank (a collective, like :meth:`generate`)."""
+        raise RuntimeError(
+            f"{type(self).__name__} generates synchronously only (rollout.max_staleness: 0): no finish_generate"
+        )
+
+    def before_train(self) -> None:  # noqa: B027 - optional: most backends have nothing to free
+        """The learner is about to train (colocated engines free their memory). Default: nothing."""
+
+    @abc.abstractmethod
     def sync_weights(self, learner, version: int) -> None:
         """The learner's parameters changed: serve them from now on, tagged ``version``."""
 
+    @abc.abstractmethod
     def restore_weights(self, learner, version: int) -> None:
         """A resumed run: serve the parameters just restored from a checkpoint, tagged ``version`` (before
         the first rollout; the engine may still hold the weights it was started with)."""
 
-    def close(self) -> None:
-        """Release the engine (servers this run launched are stopped)."""
+    def close(self) -> None:  # noqa: B027 - optional: a backend that started nothing has nothing to release
+        """Release the engine (servers this run launched are stopped). Default: nothing."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class SGLangConfig:
-    """SGLang servers for rollouts: connect to ``urls`` (or ``router_url``), or launch ``num_servers``."""
+class SGLangConfig(SGLangServers):
+    """SGLang servers for rollouts: connect to ``urls`` (or ``router_url``), or launch ``num_servers`` from the
+    model dir (the servers' settings: :class:`~gspo_mcore.rollout.sglang_server.SGLangServers`), and how the
+    learner's weights reach them."""
 
-    urls: tuple[str, ...] = ()
-    """Running servers to use (``http://host:port``). Empty: launch ``num_servers`` from the model dir."""
     router_url: str | None = None
     """An sglang-router in front of the servers (generation goes there; control calls to ``urls``)."""
-    num_servers: int = 1
-    """Servers to launch when ``urls`` is empty (on loopback, GPU ids assigned in order)."""
-    server_tp_size: int = 1
-    """Tensor parallel size of each launched server."""
-    gpu_offset: int = 0
-    """First GPU id for launched servers (separate mode: GPUs after the learner's)."""
-    extra_args: tuple[str, ...] = ()
-    """Extra ``sglang.launch_server`` arguments (e.g. ``--mem-fraction-static 0.5``)."""
-    python: str = ""
-    """Interpreter that runs the launched servers (SGLang often lives in its own environment); empty: this one."""
-    env: dict = field(default_factory=dict)
-    """Extra environment variables for the launched servers."""
     weight_sync: Literal["tensor", "disk", "distributed"] = "tensor"
     """``tensor`` (colocated, shared tensors), ``disk`` (safetensors directory under the run's output) or
     ``distributed`` (broadcast from learner rank 0 over a process group shared with the servers: NCCL on
@@ -85,17 +102,15 @@ class SGLangConfig:
     """dtype of the exported weights."""
     bucket_mb: int = 512
     """Weight-sync bucket size."""
-    client: SGLangClientConfig = field(default_factory=SGLangClientConfig)
 
     def __post_init__(self):
+        super().__post_init__()
         check_literals(self)
-        if not self.urls and self.num_servers < 1:
-            raise ValueError("SGLangConfig needs urls or num_servers >= 1")
-        if self.server_tp_size < 1 or self.bucket_mb < 1:
-            raise ValueError("SGLangConfig.server_tp_size and bucket_mb must be >= 1")
+        if self.bucket_mb < 1:
+            raise ValueError("SGLangConfig.bucket_mb must be >= 1")
 
 
-class InProcessRollout:
+class InProcessRollout(RolloutBackend):
     """Sampling from the learner's live model on the same ranks (see :mod:`gspo_mcore.rollout.inprocess`)."""
 
     def __init__(self, learner, tokenizer, *, max_batch_size: int):
@@ -128,23 +143,17 @@ class InProcessRollout:
         dist.all_gather_object(parts, mine, group=layout.dp_group)
         return [g for part in parts for g in part]
 
-    def before_train(self) -> None:
-        pass
-
     def sync_weights(self, learner, version: int) -> None:
         self.engine.set_weight_version(version)  # it reads the updated parameters directly
 
     def restore_weights(self, learner, version: int) -> None:
         self.engine.set_weight_version(version)  # it reads the restored parameters directly
 
-    def close(self) -> None:
-        pass
-
 
 ROUTED_EXPERTS_FLAG = "--enable-return-routed-experts"
 
 
-class SGLangRollout:
+class SGLangRollout(RolloutBackend):
     """Rollouts from SGLang servers, driven by global rank 0."""
 
     def __init__(
@@ -178,28 +187,9 @@ class SGLangRollout:
                 self.engine = SGLangEngine(list(cfg.urls), router_url=cfg.router_url, config=cfg.client)
             else:
                 self.engine = SGLangEngine.launch(
-                    self._server_configs(), config=cfg.client, log_dir=os.path.join(output_dir, "sglang_logs")
+                    cfg.launch_configs(model_dir), config=cfg.client, log_dir=os.path.join(output_dir, "sglang_logs")
                 )
             self._run(self.engine.check_routed_experts())
-
-    def _server_configs(self):
-        from gspo_mcore.rollout.sglang_server import SGLangServerConfig
-
-        tp = self.cfg.server_tp_size
-        extra = {"python": self.cfg.python} if self.cfg.python else {}
-        return [
-            SGLangServerConfig(
-                model_path=self.model_dir,
-                tp_size=tp,
-                extra_args=self.cfg.extra_args,
-                env=dict(self.cfg.env),
-                **extra,
-                gpu_ids=tuple(range(self.cfg.gpu_offset + i * tp, self.cfg.gpu_offset + (i + 1) * tp))
-                if torch.cuda.is_available()
-                else None,
-            )
-            for i in range(self.cfg.num_servers)
-        ]
 
     def _run(self, coro):
         return self.loop.run_until_complete(coro)
@@ -212,16 +202,16 @@ class SGLangRollout:
         )
         return self._broadcast(groups)
 
-    def start_generate(self, prompts: list[list[int]], n: int, params: SamplingParams, *, seed: int):
+    def start_generate(self, prompts: list[list[int]], n: int, params: SamplingParams, *, seed: int) -> GenerateHandle:
         """Start :meth:`generate` in a background thread on the driver (its own event loop: the client
         opens a connection per request, so nothing is shared with the main loop); returns the handle
         :meth:`finish_generate` takes. The learner trains meanwhile (``rollout.max_staleness >= 1``)."""
         if not self.is_driver:
-            return None
+            return GenerateHandle()
         params = dataclasses.replace(params, seed=seed)
         return _Background(lambda: asyncio.run(self.engine.generate(prompts, n, params)))
 
-    def finish_generate(self, handle):
+    def finish_generate(self, handle: GenerateHandle) -> list[list[Sample]]:
         """The groups of a :meth:`start_generate`, on every rank (a collective, like :meth:`generate`)."""
         return self._broadcast([handle.result() if self.is_driver else None])
 
@@ -232,12 +222,12 @@ class SGLangRollout:
 
     def before_train(self) -> None:
         if self.is_driver and self.cfg.colocate:
-            self._run(self.engine.release_memory())
+            self._run(self.engine.control.release_memory())
 
     def sync_weights(self, learner, version: int) -> None:
         """Every rank exports; rank 0 pushes the buckets to the servers and tags them ``version``."""
         if self.is_driver and self.cfg.colocate:
-            self._run(self.engine.resume_memory())
+            self._run(self.engine.control.resume_memory())
         self._push(learner, version)
 
     def restore_weights(self, learner, version: int) -> None:
@@ -279,7 +269,7 @@ class SGLangRollout:
             broadcast_bucket(holder["group"])(bucket)
 
         self._run(
-            self.engine.init_weight_update_group(
+            self.engine.control.init_group(
                 master_address=self.cfg.group_address,
                 master_port=port,
                 trainer_init=trainer_init,
@@ -321,13 +311,12 @@ class SGLangRollout:
             self.loop.close()
 
 
-class _Background:
+class _Background(GenerateHandle):
     """``fn()`` in a daemon thread; :meth:`result` joins it and returns its value or raises its error.
     ``seconds``: how long ``fn`` ran (the engine's busy time for a generation), once it has returned."""
 
     def __init__(self, fn):
         self._value = self._error = None
-        self.seconds: float | None = None
         self._thread = threading.Thread(target=self._main, args=(fn,), name="gspo-rollout", daemon=True)
         self._thread.start()
 

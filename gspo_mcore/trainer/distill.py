@@ -24,7 +24,7 @@ import torch
 
 from gspo_mcore.algo.distill import distill_advantages, distill_kl
 from gspo_mcore.config import check_literals
-from gspo_mcore.trainer.sglang_teacher import TeacherSGLangConfig
+from gspo_mcore.rollout.sglang_server import SGLangServers
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class DistillConfig:
     """Where the teacher runs: ``inprocess`` (a second, forward-only Megatron model on the learner's ranks,
     sharded under the same layout) or ``sglang`` (SGLang servers scoring the student's token ids, see
     ``sglang``; ``teacher_temperature`` must then be 1)."""
-    sglang: TeacherSGLangConfig = field(default_factory=TeacherSGLangConfig)
+    sglang: SGLangServers = field(default_factory=SGLangServers)
     """``engine: sglang``: the teacher's servers (connected by URL, or launched on ``teacher_dir``)."""
     kl_coef: float = 1.0
     """Weight of the teacher term ``log p_teacher(y_t) - log p_student(y_t)`` in every token's advantage (> 0)."""

@@ -29,6 +29,7 @@ from math import comb
 
 import torch
 
+from gspo_mcore.trainer.backends import RolloutBackend
 from gspo_mcore.trainer.batch import decode_responses, episode_metrics
 
 
@@ -89,7 +90,7 @@ class Evaluator:
     its reward, length and finish reason); ``None`` (ranks other than 0, or ``eval.save_samples: false``):
     not written."""
 
-    def __init__(self, cfg, sets: list[EvalSet], backend, tokenizer, samples_dir: str | None = None):
+    def __init__(self, cfg, sets: list[EvalSet], backend: RolloutBackend, tokenizer, samples_dir: str | None = None):
         self.cfg, self.sets, self.backend, self.tokenizer = cfg, sets, backend, tokenizer
         self.samples_dir = samples_dir
 
@@ -116,7 +117,7 @@ class Evaluator:
         return out
 
     def _evaluate(self, s: EvalSet, params, n: int, rows: list, kind: str) -> dict[str, float]:
-        episodes = getattr(self.backend, "runs_episodes", False) and s.rows is not None  # rollout.env: same env
+        episodes = self.backend.runs_episodes and s.rows is not None  # rollout.env: the same environment
         groups = self.backend.generate(s.rows if episodes else s.prompts, n, params, seed=self.cfg.seed)
         texts = decode_responses(groups, self.tokenizer)
         metas = [meta for meta in s.metadata for _ in range(n)]

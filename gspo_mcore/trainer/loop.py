@@ -34,7 +34,6 @@ from gspo_mcore.learner.checkpoint import Checkpointer
 from gspo_mcore.metrics import MetricsLogger, step_metrics
 from gspo_mcore.rewards import RewardRunner
 from gspo_mcore.trainer import distill, preflight, run_dir
-from gspo_mcore.trainer.agent import AgentRollout, SGLangAgentRollout
 from gspo_mcore.trainer.asynchronous import Prefetcher, fresh_groups
 from gspo_mcore.trainer.backends import InProcessRollout, RolloutBackend, SGLangRollout
 from gspo_mcore.trainer.batch import (
@@ -47,6 +46,7 @@ from gspo_mcore.trainer.batch import (
 )
 from gspo_mcore.trainer.config import TrainConfig, resolve
 from gspo_mcore.trainer.dynamic_sampling import RolloutBatch, collect, rollout_seed
+from gspo_mcore.trainer.episodes import AgentRollout, SGLangAgentRollout
 from gspo_mcore.trainer.evaluation import Evaluator
 
 logger = logging.getLogger(__name__)

@@ -14,51 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from gspo_mcore.rollout.sglang_control import SGLangClientConfig
+from gspo_mcore.rollout.sglang_server import SGLangServers
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, kw_only=True)
-class TeacherSGLangConfig:
-    """The teacher's SGLang servers (``distill.engine: sglang``): connect to ``urls``, or launch ``num_servers``
-    on ``distill.teacher_dir``."""
-
-    urls: tuple[str, ...] = ()
-    """Running servers that serve the teacher (``http://host:port``; they must serve ``distill.teacher_dir``'s
-    weights, which is not checked). Empty: launch ``num_servers`` on ``distill.teacher_dir``."""
-    num_servers: int = 1
-    """Servers to launch when ``urls`` is empty (on loopback; GPU ids from ``gpu_offset`` on)."""
-    server_tp_size: int = 1
-    """Tensor parallel size of each launched server."""
-    gpu_offset: int = 0
-    """First GPU id of the launched servers (GPUs the learner and the rollout servers do not use)."""
-    extra_args: tuple[str, ...] = ()
-    """Extra ``sglang.launch_server`` arguments (e.g. ``--mem-fraction-static 0.3``)."""
-    python: str = ""
-    """Interpreter that runs the launched servers (SGLang often lives in its own environment); empty: this one."""
-    env: dict = field(default_factory=dict)
-    """Extra environment variables of the launched servers."""
-    client: SGLangClientConfig = field(default_factory=SGLangClientConfig)
-    """Timeouts, retries and concurrency of the scoring requests."""
-
-    def __post_init__(self):
-        object.__setattr__(self, "urls", tuple(self.urls))
-        object.__setattr__(self, "extra_args", tuple(self.extra_args))
-        for key in ("num_servers", "server_tp_size"):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"distill.sglang.{key} must be an integer >= 1, got {v!r}")
-        if isinstance(self.gpu_offset, bool) or not isinstance(self.gpu_offset, int) or self.gpu_offset < 0:
-            raise ValueError(f"distill.sglang.gpu_offset must be an integer >= 0, got {self.gpu_offset!r}")
-        bad = [u for u in self.urls if not (isinstance(u, str) and u.startswith("http://"))]
-        if bad:
-            raise ValueError(f"distill.sglang.urls: {bad[0]!r} is not an http:// URL")
 
 
 class SGLangTeacher:
@@ -67,7 +29,7 @@ class SGLangTeacher:
     nbytes = 0
     """Teacher parameter bytes on the learner's ranks: none (they live in the servers)."""
 
-    def __init__(self, cfg: TeacherSGLangConfig, *, teacher_dir: str, layout, log_dir: str):
+    def __init__(self, cfg: SGLangServers, *, teacher_dir: str, layout, log_dir: str):
         self.cfg, self.teacher_dir, self.layout = cfg, teacher_dir, layout
         self.is_driver = layout.rank == 0
         self.engine = self.loop = None
@@ -79,31 +41,12 @@ class SGLangTeacher:
         if cfg.urls:
             self.engine = SGLangEngine(list(cfg.urls), config=cfg.client)
             try:  # reachable now, not at the first step
-                self._run(self.engine.server_info(refresh=True))
+                self._run(self.engine.control.server_info(refresh=True))
             except Exception as exc:
                 self.close()
                 raise ValueError(f"distill.sglang.urls: {exc}") from None
         else:
-            self.engine = SGLangEngine.launch(self._server_configs(), config=cfg.client, log_dir=log_dir)
-
-    def _server_configs(self):
-        from gspo_mcore.rollout.sglang_server import SGLangServerConfig
-
-        tp, cfg = self.cfg.server_tp_size, self.cfg
-        extra = {"python": cfg.python} if cfg.python else {}
-        return [
-            SGLangServerConfig(
-                model_path=self.teacher_dir,
-                tp_size=tp,
-                extra_args=cfg.extra_args,
-                env=dict(cfg.env),
-                gpu_ids=tuple(range(cfg.gpu_offset + i * tp, cfg.gpu_offset + (i + 1) * tp))
-                if torch.cuda.is_available()
-                else None,
-                **extra,
-            )
-            for i in range(cfg.num_servers)
-        ]
+            self.engine = SGLangEngine.launch(cfg.launch_configs(teacher_dir), config=cfg.client, log_dir=log_dir)
 
     def _run(self, coro):
         return self.loop.run_until_complete(coro)

@@ -123,7 +123,7 @@ class Worker:
                     dist.broadcast(t.contiguous(), src=0, group=self.group_pg)
 
             port = free_port()
-            world = await self.engine.init_weight_update_group(
+            world = await self.engine.control.init_group(
                 master_address="127.0.0.1",
                 master_port=port,
                 trainer_init=trainer_init,
@@ -135,7 +135,7 @@ class Worker:
             buckets = [list(b) for b in self._buckets(bucket_bytes)]
             self.report["sync_buckets"] = len(buckets)
             await self.engine.update_weights(buckets, version)  # the group's broadcast is the default path
-            await self.engine.destroy_weight_update_group()
+            await self.engine.control.destroy_group()
         else:
             raise ValueError(f"unknown sync method {method!r}")
         self.report["sync"].append(
@@ -233,7 +233,8 @@ class Worker:
         folder) score those samples' token ids; their log-probs of every counted token go to
         ``report["teacher"][label]``. Every other sample counts from its third response token on (a later start)."""
         from gspo_mcore.learner.teacher import Teacher
-        from gspo_mcore.trainer.sglang_teacher import SGLangTeacher, TeacherSGLangConfig
+        from gspo_mcore.rollout.sglang_server import SGLangServers
+        from gspo_mcore.trainer.sglang_teacher import SGLangTeacher
 
         gen = self.report["generate"][name]
         flat = [s for g in gen["groups"] for s in g if len(s["response_ids"]) >= 3]
@@ -243,7 +244,7 @@ class Worker:
             mask = torch.zeros_like(tokens)
             mask[len(s["prompt_ids"]) + (2 if k % 2 else 0) :] = 1
             samples.append(TrainSample(tokens=tokens, loss_mask=mask, advantage=0.0))
-        config = TeacherSGLangConfig(urls=tuple(self.spec["urls"]))
+        config = SGLangServers(urls=tuple(self.spec["urls"]))
         # in a thread: the teacher runs its own event loop (as on the trainer's rank 0)
         served = await asyncio.to_thread(
             SGLangTeacher, config, teacher_dir=self.hf_dir, layout=self.layout, log_dir="."
@@ -285,7 +286,7 @@ class Worker:
         log: dict[int, list] = {}
 
         class Recorded:
-            def generate_turns(_, prompts, params, *, keys, max_total_tokens, on_turns):
+            async def generate_turns(_, prompts, params, *, keys, max_total_tokens, on_turns):
                 def on(ends):
                     answers = on_turns(ends)
                     for e, more in zip(ends, answers):
@@ -294,10 +295,8 @@ class Worker:
                             log[e.row].append(("env", list(more)))
                     return answers
 
-                asyncio.run(
-                    self.engine.generate_turns(
-                        prompts, params, keys=keys, max_total_tokens=max_total_tokens, on_turns=on
-                    )
+                await self.engine.generate_turns(
+                    prompts, params, keys=keys, max_total_tokens=max_total_tokens, on_turns=on
                 )
 
         config = EpisodeConfig(max_turns=max_turns, max_total_tokens=max_total_tokens)

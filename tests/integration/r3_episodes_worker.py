@@ -13,7 +13,6 @@ optimizer update (the server keeps the rollout weights).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from dataclasses import replace
@@ -53,7 +52,7 @@ def main(argv: list[str]) -> int:
     turns: dict[int, list] = {}  # row -> [(sequence length before the turn, the turn's TurnEnd)]
 
     class Recorded:
-        def generate_turns(_, prompts, params, *, keys, max_total_tokens, on_turns):
+        async def generate_turns(_, prompts, params, *, keys, max_total_tokens, on_turns):
             lengths = {b: len(p) for b, p in enumerate(prompts)}
 
             def on(ends):
@@ -63,14 +62,9 @@ def main(argv: list[str]) -> int:
                     lengths[e.row] += len(e.ids) + (len(more) if more is not None else 0)
                 return answers
 
-            async def go():
-                async with SGLangEngine(spec["urls"], config=config) as engine:
-                    await engine.check_routed_experts()
-                    await engine.generate_turns(
-                        prompts, params, keys=keys, max_total_tokens=max_total_tokens, on_turns=on
-                    )
-
-            asyncio.run(go())
+            async with SGLangEngine(spec["urls"], config=config) as engine:
+                await engine.check_routed_experts()
+                await engine.generate_turns(prompts, params, keys=keys, max_total_tokens=max_total_tokens, on_turns=on)
 
     sp = SamplingParams(**spec["params"])
     driver = EpisodeDriver(EchoEnv(), CharRenderer(), EpisodeConfig(max_turns=spec["turns"], max_total_tokens=512))

@@ -286,7 +286,7 @@ def test_update_from_tensor_without_session_endpoints(standins, file_system_shar
     """Servers older than 0.5.23 answer 404 to /begin_weight_update: update without a session."""
     a = standins(has_session=False)
     eng = engine([a])
-    asyncio.run(eng.update_weights_from_tensor(_buckets(), 2))
+    asyncio.run(eng.control.update_from_tensor(_buckets(), 2))
     assert "/end_weight_update" not in a.paths() and a.paths().count("/update_weights_from_tensor") == 2
     assert eng.weight_version == 2
 
@@ -296,7 +296,7 @@ def test_failed_update_raises_closes_the_session_and_stays_paused(standins, file
     a.fail_update = "/update_weights_from_tensor"
     eng = engine([a])
     with pytest.raises(WeightUpdateError, match=rf"{a.url}/update_weights_from_tensor failed: HTTP 400: stand-in told"):
-        asyncio.run(eng.update_weights_from_tensor(_buckets(), 3))
+        asyncio.run(eng.control.update_from_tensor(_buckets(), 3))
     assert a.paths()[-1] == "/end_weight_update" and "/continue_generation" not in a.paths()
     assert eng.weight_version == 0
 
@@ -304,7 +304,7 @@ def test_failed_update_raises_closes_the_session_and_stays_paused(standins, file
 def test_no_buckets_is_an_error(standins):
     eng = engine([standins()])
     with pytest.raises(ValueError, match="no weight buckets"):
-        asyncio.run(eng.update_weights_from_tensor([], 1))
+        asyncio.run(eng.control.update_from_tensor([], 1))
 
 
 def test_distributed_group_and_broadcast(standins):
@@ -324,7 +324,7 @@ def test_distributed_group_and_broadcast(standins):
         a.trainer_collective(), b.trainer_collective()
 
     async def run():
-        world = await eng.init_weight_update_group(
+        world = await eng.control.init_group(
             master_address="127.0.0.1",
             master_port=29555,
             trainer_init=trainer_init,
@@ -355,11 +355,11 @@ def test_distributed_update_failure_while_trainer_is_blocked(standins):
     stuck = threading.Event()
 
     async def run():
-        await eng.init_weight_update_group(
+        await eng.control.init_group(
             master_address="127.0.0.1", master_port=1, group_name="g", trainer_init=lambda w: a.trainer_collective()
         )
         a.fail_update = "/update_weights_from_distributed"
-        await eng.update_weights_from_distributed(_buckets(), 1, broadcast=lambda bucket: stuck.wait(10))
+        await eng.control.update_from_distributed(_buckets(), 1, broadcast=lambda bucket: stuck.wait(10))
 
     try:
         with pytest.raises(WeightUpdateError, match="still blocked in its thread"):
@@ -376,7 +376,7 @@ def test_trainer_side_failure_is_reported(standins):
         raise RuntimeError("rendezvous refused")
 
     with pytest.raises(WeightUpdateError, match="rendezvous refused"):
-        asyncio.run(eng.init_weight_update_group(master_address="127.0.0.1", master_port=1, trainer_init=trainer_init))
+        asyncio.run(eng.control.init_group(master_address="127.0.0.1", master_port=1, trainer_init=trainer_init))
 
 
 @pytest.mark.parametrize(
@@ -404,13 +404,13 @@ def test_in_place_pause_mode_is_refused_naming_the_key():
 def test_release_and_resume_memory_for_colocated_mode(standins):
     a, b = standins(), standins()
     eng = engine([a, b])
-    asyncio.run(eng.release_memory())
-    asyncio.run(eng.resume_memory(("weights",)))
+    asyncio.run(eng.control.release_memory())
+    asyncio.run(eng.control.resume_memory(("weights",)))
     for s in (a, b):
         assert s.paths() == ["/release_memory_occupation", "/resume_memory_occupation"]
         assert [body for _, body in s.calls] == [{"tags": ["weights", "kv_cache"]}, {"tags": ["weights"]}]
     with pytest.raises(ValueError, match="memory tags"):
-        asyncio.run(eng.release_memory(("gpu",)))
+        asyncio.run(eng.control.release_memory(("gpu",)))
 
 
 def test_pause_resume_and_server_info(standins):
@@ -420,5 +420,5 @@ def test_pause_resume_and_server_info(standins):
     asyncio.run(eng.resume())
     assert a.paths() == ["/pause_generation", "/continue_generation"]
     assert dict(a.calls)["/pause_generation"] == {"mode": "abort"}
-    info = asyncio.run(eng.server_info())[a.url]
+    info = asyncio.run(eng.control.server_info())[a.url]
     assert info.version == "0.5.22"  # logged as a mismatch with SGLANG_VERSION, not an error

@@ -18,8 +18,8 @@ from gspo_mcore.rollout.sglang_server import (
     RouterConfig,
     ServerLaunchError,
     SGLangServerConfig,
+    SGLangServers,
     launch_servers,
-    server_configs_for_gpus,
     start_server,
 )
 
@@ -81,8 +81,20 @@ def test_config_validation():
         SGLangServerConfig(model_path="/m", tp_size=2, gpu_ids=(0,))
     with pytest.raises(ValueError, match="SGLANG_RETURN_ORIGINAL_LOGPROB"):
         SGLangServerConfig(model_path="/m", env={"SGLANG_RETURN_ORIGINAL_LOGPROB": "1"})
-    cfgs = server_configs_for_gpus("/m", num_servers=2, gpus_per_server=2, first_gpu=4)
+    servers = SGLangServers(num_servers=2, server_tp_size=2, gpu_offset=4, extra_args=["--x"], python="/py")
+    cfgs = servers.launch_configs("/m", gpus=True)
     assert [c.gpu_ids for c in cfgs] == [(4, 5), (6, 7)] and {c.tp_size for c in cfgs} == {2}
+    assert {(c.model_path, c.extra_args, c.python) for c in cfgs} == {("/m", ("--x",), "/py")}
+    assert [c.gpu_ids for c in servers.launch_configs("/m", gpus=False)] == [None, None]
+    assert SGLangServers().launch_configs("/m", gpus=False)[0].python == SGLangServerConfig(model_path="/m").python
+    for bad, match in (
+        ({"num_servers": 0}, "num_servers must be an integer >= 1"),
+        ({"server_tp_size": True}, "server_tp_size must be an integer >= 1"),
+        ({"gpu_offset": -1}, "gpu_offset must be an integer >= 0"),
+        ({"urls": ["127.0.0.1:1"]}, "is not an http:// URL"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            SGLangServers(**bad)
 
 
 def test_launch_generate_and_shut_down(tmp_path):

@@ -14,8 +14,9 @@ from rollout.sglang_standin import StandIn
 from gspo_mcore.data.sampler import PromptSampler, SamplerConfig
 from gspo_mcore.rollout import SamplingParams
 from gspo_mcore.rollout.sglang_control import SGLangClientConfig
-from gspo_mcore.trainer.asynchronous import Prefetcher, fresh_groups, version_lags
+from gspo_mcore.trainer.asynchronous import Prefetcher, fresh_groups
 from gspo_mcore.trainer.backends import SGLangConfig, SGLangRollout
+from gspo_mcore.trainer.batch import staleness_metrics
 from gspo_mcore.trainer.config import RolloutConfig, TrainConfig
 from gspo_mcore.trainer.dynamic_sampling import collect
 
@@ -29,7 +30,15 @@ def test_fresh_groups_drop_a_group_with_any_sample_older_than_the_bound():
     assert fresh_groups(groups, version=5, max_staleness=1).tolist() == [True, True, False, True]
     assert fresh_groups(groups, version=5, max_staleness=2).tolist() == [True, True, True, True]
     assert fresh_groups(groups, version=6, max_staleness=0).tolist() == [False, False, False, True]
-    assert version_lags(groups[:3], version=5) == [0, 0, 1, 0, 2, 0]
+    # the lags the step reports (trainer.batch.staleness_metrics): 0, 0 | 1, 0 | 2, 0
+    lags = staleness_metrics(groups[:3], current_version=5)
+    assert lags == {
+        "staleness_max": 2.0,
+        "staleness_mean": 0.5,
+        "staleness_lag_0": pytest.approx(4 / 6),
+        "staleness_lag_1": pytest.approx(1 / 6),
+        "staleness_lag_2": pytest.approx(1 / 6),
+    }
 
 
 def test_stale_groups_are_never_kept_and_are_counted():
@@ -66,11 +75,11 @@ class _Loader:
 def _fake_engine(log):
     def start(ids, seed):
         log.append(("start", seed))
-        return [[("sample", tuple(p), seed)] for p in ids]
+        return SimpleNamespace(groups=[[("sample", tuple(p), seed)] for p in ids], seconds=0.5)
 
     def finish(handle):
         log.append(("finish",))
-        return handle
+        return handle.groups
 
     return start, finish
 
@@ -89,7 +98,7 @@ def test_prefetcher_hands_the_batch_to_its_step_and_checkpoints_the_position_bef
     pre.wait()
     pre.wait()  # idempotent: the generation is finished once
     prompts, groups = pre.take(1)
-    assert log == [("start", 11), ("finish",)]
+    assert log == [("start", 11), ("finish",)] and pre.seconds == 0.5  # the handle's generation time
     assert [g[0][1] for g in groups] == [tuple(p.input_ids) for p in prompts]
     assert pre.loader_state() == loader.state_dict()
 

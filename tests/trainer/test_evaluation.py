@@ -11,6 +11,7 @@ import torch
 from gspo_mcore.data.dataset import DataConfig
 from gspo_mcore.rollout.types import Sample, SamplingParams
 from gspo_mcore.trainer import EvalConfig, EvalSetConfig
+from gspo_mcore.trainer.backends import RolloutBackend
 from gspo_mcore.trainer.evaluation import EvalSet, Evaluator, pass_at_k, summarize
 
 
@@ -57,7 +58,17 @@ def test_summarize_averages_per_prompt():
     assert half["pass@1"] == pytest.approx((0.5 + 1.0) / 2)
 
 
-class _ScriptedBackend:
+class _EvalBackend(RolloutBackend):
+    """A backend the evaluator only generates from (its weights never change)."""
+
+    def sync_weights(self, learner, version):
+        raise AssertionError("the evaluator does not sync weights")
+
+    def restore_weights(self, learner, version):
+        raise AssertionError("the evaluator does not restore weights")
+
+
+class _ScriptedBackend(_EvalBackend):
     """Test-only stand-in for a rollout backend: answers each prompt with the responses the test scripted
     (``"right"`` when sampled greedily). Records the calls, so the test sees what the evaluator asked for."""
 
@@ -148,7 +159,7 @@ def test_evaluator_reports_each_term_of_a_composed_reward(tmp_path):
     assert rows[0]["set"] == "h" and rows[0]["finish_reason"] == "stop" and rows[1]["length"] == 2
 
 
-class _EpisodeBackend:
+class _EpisodeBackend(_EvalBackend):
     """Test-only stand-in for a multi-turn backend: prompt 0's episodes call a tool then answer (2 turns),
     prompt 1's answer at once; ids 1 = the answer, 3 = a call, 4 = the tool's result (an environment token)."""
 

@@ -8,6 +8,10 @@ every rank feeds the engine the same tokens. The groups are gathered so every ra
 SGLang (:class:`SGLangAgentRollout`): global rank 0 runs every episode (the environments and the driver) against
 the servers, each turn a request continuing from the sequence's token ids (:meth:`SGLangEngine.generate_turns`),
 and broadcasts the groups, as :class:`SGLangRollout` does.
+
+Both hand their engine to the same :class:`~gspo_mcore.rollout.episode.EpisodeDriver`: every engine's
+``generate_turns`` is a coroutine (:meth:`gspo_mcore.rollout.types.RolloutEngine.generate_turns`), which the driver
+runs; this module only wires the environment, the renderer and the ranks.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ class AgentRollout(InProcessRollout):
 
     def __init__(self, learner, tokenizer, rollout_cfg, *, env=None):
         super().__init__(learner, tokenizer, max_batch_size=rollout_cfg.max_batch_size)
-        if not getattr(self.engine.model, "own_cache", True):
+        if not self.engine.model.own_cache:
             raise ValueError(
                 "rollout.env: the in-process engine extends episodes on its own KV cache, which Transformer "
                 "Engine's attention does not allow"
@@ -99,25 +103,11 @@ class SGLangAgentRollout(SGLangRollout):
         if self.is_driver:
             rows = [_row(p) for p in prompts]
             params = dataclasses.replace(params, seed=seed)
-            groups = [self.driver.run(_Turns(self), rows, n, params, seed=seed) if rows else []]
+            groups = [self.driver.run(self.engine, rows, n, params, seed=seed) if rows else []]
         return self._broadcast(groups)
 
     def start_generate(self, prompts, n: int, params: SamplingParams, *, seed: int):
         raise RuntimeError("rollout.env: episodes are generated synchronously (rollout.max_staleness: 0)")
-
-
-class _Turns:
-    """The episode driver's engine: SGLang's ``generate_turns`` run on the rollout's event loop."""
-
-    def __init__(self, rollout: SGLangRollout):
-        self.rollout = rollout
-
-    def generate_turns(self, prompts, params, *, keys, max_total_tokens, on_turns) -> None:
-        self.rollout._run(
-            self.rollout.engine.generate_turns(
-                prompts, params, keys=keys, max_total_tokens=max_total_tokens, on_turns=on_turns
-            )
-        )
 
 
 def _row(item) -> dict:
