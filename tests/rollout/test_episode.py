@@ -2,6 +2,7 @@
 trajectories, masks, limits and environment failures. The KV-cache engine and the learner's log-probs over
 the same episodes: tests/trainer/test_episode_learner.py."""
 
+import threading
 import time
 
 import pytest
@@ -207,12 +208,29 @@ def test_reset_and_render_failures_end_their_episode_not_the_run():
         episode_metrics(out, max_error_fraction=0.5)
 
 
+class Meets:
+    """Each reset waits until all ``n`` resets of the batch have started (a barrier): resets run one at a time
+    break the barrier (BrokenBarrierError after its timeout), so their episodes end as errors."""
+
+    def __init__(self, n: int, timeout_s: float):
+        self.barrier = threading.Barrier(n, timeout=timeout_s)
+
+    def reset(self, row):
+        self.barrier.wait()
+        return Reset(observation=[{"role": "user", "content": "meet"}])
+
+    def step(self, state, action):
+        return Step(done=True)
+
+
 def test_resets_run_concurrently():
-    """Six agents that take 0.5 s each to start cost about one start, not six (the bound is generous)."""
-    n, sleep = 6, 0.5
+    """Six resets that can only finish together (a barrier of six) all finish: the driver starts every reset of
+    the batch before waiting for any (no timing assertion: run one at a time, the first reset breaks the
+    barrier and every episode ends as an error)."""
+    n = 6
     engine = InProcessEngine(scripted_model(["ok"]), eos_token_id=TOK.eos_token_id)
-    cfg = EpisodeConfig(max_turns=1, max_total_tokens=400, step_timeout_s=5)
-    t0 = time.perf_counter()
-    [group] = EpisodeDriver(Fails(), ChatRenderer(TOK), cfg).run(engine, [{"prompt": "slow"}], n, GREEDY, seed=0)
-    assert time.perf_counter() - t0 < 0.5 * n * sleep
-    assert all(s.episode.end != "error" for s in group)
+    cfg = EpisodeConfig(max_turns=1, max_total_tokens=400, step_timeout_s=120)
+    env = Meets(n, timeout_s=30)
+    [group] = EpisodeDriver(env, ChatRenderer(TOK), cfg).run(engine, [{"prompt": "meet"}], n, GREEDY, seed=0)
+    assert [s.episode.end for s in group] != ["error"] * n
+    assert all(s.episode.end not in ("error", "timeout") for s in group), [s.episode.error for s in group]
