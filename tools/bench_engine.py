@@ -2,7 +2,7 @@
 
 One process, one Megatron rank, fp32 on the CPU. A small Qwen3-style model is built from a ``config.json``
 written on the fly; the learner's ``GPTModel`` is initialised from a seed, exported to Hugging Face
-safetensors (``gspo_mcore.convert``) and loaded by transformers, so all three sample from the SAME
+safetensors (``gspo_mcore.learner.hf``) and loaded by transformers, so all three sample from the SAME
 weights and the SAME left-padded prompts (lengths drawn in ``--prompt-len``):
 
   kv            InProcessEngine over the learner's model with a KV cache (``learner.inference.decode_model``)
@@ -87,8 +87,8 @@ def cpu_name() -> str:
 
 def export_hf(model, arch, cfg: dict, out_dir: str) -> None:
     """The Megatron model's weights as a Hugging Face directory (config.json + model.safetensors)."""
-    from gspo_mcore.convert.export import hf_state_dict
-    from gspo_mcore.convert.hf_io import write_safetensors
+    from gspo_mcore.learner.hf.export import hf_state_dict
+    from gspo_mcore.learner.hf.folder import write_safetensors
 
     named = hf_state_dict(model, arch)
     write_safetensors(out_dir, named.items(), [(k, t.numel() * t.element_size()) for k, t in named.items()])

@@ -38,9 +38,9 @@ def tokens_for(hf_dir: str, prompts: str | None, num: int, vocab: int):
 
 def learner_logits(checkpoint: str, toks):
     from gspo_mcore.convert.export_source import locate
-    from gspo_mcore.convert.hf_io import read_config
     from gspo_mcore.convert.mcore_checkpoint import load_model
     from gspo_mcore.learner import ParallelConfig, build_model, destroy_parallel, init_parallel, load_hf_config
+    from gspo_mcore.learner.hf.folder import read_config
     from gspo_mcore.learner.inference import logits_fn
 
     source = locate(checkpoint, verify="size")

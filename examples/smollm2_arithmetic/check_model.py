@@ -41,8 +41,8 @@ def compare_logits(model_dir: str, prompt: str = PROMPT) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from gspo_mcore.convert import load_hf_weights
     from gspo_mcore.learner import ParallelConfig, build_model, init_parallel, load_hf_config
+    from gspo_mcore.learner.hf.load import load_hf_weights
     from gspo_mcore.learner.inference import logits_fn
 
     tokens = prompt_tokens(model_dir, prompt)  # [1, L]
@@ -67,7 +67,6 @@ def bench(model_dir: str, *, samples: int, length: int, steps: int) -> dict:
     """Tokens/s of the learner's forward+backward and forward-only log-probs (1 rank; groups already up)."""
     import torch
 
-    from gspo_mcore.convert import load_hf_weights
     from gspo_mcore.learner import (
         LossConfig,
         ParallelConfig,
@@ -78,6 +77,7 @@ def bench(model_dir: str, *, samples: int, length: int, steps: int) -> dict:
         forward_logprobs,
         load_hf_config,
     )
+    from gspo_mcore.learner.hf.load import load_hf_weights
 
     arch = load_hf_config(model_dir)
     layout = current_layout()

@@ -100,7 +100,7 @@ class Learner:
             use_distributed_optimizer=optim.use_distributed_optimizer,
         )
         if hf_weights:
-            from gspo_mcore.convert.hf_import import load_hf_weights
+            from gspo_mcore.learner.hf.load import load_hf_weights
 
             load_hf_weights(model, hf_weights, arch, progress=progress, layout=layout)
         lm_head.fused_head(model, loss)  # refuses, naming the key, a model it cannot serve
@@ -160,7 +160,7 @@ class Learner:
 
     def export_plan(self, *, dtype: torch.dtype | None = None) -> list:
         """What :meth:`export_weights` yields, in order: one item per Hugging Face tensor (name, shape, bytes)."""
-        from gspo_mcore.convert.export import export_plan
+        from gspo_mcore.learner.hf.export import export_plan
 
         return export_plan(self.model, self.arch, dtype=dtype, layout=self.layout)
 
@@ -170,7 +170,7 @@ class Learner:
         """The weights as Hugging Face tensors, in buckets of at most ``bucket_bytes`` (lists of ``(name,
         tensor)``), gathered over TP, PP and EP. Every rank must iterate to the end (the gathers are
         collectives); only rank 0's buckets hold the tensors to keep."""
-        from gspo_mcore.convert.export import DEFAULT_BUCKET_BYTES, hf_buckets
+        from gspo_mcore.learner.hf.export import DEFAULT_BUCKET_BYTES, hf_buckets
 
         return hf_buckets(
             self.model,

@@ -2,7 +2,7 @@
 
 The teacher is any supported Hugging Face checkpoint (Qwen3, Qwen3-MoE, Llama, Qwen2; any size), built as a
 second Megatron ``GPTModel`` under the learner's own parallel layout (the same TP/PP/EP/CP groups, so its
-weights are sharded like the student's) and filled by :func:`~gspo_mcore.convert.hf_import.load_hf_weights`.
+weights are sharded like the student's) and filled by :func:`~gspo_mcore.learner.hf.load.load_hf_weights`.
 It has no optimizer and no gradients: every parameter has ``requires_grad=False``, so its Megatron DDP
 wrapper (needed only for the schedule's ``no_sync``) allocates no gradient buffer. Its log-probs come from
 :func:`~gspo_mcore.learner.forward_logprobs`, through the same schedule and micro-batching as the learner's
@@ -27,8 +27,8 @@ def check_teacher_fits(
     """The teacher's shape, from ``hf_dir/config.json``; raises ``ValueError`` starting with ``where`` when
     the checkpoint is not a supported architecture or the layout ``parallel`` on ``world_size`` ranks
     cannot split it."""
-    from gspo_mcore.convert.hf_io import read_config
-    from gspo_mcore.convert.hf_mapping import check_architecture
+    from gspo_mcore.learner.hf.folder import read_config
+    from gspo_mcore.learner.hf.mapping import check_architecture
 
     try:
         config = read_config(hf_dir)
@@ -55,7 +55,7 @@ class Teacher:
         Call after :func:`~gspo_mcore.learner.init_parallel`, on every rank."""
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-        from gspo_mcore.convert.hf_import import load_hf_weights
+        from gspo_mcore.learner.hf.load import load_hf_weights
 
         self.hf_dir = hf_dir
         self.arch = arch

@@ -41,7 +41,7 @@ class ModelConfig:
     init_seed: int = 1234
     """Random initialisation seed (layout independent), used when ``load_hf_weights`` is off."""
     load_hf_weights: bool = False
-    """Start from the safetensors weights in ``hf_dir`` (any TP/PP/EP layout; see gspo_mcore.convert)."""
+    """Start from the safetensors weights in ``hf_dir`` (any TP/PP/EP layout; see gspo_mcore.learner.hf)."""
     options: ModelOptions = field(default_factory=ModelOptions)
 
     def __post_init__(self):

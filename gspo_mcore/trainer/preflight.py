@@ -146,8 +146,8 @@ def check_env(rollout_cfg, tokenizer):
 def check_weights(hf_dir: str, arch) -> None:
     """``model.load_hf_weights``: the folder's safetensors hold every tensor the architecture needs, with
     its shape (file headers only)."""
-    from gspo_mcore.convert.hf_import import check_checkpoint
-    from gspo_mcore.convert.hf_io import HFCheckpoint
+    from gspo_mcore.learner.hf.folder import HFCheckpoint
+    from gspo_mcore.learner.hf.load import check_checkpoint
 
     try:
         reader = HFCheckpoint(hf_dir)

@@ -39,7 +39,6 @@ def learner_logits(model, layout, toks: torch.Tensor) -> torch.Tensor | None:
 
 
 def run_case(case, args):
-    from gspo_mcore.convert import load_hf_weights
     from gspo_mcore.learner import (
         BatchConfig,
         LossConfig,
@@ -52,6 +51,7 @@ def run_case(case, args):
         train_step,
     )
     from gspo_mcore.learner.checkpoint import CheckpointConfig, Checkpointer
+    from gspo_mcore.learner.hf.load import load_hf_weights
 
     hf_dir = case["hf"]
     arch = load_hf_config(hf_dir)

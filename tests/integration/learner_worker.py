@@ -1,14 +1,14 @@
 """The learner side of the real-SGLang integration tests: one process, one gloo rank, the main venv.
 
 Run by the tests as ``python learner_worker.py SPEC.json REPORT.json``. It builds the Megatron learner on
-the test's tiny Hugging Face checkpoint (:func:`gspo_mcore.convert.load_hf_weights`), talks to the SGLang
+the test's tiny Hugging Face checkpoint (:func:`gspo_mcore.learner.hf.load.load_hf_weights`), talks to the SGLang
 server(s) through the project's own client (:class:`gspo_mcore.rollout.SGLangEngine`), and executes the
 spec's ``steps`` in order, recording what it saw in the report (the tests assert on it):
 
 - ``{"op": "perturb", "seed": int, "scale": float}``: add ``scale * N(0, 1)`` to every parameter
   (a stand-in for a training step: new weights the server does not have yet);
 - ``{"op": "sync", "method": "disk"|"tensor"|"distributed", "version": int, "export_dir"?: str,
-  "bucket_bytes"?: int}``: push the learner's weights, gathered by :func:`gspo_mcore.convert.hf_buckets`
+  "bucket_bytes"?: int}``: push the learner's weights, gathered by :func:`gspo_mcore.learner.hf.export.hf_buckets`
   (the rollout weight sync's gather), to every server: written as safetensors and loaded by
   ``update_weights_from_disk``; shared as CPU tensors (torch's ``file_system`` sharing strategy) through
   ``update_weights_from_tensor``; or broadcast over a gloo weight-update group (trainer = rank 0, created
@@ -43,8 +43,6 @@ import urllib.request
 
 import torch
 
-from gspo_mcore.convert import hf_buckets, load_hf_weights, write_safetensors
-from gspo_mcore.convert.export import export_plan
 from gspo_mcore.learner import (
     ModelOptions,
     ParallelConfig,
@@ -54,6 +52,9 @@ from gspo_mcore.learner import (
     init_parallel,
     load_hf_config,
 )
+from gspo_mcore.learner.hf.export import export_plan, hf_buckets
+from gspo_mcore.learner.hf.folder import write_safetensors
+from gspo_mcore.learner.hf.load import load_hf_weights
 from gspo_mcore.rollout import SamplingParams, SGLangClientConfig, SGLangEngine
 
 

@@ -25,7 +25,6 @@ from dataclasses import replace
 
 import torch
 
-from gspo_mcore.convert import load_hf_weights
 from gspo_mcore.learner import (
     BatchConfig,
     LossConfig,
@@ -43,6 +42,7 @@ from gspo_mcore.learner import (
     microbatches_for_rank,
     train_step,
 )
+from gspo_mcore.learner.hf.load import load_hf_weights
 from gspo_mcore.learner.model import unwrap
 from gspo_mcore.learner.optimizer import optimizer_step, zero_grads
 from gspo_mcore.learner.routing import routing_change
