@@ -51,7 +51,7 @@ ALLOWED: dict[str, set[str]] = {
         "platform",
         "trainer",
     },
-    "train": {"trainer", "learner"},
+    "train": {"trainer"},
 }
 """For each top-level package (or module) of ``gspo_mcore``, the packages it may import from."""
 

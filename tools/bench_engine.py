@@ -223,9 +223,10 @@ def main(argv=None) -> int:
     import megatron.core
     import transformers
 
-    from gspo_mcore.learner import ParallelConfig, build_model, destroy_parallel, init_parallel
     from gspo_mcore.learner.inference import decode_model
+    from gspo_mcore.learner.model import build_model
     from gspo_mcore.learner.model_config import load_hf_config
+    from gspo_mcore.learner.parallel import ParallelConfig, destroy_parallel, init_parallel
     from gspo_mcore.rollout import InProcessEngine
 
     cfg = model_config(

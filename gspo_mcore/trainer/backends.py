@@ -100,12 +100,11 @@ class InProcessRollout:
 
     def __init__(self, learner, tokenizer, *, max_batch_size: int):
         """``learner``: the :class:`~gspo_mcore.learner.Learner` whose live model samples."""
-        from gspo_mcore.learner.inference import decode_model
         from gspo_mcore.rollout.inprocess import InProcessEngine
 
         self.layout = learner.layout
         self.engine = InProcessEngine(
-            decode_model(learner.model, learner.layout),
+            learner.decode_model(),
             eos_token_id=tokenizer.eos_token_id,
             vocab_size=learner.arch.vocab_size,
             pad_token_id=tokenizer.pad_token_id or 0,

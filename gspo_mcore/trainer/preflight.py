@@ -24,8 +24,8 @@ from gspo_mcore.config import ConfigError, to_dict
 from gspo_mcore.data.dataset import PromptDataset
 from gspo_mcore.data.template import PromptTemplate, load_tokenizer
 from gspo_mcore.envs import ChatRenderer, load_env
-from gspo_mcore.learner import load_hf_config
 from gspo_mcore.learner.checkpoint import CheckpointError
+from gspo_mcore.learner.model_config import load_hf_config
 from gspo_mcore.rewards import check_reward_setup
 from gspo_mcore.rewards.resolve import RewardSetupError
 from gspo_mcore.trainer import run_dir

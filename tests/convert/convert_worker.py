@@ -83,8 +83,10 @@ def gather_digests(model, arch, *, dtype=None) -> tuple[dict[str, str], dict]:
 
 def run_case(case, args):
     from gspo_mcore.convert.mcore_checkpoint import load_model, save_model
-    from gspo_mcore.learner import ParallelConfig, build_model, init_parallel, load_hf_config
     from gspo_mcore.learner.hf.load import load_hf_weights
+    from gspo_mcore.learner.model import build_model
+    from gspo_mcore.learner.model_config import load_hf_config
+    from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
 
     t0 = time.time()
     hf_dir = case["hf"]

@@ -13,7 +13,6 @@ from convert_models import MODELS, ROOT, build_hf_model
 from safetensors.torch import load_file, save_file
 
 from gspo_mcore.convert.convert import preflight_hf
-from gspo_mcore.learner import load_hf_config
 from gspo_mcore.learner.hf.folder import HFCheckpoint
 from gspo_mcore.learner.hf.mapping import (
     KINDS,
@@ -34,7 +33,7 @@ from gspo_mcore.learner.hf.mapping import (
     tp_shard,
     tp_unshard,
 )
-from gspo_mcore.learner.model_config import UnsupportedConfigError
+from gspo_mcore.learner.model_config import UnsupportedConfigError, load_hf_config
 
 # ------------------------------------------------------------------------------------------ layouts
 

@@ -23,9 +23,9 @@ spec's ``steps`` in order, recording what it saw in the report (the tests assert
   parameters / put it back (to score one set of samples under two weight versions);
 - ``{"op": "load_checkpoint", "path": str}``: load a training checkpoint's model part (a run folder, its
   checkpoint directory or one ``step_<N>``) into the learner, through the exporter's loader (the trainer's);
-- ``{"op": "score", "name": str, "label"?: str}``: the learner's log-probs (:func:`gspo_mcore.learner.forward_logprobs`
-  at the request's log-prob temperature) of those samples' response tokens, next to SGLang's, in
-  ``report["score"][label or name]``.
+- ``{"op": "score", "name": str, "label"?: str}``: the learner's log-probs
+  (:func:`gspo_mcore.learner.forward.forward_logprobs` at the request's log-prob temperature) of those samples'
+  response tokens, next to SGLang's, in ``report["score"][label or name]``.
 
 Nothing here is SGLang-specific test support: it is what a trainer does, on one rank.
 """
@@ -43,18 +43,14 @@ import urllib.request
 
 import torch
 
-from gspo_mcore.learner import (
-    ModelOptions,
-    ParallelConfig,
-    TrainSample,
-    build_model,
-    forward_logprobs,
-    init_parallel,
-    load_hf_config,
-)
+from gspo_mcore.learner.batching import TrainSample
+from gspo_mcore.learner.forward import forward_logprobs
 from gspo_mcore.learner.hf.export import export_plan, hf_buckets
 from gspo_mcore.learner.hf.folder import write_safetensors
 from gspo_mcore.learner.hf.load import load_hf_weights
+from gspo_mcore.learner.model import ModelOptions, build_model
+from gspo_mcore.learner.model_config import load_hf_config
+from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
 from gspo_mcore.rollout import SamplingParams, SGLangClientConfig, SGLangEngine
 
 
@@ -251,12 +247,14 @@ class Worker:
         )
         t0 = time.monotonic()
         try:
-            sglang_lp = await asyncio.to_thread(served.logprobs, samples, self.layout)
+            sglang_lp = await asyncio.to_thread(served.logprobs, samples)
         finally:
             await asyncio.to_thread(served.close)
         seconds = time.monotonic() - t0
-        inproc = Teacher(self.hf_dir, self.arch, ParallelConfig(), self.layout, ModelOptions(use_te=False))
-        local_lp = inproc.logprobs(samples, self.layout, max_tokens=4096, packing="padded")
+        inproc = Teacher(
+            self.hf_dir, self.arch, ParallelConfig(), self.layout, ModelOptions(use_te=False), max_tokens=4096
+        )
+        local_lp = inproc.logprobs(samples)
         a, b, outside = [], [], 0.0
         for s, x, y in zip(samples, sglang_lp, local_lp):
             counted = s.loss_mask[1:].bool()

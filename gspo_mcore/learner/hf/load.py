@@ -1,6 +1,6 @@
 """Load Hugging Face weights into a sharded Megatron model: every rank reads what it holds and slices it.
 
-Call after :func:`gspo_mcore.learner.build_model` and BEFORE building the optimizer (the optimizer keeps
+Call after :func:`gspo_mcore.learner.model.build_model` and BEFORE building the optimizer (the optimizer keeps
 its own fp32 copy of the parameters, taken when it is built). Works on any layout: a rank builds the full
 Megatron tensor of each of its parameters from the checkpoint
 (:func:`~gspo_mcore.learner.hf.mapping.from_hf`) and copies its shard
