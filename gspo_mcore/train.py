@@ -77,9 +77,6 @@ def main(argv: list[str] | None = None) -> int:
             raise  # not an input error: ``record`` hands the traceback to torchrun
         _report_once(f"gspo-train: {kind} error: {one_line(exc)}")
         return INPUT_ERROR_STATUS
-    from gspo_mcore.learner import destroy_parallel
-
-    destroy_parallel()
     if history and _rank() == 0:
         first, last = history[0], history[-1]
         print(

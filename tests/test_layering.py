@@ -11,8 +11,8 @@ below is the exact list.)
 
 - a package imports only from its own layer's allowed set (``ALLOWED``): nothing imports upward;
 - ``learner`` and ``rollout`` never import each other (the trainer wires them);
-- only ``learner``, ``convert`` (Hugging Face <-> Megatron conversion, the learner's weight I/O) and ``platform``
-  (the one adapter of third-party libraries to a CPU host) import ``megatron``;
+- only ``learner`` (its Hugging Face weight I/O in ``learner.hf``), ``convert`` (the offline checkpoint converters,
+  above the learner) and ``platform`` (the one adapter of third-party libraries to a CPU host) import ``megatron``;
 - only ``rollout`` speaks to SGLang: it alone imports ``sglang`` or an HTTP client.
 
 ``config`` (the typed-config helpers) and the compiled ``_C`` are importable from anywhere. A new package must be
@@ -57,17 +57,11 @@ ALLOWED: dict[str, set[str]] = {
         "platform",
         "trainer",
     },
-    "train": {"trainer", "learner"},
+    "train": {"trainer"},
 }
 """For each top-level package (or module) of ``gspo_mcore``, the packages it may import from."""
 
-EXCEPTIONS: dict[str, set[str]] = {
-    # The Learner facade loads Hugging Face weights and exports them: convert's functions over the learner's own
-    # building blocks (convert imports learner.parallel/model/model_config, never learner.learner).
-    "learner/learner.py": {"convert"},
-    # The distillation teacher is built like the Learner: Hugging Face weights loaded through convert.
-    "learner/teacher.py": {"convert"},
-}
+EXCEPTIONS: dict[str, set[str]] = {}
 """Single modules allowed one more package than their package, with the reason."""
 
 MEGATRON_OK = {"learner", "convert", "platform"}
@@ -146,6 +140,12 @@ def test_learner_and_rollout_never_import_each_other():
             "from gspo_mcore.rollout.inprocess import RecomputeModel\n",
             "learner imports gspo_mcore.rollout",
         ),
+        (
+            "learner/_bad.py",
+            "from gspo_mcore.convert.convert import hf_to_mcore\n",
+            "learner imports gspo_mcore.convert",
+        ),
+        ("learner/hf/_bad.py", "from gspo_mcore import convert\n", "learner imports gspo_mcore.convert"),
         ("algo/_bad.py", "def f():\n    from gspo_mcore.trainer import run\n", "algo imports gspo_mcore.trainer"),
         ("rollout/_bad.py", "from gspo_mcore import learner\n", "rollout imports gspo_mcore.learner"),
         ("rewards/_bad.py", "import megatron.core\n", "only ['convert', 'learner', 'platform'] import megatron"),

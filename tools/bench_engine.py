@@ -2,7 +2,7 @@
 
 One process, one Megatron rank, fp32 on the CPU. A small Qwen3-style model is built from a ``config.json``
 written on the fly; the learner's ``GPTModel`` is initialised from a seed, exported to Hugging Face
-safetensors (``gspo_mcore.convert``) and loaded by transformers, so all three sample from the SAME
+safetensors (``gspo_mcore.learner.hf``) and loaded by transformers, so all three sample from the SAME
 weights and the SAME left-padded prompts (lengths drawn in ``--prompt-len``):
 
   kv            InProcessEngine over the learner's model with a KV cache (``learner.inference.decode_model``)
@@ -87,8 +87,8 @@ def cpu_name() -> str:
 
 def export_hf(model, arch, cfg: dict, out_dir: str) -> None:
     """The Megatron model's weights as a Hugging Face directory (config.json + model.safetensors)."""
-    from gspo_mcore.convert.export import hf_state_dict
-    from gspo_mcore.convert.hf_io import write_safetensors
+    from gspo_mcore.learner.hf.export import hf_state_dict
+    from gspo_mcore.learner.hf.folder import write_safetensors
 
     named = hf_state_dict(model, arch)
     write_safetensors(out_dir, named.items(), [(k, t.numel() * t.element_size()) for k, t in named.items()])
@@ -223,9 +223,10 @@ def main(argv=None) -> int:
     import megatron.core
     import transformers
 
-    from gspo_mcore.learner import ParallelConfig, build_model, destroy_parallel, init_parallel
     from gspo_mcore.learner.inference import decode_model
+    from gspo_mcore.learner.model import build_model
     from gspo_mcore.learner.model_config import load_hf_config
+    from gspo_mcore.learner.parallel import ParallelConfig, destroy_parallel, init_parallel
     from gspo_mcore.rollout import InProcessEngine
 
     cfg = model_config(

@@ -62,18 +62,13 @@ def worker(args):
     import torch
     import torch.distributed as dist
 
-    from gspo_mcore.learner import (
-        LossConfig,
-        ParallelConfig,
-        TrainSample,
-        build_model,
-        destroy_parallel,
-        forward_backward,
-        init_parallel,
-        load_hf_config,
-    )
-    from gspo_mcore.learner.model import have_transformer_engine
+    from gspo_mcore.algo.loss_config import LossConfig
+    from gspo_mcore.learner.batching import TrainSample
+    from gspo_mcore.learner.model import build_model, have_transformer_engine
+    from gspo_mcore.learner.model_config import load_hf_config
+    from gspo_mcore.learner.parallel import ParallelConfig, destroy_parallel, init_parallel
     from gspo_mcore.learner.schedule import uses_transformer_engine
+    from gspo_mcore.learner.step import forward_backward
 
     torch.set_num_threads(args.threads)
     _, model_name, tp, pp, ep = LAYOUTS[args.layout]

@@ -38,10 +38,12 @@ def tokens_for(hf_dir: str, prompts: str | None, num: int, vocab: int):
 
 def learner_logits(checkpoint: str, toks):
     from gspo_mcore.convert.export_source import locate
-    from gspo_mcore.convert.hf_io import read_config
     from gspo_mcore.convert.mcore_checkpoint import load_model
-    from gspo_mcore.learner import ParallelConfig, build_model, destroy_parallel, init_parallel, load_hf_config
+    from gspo_mcore.learner.hf.folder import read_config
     from gspo_mcore.learner.inference import logits_fn
+    from gspo_mcore.learner.model import build_model
+    from gspo_mcore.learner.model_config import load_hf_config
+    from gspo_mcore.learner.parallel import ParallelConfig, destroy_parallel, init_parallel
 
     source = locate(checkpoint, verify="size")
     arch = load_hf_config(read_config(source.side_dir))

@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from gspo_mcore.convert.convert import mcore_to_hf, parse_dtype
     from gspo_mcore.convert.export_source import ExportSourceError, locate
-    from gspo_mcore.convert.hf_io import read_config
-    from gspo_mcore.convert.hf_mapping import check_architecture
+    from gspo_mcore.learner.hf.folder import read_config
+    from gspo_mcore.learner.hf.mapping import check_architecture
     from gspo_mcore.learner.model_config import load_hf_config
 
     try:

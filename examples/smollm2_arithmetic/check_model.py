@@ -41,9 +41,11 @@ def compare_logits(model_dir: str, prompt: str = PROMPT) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from gspo_mcore.convert import load_hf_weights
-    from gspo_mcore.learner import ParallelConfig, build_model, init_parallel, load_hf_config
+    from gspo_mcore.learner.hf.load import load_hf_weights
     from gspo_mcore.learner.inference import logits_fn
+    from gspo_mcore.learner.model import build_model
+    from gspo_mcore.learner.model_config import load_hf_config
+    from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
 
     tokens = prompt_tokens(model_dir, prompt)  # [1, L]
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -67,17 +69,14 @@ def bench(model_dir: str, *, samples: int, length: int, steps: int) -> dict:
     """Tokens/s of the learner's forward+backward and forward-only log-probs (1 rank; groups already up)."""
     import torch
 
-    from gspo_mcore.convert import load_hf_weights
-    from gspo_mcore.learner import (
-        LossConfig,
-        ParallelConfig,
-        TrainSample,
-        build_model,
-        current_layout,
-        forward_backward,
-        forward_logprobs,
-        load_hf_config,
-    )
+    from gspo_mcore.algo.loss_config import LossConfig
+    from gspo_mcore.learner.batching import TrainSample
+    from gspo_mcore.learner.forward import forward_logprobs
+    from gspo_mcore.learner.hf.load import load_hf_weights
+    from gspo_mcore.learner.model import build_model
+    from gspo_mcore.learner.model_config import load_hf_config
+    from gspo_mcore.learner.parallel import ParallelConfig, current_layout
+    from gspo_mcore.learner.step import forward_backward
 
     arch = load_hf_config(model_dir)
     layout = current_layout()
@@ -140,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             f"error: no config.json in {model_dir}; run: python -m examples.smollm2_arithmetic.prepare", file=sys.stderr
         )
         return 2
-    from gspo_mcore.learner import destroy_parallel
+    from gspo_mcore.learner.parallel import destroy_parallel
 
     result = dict(model=os.path.abspath(model_dir), logits=compare_logits(model_dir, args.prompt))
     print(json.dumps(result["logits"]))

@@ -13,12 +13,12 @@ import os
 import torch
 import torch.distributed as dist
 
-from gspo_mcore.convert.export import DEFAULT_BUCKET_BYTES, export_plan, hf_buckets
 from gspo_mcore.convert.export_source import ExportSource, locate
-from gspo_mcore.convert.hf_import import check_checkpoint, load_hf_weights
-from gspo_mcore.convert.hf_io import HFCheckpoint, copy_files, read_config, side_files, write_safetensors
-from gspo_mcore.convert.hf_mapping import check_architecture
 from gspo_mcore.convert.mcore_checkpoint import hf_side_files, load_model, save_model
+from gspo_mcore.learner.hf.export import DEFAULT_BUCKET_BYTES, export_plan, hf_buckets
+from gspo_mcore.learner.hf.folder import HFCheckpoint, copy_files, read_config, side_files, write_safetensors
+from gspo_mcore.learner.hf.load import check_checkpoint, load_hf_weights
+from gspo_mcore.learner.hf.mapping import check_architecture
 
 PROGRESS_MIN_BYTES = 1 << 30
 """Show progress bars for models at least this large (``progress=None``)."""

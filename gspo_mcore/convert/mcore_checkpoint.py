@@ -17,8 +17,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from gspo_mcore.convert.hf_io import copy_files, side_files
-from gspo_mcore.convert.sharding import model_chunks
+from gspo_mcore.learner.hf.folder import copy_files, side_files
+from gspo_mcore.learner.hf.sharding import model_chunks
 
 META_FILE = "gspo_mcore_convert.json"
 MODEL_DIR = "model"

@@ -47,7 +47,7 @@ class TrainSample:
     matter), used by ``loss.variant: gspo_token``; ``None``: ``advantage`` on every token."""
     behaviour_logprobs: torch.Tensor | None = None
     """``[L-1]`` float32: the engine's log-probs (the behaviour policy mu) when ``old_logprobs`` holds the
-    learner's recompute (pi_prox); set by :func:`~gspo_mcore.learner.train_step` for the off-policy
+    learner's recompute (pi_prox); set by :func:`~gspo_mcore.learner.step.train_step` for the off-policy
     correction and its metrics."""
     ref_logprobs: torch.Tensor | None = None
     """``[L-1]`` float32: log-probs under the frozen reference policy (for the KL term)."""

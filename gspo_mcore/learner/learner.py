@@ -10,6 +10,8 @@ Then a trainer only calls verbs::
     for bucket in learner.export_weights(dtype=torch.bfloat16):  # Hugging Face names and full tensors
         ...
     learner.save(checkpointer, step, extra={...}); resumed = learner.load(checkpointer)
+    engine_model = learner.decode_model()  # the in-process rollout engine's view of the live model
+    learner.close()                        # the process groups torn down, at the end of the run
 
 Every rank calls every verb with the same arguments (the verbs run collectives).
 """
@@ -22,19 +24,19 @@ import torch
 
 from gspo_mcore.algo.loss_config import LossConfig
 from gspo_mcore.learner import lm_head
-from gspo_mcore.learner.logprobs import forward_logprobs
+from gspo_mcore.learner.forward import forward_logprobs
+from gspo_mcore.learner.kl_reference import ReferencePolicy
 from gspo_mcore.learner.model import ModelOptions, build_model
 from gspo_mcore.learner.model_config import ModelArch
 from gspo_mcore.learner.optimizer import OptimConfig, build_optimizer
-from gspo_mcore.learner.parallel import Layout, ParallelConfig, init_parallel
-from gspo_mcore.learner.reference import ReferencePolicy
+from gspo_mcore.learner.parallel import Layout, ParallelConfig, destroy_parallel, init_parallel
 from gspo_mcore.learner.routing import RoutingConfig
-from gspo_mcore.learner.step import BatchConfig, train_step
+from gspo_mcore.learner.step import BatchConfig, StepSettings, train_step
 
 
 class Learner:
-    """This rank's model chunks, optimizer, LR schedule, parallel layout and architecture, with the loss, batching
-    and routing settings they are trained with. Build it with :meth:`build`."""
+    """This rank's model chunks, optimizer, LR schedule, parallel layout and architecture, with the settings every
+    step is trained with (:class:`~gspo_mcore.learner.step.StepSettings`). Build it with :meth:`build`."""
 
     def __init__(
         self,
@@ -44,11 +46,7 @@ class Learner:
         scheduler,
         layout: Layout,
         arch: ModelArch,
-        loss: LossConfig = LossConfig(),
-        batch: BatchConfig = BatchConfig(),
-        routing: RoutingConfig = RoutingConfig(),
-        temperature: float = 1.0,
-        recompute_old_logprobs: bool = False,
+        settings: StepSettings = StepSettings(),
         reference: ReferencePolicy | None = None,
     ):
         self.model = model
@@ -58,13 +56,8 @@ class Learner:
         self.layout = layout
         self.arch = arch
         """The model's architecture (from the Hugging Face ``config.json``)."""
-        self.loss = loss
-        self.batch = batch
-        self.routing = routing
-        self.temperature = temperature
-        """The policy is ``softmax(logits / temperature)``: the rollout's sampling temperature."""
-        self.recompute_old_logprobs = recompute_old_logprobs
-        """Replace the engine's log-probs by the learner's recompute (kept as the behaviour log-probs)."""
+        self.settings = settings
+        """The loss, batching, routing, temperature and old-log-prob source of every step."""
         self.reference = reference
         """The frozen initial policy of the KL term (``None`` when the loss needs none)."""
 
@@ -90,7 +83,16 @@ class Learner:
         from ``init_seed`` (layout independent) or load ``hf_weights`` (a Hugging Face directory's safetensors,
         any layout); then the optimizer and schedule, and the KL reference when ``loss`` needs one (the initial
         policy: built before any checkpoint is restored). ``seed``: the run's seed for Megatron's RNG set-up.
-        A fused LM head the model cannot serve is refused here, naming ``loss.fused_lm_head``."""
+        ``loss``, ``batch``, ``routing``, ``temperature`` and ``recompute_old_logprobs`` make the
+        :class:`~gspo_mcore.learner.step.StepSettings`. A fused LM head the model cannot serve is refused here,
+        naming ``loss.fused_lm_head``."""
+        settings = StepSettings(
+            loss=loss,
+            batch=batch,
+            routing=routing,
+            temperature=temperature,
+            recompute_old_logprobs=recompute_old_logprobs,
+        )
         layout = init_parallel(parallel, arch, seed=seed)
         model = build_model(
             arch,
@@ -100,23 +102,19 @@ class Learner:
             use_distributed_optimizer=optim.use_distributed_optimizer,
         )
         if hf_weights:
-            from gspo_mcore.convert.hf_import import load_hf_weights
+            from gspo_mcore.learner.hf.load import load_hf_weights
 
             load_hf_weights(model, hf_weights, arch, progress=progress, layout=layout)
         lm_head.fused_head(model, loss)  # refuses, naming the key, a model it cannot serve
         optimizer, scheduler = build_optimizer(model, optim)
-        reference = ReferencePolicy(model) if loss.uses_reference else None
+        reference = ReferencePolicy(model, layout, **settings.forward_options()) if loss.uses_reference else None
         return cls(
             model=model,
             optimizer=optimizer,
             scheduler=scheduler,
             layout=layout,
             arch=arch,
-            loss=loss,
-            batch=batch,
-            routing=routing,
-            temperature=temperature,
-            recompute_old_logprobs=recompute_old_logprobs,
+            settings=settings,
             reference=reference,
         )
 
@@ -125,19 +123,10 @@ class Learner:
         """Whether this is global rank 0 (the one that writes files and logs)."""
         return self.layout.rank == 0
 
-    def logprobs(self, samples, *, replay_routing: bool = False) -> list[torch.Tensor]:
+    def logprobs(self, samples) -> list[torch.Tensor]:
         """Forward only: the current policy's log-probs of ``tokens[1:]`` for every sample (``[L-1]`` float32 on
         the CPU, on every rank), through the training's schedule and micro-batching."""
-        return forward_logprobs(
-            self.model,
-            samples,
-            self.layout,
-            max_tokens=self.batch.max_tokens_per_microbatch,
-            packing=self.batch.packing,
-            temperature=self.temperature,
-            loss_cfg=self.loss,
-            replay_routing=replay_routing,
-        )
+        return forward_logprobs(self.model, samples, self.layout, **self.settings.forward_options())
 
     def train(self, samples, *, measure_routing: bool = False) -> list[dict[str, float]]:
         """One training step on the rollout batch ``samples`` (the same list on every rank): old log-probs where
@@ -149,18 +138,22 @@ class Learner:
             self.scheduler,
             samples,
             self.layout,
-            self.loss,
-            self.batch,
-            self.routing,
-            temperature=self.temperature,
-            recompute_old_logprobs=self.recompute_old_logprobs,
-            measure_routing=measure_routing,
+            self.settings,
             reference=self.reference,
+            measure_routing=measure_routing,
         )
+
+    def decode_model(self):
+        """A decode model over this rank's live ``GPTModel`` (KV cache), for the in-process rollout engine (see
+        :func:`gspo_mcore.learner.inference.decode_model`): it reads the current parameters, so it needs no
+        weight sync."""
+        from gspo_mcore.learner.inference import decode_model
+
+        return decode_model(self.model, self.layout)
 
     def export_plan(self, *, dtype: torch.dtype | None = None) -> list:
         """What :meth:`export_weights` yields, in order: one item per Hugging Face tensor (name, shape, bytes)."""
-        from gspo_mcore.convert.export import export_plan
+        from gspo_mcore.learner.hf.export import export_plan
 
         return export_plan(self.model, self.arch, dtype=dtype, layout=self.layout)
 
@@ -170,7 +163,7 @@ class Learner:
         """The weights as Hugging Face tensors, in buckets of at most ``bucket_bytes`` (lists of ``(name,
         tensor)``), gathered over TP, PP and EP. Every rank must iterate to the end (the gathers are
         collectives); only rank 0's buckets hold the tensors to keep."""
-        from gspo_mcore.convert.export import DEFAULT_BUCKET_BYTES, hf_buckets
+        from gspo_mcore.learner.hf.export import DEFAULT_BUCKET_BYTES, hf_buckets
 
         return hf_buckets(
             self.model,
@@ -191,3 +184,8 @@ class Learner:
         """Restore the newest valid checkpoint, if any: a :class:`~gspo_mcore.learner.checkpoint.Resumed` (its
         step and the trainer's ``extra``), or ``None`` when there is nothing to resume."""
         return checkpointer.resume(self.model, self.optimizer, self.scheduler)
+
+    def close(self) -> None:
+        """Tear down the process groups (Megatron's and the default one), after a barrier: every rank calls it
+        once, last, when the run is over."""
+        destroy_parallel()

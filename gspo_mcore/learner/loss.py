@@ -1,6 +1,6 @@
 """The loss adapter: the policy loss of one micro-batch as Megatron's schedule calls it, and its metrics.
 
-:func:`policy_loss_func` turns the last stage's output into per-token log-probs (:mod:`.logprobs`) and those
+:func:`policy_loss_func` turns the last stage's output into per-token log-probs (:mod:`.forward`) and those
 into :func:`gspo_mcore.algo.policy_loss` (plus the off-policy weights and the regularisers) with ``N`` = the
 number of sequences in the whole mini-batch (all micro-batches, all DP ranks). Megatron divides each
 micro-batch's loss by the number of micro-batches and averages gradients over DP ranks; our loss already carries
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from gspo_mcore import algo
-from gspo_mcore.learner.logprobs import microbatch_logprobs
+from gspo_mcore.learner.forward import microbatch_logprobs
 from gspo_mcore.learner.parallel import Layout
 
 # Layout of the per-micro-batch statistics vector (summed over micro-batches and ranks).

@@ -3,7 +3,7 @@
 Every schedule (no pipelining, 1F1B, interleaved) runs the same ``forward_step``: the model's output on the last
 stage is this rank's vocabulary slice of the logits, ``[R, S, V/TP]`` (or its hidden states with the fused LM
 head, :mod:`gspo_mcore.learner.lm_head`), handed to a loss function of the micro-batch (:mod:`.loss` for training,
-:mod:`.logprobs` for forward-only passes). This module cuts the rollout batch into this DP (and CP) rank's
+:mod:`.forward` for forward-only passes). This module cuts the rollout batch into this DP (and CP) rank's
 micro-batches and runs the schedule; it knows nothing of the loss.
 """
 

@@ -3,7 +3,7 @@
 :func:`train_step` takes the whole rollout batch (the same list of :class:`~gspo_mcore.learner.batching.TrainSample`
 on every rank), decides the step's MoE routing once (:func:`gspo_mcore.learner.routing.plan`), completes the
 samples (old log-probs, the engine's as behaviour log-probs, reference log-probs, recorded experts) with
-forward-only passes (:mod:`.logprobs`), and runs :func:`train_minibatch` per mini-batch: the schedule
+forward-only passes (:mod:`.forward`), and runs :func:`train_minibatch` per mini-batch: the schedule
 (:mod:`.schedule`) with the loss adapter (:mod:`.loss`), then the optimizer.
 """
 
@@ -17,12 +17,13 @@ from gspo_mcore.algo.loss_config import LossConfig
 from gspo_mcore.config import check_literals
 from gspo_mcore.learner import lm_head, routing
 from gspo_mcore.learner.batching import TrainSample, count_sequences, split_minibatches
-from gspo_mcore.learner.logprobs import check_temperature, forward_logprobs, forward_logprobs_with_routing
+from gspo_mcore.learner.forward import forward_logprobs, forward_logprobs_with_routing
 from gspo_mcore.learner.loss import policy_loss_func, reduce_metrics
 from gspo_mcore.learner.optimizer import current_lr, optimizer_step, zero_grads
 from gspo_mcore.learner.parallel import Layout
 from gspo_mcore.learner.routing import RoutingConfig
 from gspo_mcore.learner.schedule import microbatches_for_rank, run_schedule
+from gspo_mcore.ops.logprobs import check_temperature
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +47,34 @@ class BatchConfig:
                 f"BatchConfig.max_tokens_per_microbatch must be >= 2, got {self.max_tokens_per_microbatch}"
             )
         check_literals(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepSettings:
+    """How every training step of a run is done, fixed when the :class:`~gspo_mcore.learner.learner.Learner` is
+    built: the loss, the batching, the MoE routing, the policy's temperature and where the old log-probs come
+    from."""
+
+    loss: LossConfig = LossConfig()
+    batch: BatchConfig = BatchConfig()
+    routing: RoutingConfig = RoutingConfig()
+    temperature: float = 1.0
+    """The policy is ``softmax(logits / temperature)``: the rollout's sampling temperature."""
+    recompute_old_logprobs: bool = False
+    """Replace the engine's log-probs by the learner's recompute (kept as the behaviour log-probs)."""
+
+    def __post_init__(self):
+        check_temperature(self.temperature)
+
+    def forward_options(self) -> dict:
+        """The keywords of :func:`~gspo_mcore.learner.forward.forward_logprobs` under these settings (the
+        micro-batching, the temperature, the LM-head keys of the loss)."""
+        return dict(
+            max_tokens=self.batch.max_tokens_per_microbatch,
+            packing=self.batch.packing,
+            temperature=self.temperature,
+            loss_cfg=self.loss,
+        )
 
 
 def forward_backward(
@@ -168,25 +197,21 @@ def train_step(
     scheduler,
     samples: list[TrainSample],
     layout: Layout,
-    loss_cfg: LossConfig,
-    batch_cfg: BatchConfig,
-    routing_cfg: RoutingConfig = RoutingConfig(),
+    settings: StepSettings,
     *,
-    temperature: float = 1.0,
-    recompute_old_logprobs: bool = False,
-    measure_routing: bool = False,
     reference=None,
+    measure_routing: bool = False,
 ) -> list[dict[str, float]]:
     """One rollout batch: old log-probs where needed, then one optimizer step per mini-batch.
 
-    ``samples`` is the whole rollout batch, identical on every rank; ``temperature`` the rollout's sampling
-    temperature (the policy is ``softmax(logits / temperature)``). Samples without ``old_logprobs``
-    (all of them with ``recompute_old_logprobs``) get them from a forward pass of the current,
-    pre-update policy. Returns one metrics dict per mini-batch (see :func:`train_minibatch`); when
-    rollout log-probs were replaced, each also has ``rollout_logprob_abs_diff`` (mean over counted tokens
-    of ``|recomputed - rollout|``).
+    ``samples`` is the whole rollout batch, identical on every rank; ``settings`` the loss, batching, routing,
+    temperature (the rollout's sampling temperature: the policy is ``softmax(logits / temperature)``) and
+    ``recompute_old_logprobs``. Samples without ``old_logprobs`` (all of them with ``recompute_old_logprobs``)
+    get them from a forward pass of the current, pre-update policy. Returns one metrics dict per mini-batch (see
+    :func:`train_minibatch`); when rollout log-probs were replaced, each also has ``rollout_logprob_abs_diff``
+    (mean over counted tokens of ``|recomputed - rollout|``).
 
-    MoE models: with ``routing_cfg.replay == "learner"`` (R2) the old-log-prob forward records every token's
+    MoE models: with ``settings.routing.replay == "learner"`` (R2) the old-log-prob forward records every token's
     experts and the training forwards replay them (Routing Replay); samples that already carry
     ``routed_experts`` and ``old_logprobs`` are replayed as given. With ``"rollout"`` (R3) every sample must
     carry the engine's ``routed_experts`` (checked by :func:`routing.check_rollout_routing`), and the
@@ -197,12 +222,13 @@ def train_step(
 
     Off-policy (docs/loss.md): with ``recompute_old_logprobs`` the samples' own log-probs (the engine's, mu)
     are kept as ``behaviour_logprobs`` next to the recompute (pi_prox): the metrics ``is_weight_*``,
-    ``is_masked_fraction`` and ``kl_behaviour_prox`` are then reported, and ``loss_cfg.off_policy`` weights
+    ``is_masked_fraction`` and ``kl_behaviour_prox`` are then reported, and ``settings.loss.off_policy`` weights
     the loss (a mode other than ``none`` requires ``recompute_old_logprobs``, or samples that bring their
     own ``old_logprobs`` / ``behaviour_logprobs`` pair). ``reference`` (a
-    :class:`~gspo_mcore.learner.reference.ReferencePolicy`): its log-probs are attached as ``ref_logprobs``
-    when ``loss_cfg.uses_reference`` (KL penalty / ``kl`` metric).
+    :class:`~gspo_mcore.learner.kl_reference.ReferencePolicy` built with ``settings.forward_options()``): its
+    log-probs are attached as ``ref_logprobs`` when ``settings.loss.uses_reference`` (KL penalty / ``kl`` metric).
     """
+    loss_cfg, batch_cfg, recompute_old_logprobs = settings.loss, settings.batch, settings.recompute_old_logprobs
     if loss_cfg.off_policy.mode != "none" and not recompute_old_logprobs:
         # samples may bring their own (pi_prox, mu) pair; otherwise the recompute below makes it
         missing = next((i for i, s in enumerate(samples) if s.behaviour_logprobs is None), None)
@@ -222,13 +248,8 @@ def train_step(
     if loss_cfg.uses_reference and reference is None:
         raise ValueError("loss.kl_coef > 0 or loss.kl_metric needs a ReferencePolicy (train_step(reference=...))")
     extra = {}
-    kw = dict(
-        max_tokens=batch_cfg.max_tokens_per_microbatch,
-        packing=batch_cfg.packing,
-        temperature=temperature,
-        loss_cfg=loss_cfg,
-    )
-    plan = routing.plan(model, samples, routing_cfg, measure=measure_routing)
+    kw = settings.forward_options()
+    plan = routing.plan(model, samples, settings.routing, measure=measure_routing)
     before = None  # the experts before the update: recorded, or (R3) the learner's own routing
     if plan.replay_old and plan.measure:  # the learner's own routing before the update, against the engine's
         _, before = forward_logprobs_with_routing(model, samples, layout, **kw)
@@ -253,7 +274,7 @@ def train_step(
                 for s, r in zip(samples, before)
             ]
     if loss_cfg.uses_reference:
-        ref = reference.logprobs(model, samples, layout, **kw)
+        ref = reference.logprobs(samples)
         samples = [replace(s, ref_logprobs=lp) for s, lp in zip(samples, ref)]
     results = []
     for j, part in enumerate(split_minibatches(len(samples), batch_cfg.num_minibatches)):
@@ -268,7 +289,7 @@ def train_step(
                     loss_cfg,
                     max_tokens=batch_cfg.max_tokens_per_microbatch,
                     packing=batch_cfg.packing,
-                    temperature=temperature,
+                    temperature=settings.temperature,
                     replay_routing=plan.replay_training,
                 ),
                 **extra,

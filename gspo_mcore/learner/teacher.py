@@ -2,10 +2,10 @@
 
 The teacher is any supported Hugging Face checkpoint (Qwen3, Qwen3-MoE, Llama, Qwen2; any size), built as a
 second Megatron ``GPTModel`` under the learner's own parallel layout (the same TP/PP/EP/CP groups, so its
-weights are sharded like the student's) and filled by :func:`~gspo_mcore.convert.hf_import.load_hf_weights`.
+weights are sharded like the student's) and filled by :func:`~gspo_mcore.learner.hf.load.load_hf_weights`.
 It has no optimizer and no gradients: every parameter has ``requires_grad=False``, so its Megatron DDP
 wrapper (needed only for the schedule's ``no_sync``) allocates no gradient buffer. Its log-probs come from
-:func:`~gspo_mcore.learner.forward_logprobs`, through the same schedule and micro-batching as the learner's
+:func:`~gspo_mcore.learner.forward.forward_logprobs`, through the same schedule and micro-batching as the learner's
 old-policy log-probs.
 
 :func:`check_teacher_fits` refuses, before anything is built, a teacher that the layout cannot split
@@ -19,6 +19,7 @@ import torch
 from gspo_mcore.learner.model import ModelOptions, build_model
 from gspo_mcore.learner.model_config import ModelArch, load_hf_config
 from gspo_mcore.learner.parallel import Layout, ParallelConfig, validate_layout
+from gspo_mcore.ops.logprobs import check_temperature
 
 
 def check_teacher_fits(
@@ -27,8 +28,8 @@ def check_teacher_fits(
     """The teacher's shape, from ``hf_dir/config.json``; raises ``ValueError`` starting with ``where`` when
     the checkpoint is not a supported architecture or the layout ``parallel`` on ``world_size`` ranks
     cannot split it."""
-    from gspo_mcore.convert.hf_io import read_config
-    from gspo_mcore.convert.hf_mapping import check_architecture
+    from gspo_mcore.learner.hf.folder import read_config
+    from gspo_mcore.learner.hf.mapping import check_architecture
 
     try:
         config = read_config(hf_dir)
@@ -50,15 +51,30 @@ def check_teacher_fits(
 class Teacher:
     """The frozen teacher of this rank: its model chunk(s), sharded under the current layout."""
 
-    def __init__(self, hf_dir: str, arch: ModelArch, parallel: ParallelConfig, layout: Layout, options=None):
+    def __init__(
+        self,
+        hf_dir: str,
+        arch: ModelArch,
+        parallel: ParallelConfig,
+        layout: Layout,
+        options=None,
+        *,
+        max_tokens: int,
+        packing: str = "padded",
+        temperature: float = 1.0,
+    ):
         """Build the teacher for ``arch`` (see :func:`check_teacher_fits`) and load ``hf_dir``'s weights.
-        Call after :func:`~gspo_mcore.learner.init_parallel`, on every rank."""
+        Call after :func:`~gspo_mcore.learner.parallel.init_parallel`, on every rank. Its forwards cut the
+        samples into micro-batches of ``max_tokens`` (``packing``: see
+        :class:`~gspo_mcore.learner.step.BatchConfig`) and score under ``softmax(logits / temperature)``."""
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-        from gspo_mcore.convert.hf_import import load_hf_weights
+        from gspo_mcore.learner.hf.load import load_hf_weights
 
         self.hf_dir = hf_dir
         self.arch = arch
+        self.layout = layout
+        self.options = dict(max_tokens=max_tokens, packing=packing, temperature=check_temperature(temperature))
         chunks = build_model(arch, parallel, options or ModelOptions(), seed=None, wrap_ddp=False)
         load_hf_weights(chunks, hf_dir, arch, layout=layout)
         for chunk in chunks:
@@ -74,11 +90,9 @@ class Teacher:
         return sum(p.numel() * p.element_size() for chunk in self.model for p in chunk.parameters())
 
     @torch.no_grad()
-    def logprobs(self, samples, layout: Layout, *, max_tokens: int, packing: str, temperature: float = 1.0):
+    def logprobs(self, samples) -> list[torch.Tensor]:
         """The teacher's log-probs of ``tokens[1:]`` for every sample (``[L-1]`` float32 on the CPU, every
         rank), under ``softmax(logits / temperature)``; ``samples`` is the same list on every rank."""
-        from gspo_mcore.learner.logprobs import forward_logprobs
+        from gspo_mcore.learner.forward import forward_logprobs
 
-        return forward_logprobs(
-            self.model, samples, layout, max_tokens=max_tokens, packing=packing, temperature=temperature
-        )
+        return forward_logprobs(self.model, samples, self.layout, **self.options)

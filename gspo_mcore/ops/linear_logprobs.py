@@ -14,13 +14,11 @@ autograd graph holds only the hidden states, the weight, the targets and two ``[
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from gspo_mcore.ops import _backend
 from gspo_mcore.ops._checks import check_length, check_tensor
-from gspo_mcore.ops.logprobs import reduce_vocab_stats
+from gspo_mcore.ops.logprobs import check_temperature, reduce_vocab_stats
 from gspo_mcore.ops.reference import MAX, OWNED, SUMEXP, TARGET, XSUM
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -70,8 +68,7 @@ def linear_token_logprobs(
         )
     if weight.shape[0] == 0:
         raise ValueError("weight must have at least one vocabulary row (V_local >= 1)")
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    check_temperature(temperature)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be an int >= 1 (vocabulary columns per chunk), got {chunk!r}")
     if tp_group is None and vocab_start != 0:

@@ -25,6 +25,14 @@ from gspo_mcore.ops.reference import MAX, OWNED, SUMEXP, TARGET, XSUM
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def check_temperature(temperature: float) -> float:
+    """``temperature`` as a float; ``ValueError`` unless it is a finite number > 0 (the policy is
+    ``softmax(logits / temperature)``)."""
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    return float(temperature)
+
+
 def token_logprobs(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -68,8 +76,7 @@ def token_logprobs(
     check_length("targets", targets, logits.shape[0], "logits' first dimension (T)")
     if logits.shape[1] == 0:
         raise ValueError("logits must have at least one vocabulary column (V_local >= 1)")
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    check_temperature(temperature)
     if tp_group is None and vocab_start != 0:
         raise ValueError(
             f"vocab_start={vocab_start} needs tp_group: without a tensor-parallel group the "

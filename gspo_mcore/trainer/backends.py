@@ -8,7 +8,7 @@ method in the same order.
   own model; the groups are gathered so every rank holds the whole batch. No weight sync.
 - :class:`SGLangRollout`: global rank 0 drives SGLang servers (launched here, or given by URL) through
   the project's client and broadcasts the groups. After each training step every rank takes part in the
-  HF export of the sharded weights (:func:`gspo_mcore.convert.export.hf_buckets`) and rank 0 pushes it
+  HF export of the sharded weights (:func:`gspo_mcore.learner.hf.export.hf_buckets`) and rank 0 pushes it
   to the servers: ``tensor`` (colocated servers: shared tensors) or ``disk`` (an exported safetensors
   directory). Colocated servers release their GPU memory while the learner trains.
 """
@@ -115,12 +115,11 @@ class InProcessRollout(RolloutBackend):
 
     def __init__(self, learner, tokenizer, *, max_batch_size: int):
         """``learner``: the :class:`~gspo_mcore.learner.Learner` whose live model samples."""
-        from gspo_mcore.learner.inference import decode_model
         from gspo_mcore.rollout.inprocess import InProcessEngine
 
         self.layout = learner.layout
         self.engine = InProcessEngine(
-            decode_model(learner.model, learner.layout),
+            learner.decode_model(),
             eos_token_id=tokenizer.eos_token_id,
             vocab_size=learner.arch.vocab_size,
             pad_token_id=tokenizer.pad_token_id or 0,
@@ -282,7 +281,7 @@ class SGLangRollout(RolloutBackend):
 
     def _export_to_disk(self, learner, dtype, version: int) -> str:
         """Every rank takes part in the export; rank 0 writes it as a Hugging Face folder ``weights/step_<v>``."""
-        from gspo_mcore.convert.hf_io import copy_files, side_files, write_safetensors
+        from gspo_mcore.learner.hf.folder import copy_files, side_files, write_safetensors
 
         path = os.path.join(self.output_dir, "weights", f"step_{version}")
         tmp = path + ".tmp"

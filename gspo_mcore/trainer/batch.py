@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from gspo_mcore.learner import TrainSample
+from gspo_mcore.learner.batching import TrainSample
 from gspo_mcore.rollout.types import Sample
 
 

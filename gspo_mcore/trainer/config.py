@@ -17,14 +17,18 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gspo_mcore.algo.loss_config import LossConfig
 from gspo_mcore.config import check_literals
 from gspo_mcore.data.dataset import DataConfig
 from gspo_mcore.data.sampler import SamplerConfig
 from gspo_mcore.data.template import TemplateConfig
 from gspo_mcore.envs.config import EpisodeConfig
-from gspo_mcore.learner import BatchConfig, LossConfig, ModelOptions, OptimConfig, ParallelConfig
 from gspo_mcore.learner.checkpoint import CheckpointConfig
+from gspo_mcore.learner.model import ModelOptions
+from gspo_mcore.learner.optimizer import OptimConfig
+from gspo_mcore.learner.parallel import ParallelConfig
 from gspo_mcore.learner.routing import RoutingConfig
+from gspo_mcore.learner.step import BatchConfig
 from gspo_mcore.metrics import LogConfig
 from gspo_mcore.rewards.runner import RewardRunnerConfig
 from gspo_mcore.rollout.types import SamplingParams
@@ -41,7 +45,7 @@ class ModelConfig:
     init_seed: int = 1234
     """Random initialisation seed (layout independent), used when ``load_hf_weights`` is off."""
     load_hf_weights: bool = False
-    """Start from the safetensors weights in ``hf_dir`` (any TP/PP/EP layout; see gspo_mcore.convert)."""
+    """Start from the safetensors weights in ``hf_dir`` (any TP/PP/EP layout; see gspo_mcore.learner.hf)."""
     options: ModelOptions = field(default_factory=ModelOptions)
 
     def __post_init__(self):

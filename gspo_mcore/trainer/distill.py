@@ -24,6 +24,7 @@ import torch
 
 from gspo_mcore.algo.distill import distill_advantages, distill_kl
 from gspo_mcore.config import check_literals
+from gspo_mcore.learner.step import BatchConfig
 from gspo_mcore.rollout.sglang_server import SGLangServers
 
 logger = logging.getLogger(__name__)
@@ -131,6 +132,9 @@ class DistillPlan:
     output_dir: str = "."
     """The run's folder (launched teacher servers log under it)."""
 
+    batch: BatchConfig = BatchConfig()
+    """The run's batching: the in-process teacher's micro-batches are the learner's."""
+
     def build(self, parallel, layout, options=None) -> Distiller:
         """Build the teacher on this rank (after the student; every rank calls this)."""
         from gspo_mcore.learner.teacher import Teacher
@@ -144,8 +148,17 @@ class DistillPlan:
             if layout.rank == 0:
                 where = ", ".join(self.cfg.sglang.urls) or f"{self.cfg.sglang.num_servers} launched server(s)"
                 logger.info("distillation teacher %s served by SGLang (%s)", self.cfg.teacher_dir, where)
-            return Distiller(self.cfg, teacher, layout)
-        teacher = Teacher(self.cfg.teacher_dir, self.arch, parallel, layout, options)
+            return Distiller(self.cfg, teacher)
+        teacher = Teacher(
+            self.cfg.teacher_dir,
+            self.arch,
+            parallel,
+            layout,
+            options,
+            max_tokens=self.batch.max_tokens_per_microbatch,
+            packing=self.batch.packing,
+            temperature=self.cfg.teacher_temperature,
+        )
         if layout.rank == 0:
             logger.info(
                 "distillation teacher %s (%s, %d layers): %.1f MiB of parameters per rank",
@@ -154,7 +167,7 @@ class DistillPlan:
                 self.arch.num_hidden_layers,
                 teacher.nbytes / 2**20,
             )
-        return Distiller(self.cfg, teacher, layout)
+        return Distiller(self.cfg, teacher)
 
 
 def plan(cfg, student_arch, tokenizer) -> DistillPlan | None:
@@ -189,7 +202,7 @@ def plan(cfg, student_arch, tokenizer) -> DistillPlan | None:
             f"{arch.max_position_embeddings} is below the student's {student_arch.max_position_embeddings}, so it "
             "could not score the student's longest sequences"
         )
-    return DistillPlan(d, arch, output_dir=cfg.log.output_dir)
+    return DistillPlan(d, arch, output_dir=cfg.log.output_dir, batch=cfg.batch)
 
 
 def served_teacher_arch(teacher_dir: str):
@@ -205,12 +218,13 @@ def served_teacher_arch(teacher_dir: str):
 class Distiller:
     """The step's distillation: teacher log-probs of the rollout batch -> per-token advantages."""
 
-    def __init__(self, cfg: DistillConfig, teacher, layout):
+    def __init__(self, cfg: DistillConfig, teacher):
         self.cfg = cfg
         self.teacher = teacher
-        self.layout = layout
+        """A :class:`~gspo_mcore.learner.teacher.Teacher` or a
+        :class:`~gspo_mcore.trainer.sglang_teacher.SGLangTeacher` (both: ``logprobs(samples)``)."""
 
-    def apply(self, samples, batch_cfg) -> tuple[list, dict]:
+    def apply(self, samples) -> tuple[list, dict]:
         """``samples`` (the learner's, with the engine's log-probs as ``old_logprobs``) with
         ``token_advantages`` set, and the metrics ``distill_kl`` (per-token ``KL(student || teacher)`` over
         the policy tokens, ``loss_mask == 1``) and ``time_teacher_s``."""
@@ -220,13 +234,7 @@ class Distiller:
         missing = next((i for i, s in enumerate(samples) if s.old_logprobs is None), None)
         if missing is not None:
             raise ValueError(f"distillation needs the engine's log-probs of every sample; sample {missing} has none")
-        teacher = self.teacher.logprobs(
-            samples,
-            self.layout,
-            max_tokens=batch_cfg.max_tokens_per_microbatch,
-            packing=batch_cfg.packing,
-            temperature=self.cfg.teacher_temperature,
-        )
+        teacher = self.teacher.logprobs(samples)
         out, kl_sum, count = [], 0.0, 0
         for s, t in zip(samples, teacher):
             mask = s.loss_mask[1:]

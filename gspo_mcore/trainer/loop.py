@@ -29,8 +29,8 @@ from gspo_mcore.algo import group_advantages
 from gspo_mcore.config import to_dict
 from gspo_mcore.data.loader import PromptLoader
 from gspo_mcore.data.sampler import PromptSampler
-from gspo_mcore.learner import Learner
 from gspo_mcore.learner.checkpoint import Checkpointer
+from gspo_mcore.learner.learner import Learner
 from gspo_mcore.metrics import MetricsLogger, step_metrics
 from gspo_mcore.rewards import RewardRunner
 from gspo_mcore.trainer import distill, preflight, run_dir
@@ -96,8 +96,11 @@ def run(cfg: TrainConfig) -> list[dict]:
         run_dir.prepare(inputs.run_dir, to_dict(cfg))  # the run's first write: config.yaml (after log.overwrite)
         if learner.reference is not None:
             logger.info("KL reference policy: %.1f MiB of CPU memory per rank", learner.reference.nbytes / 2**20)
-    # a launched server (SGLang rollout or teacher) is stopped however the run ends, its set-up included
+    # a launched server (SGLang rollout or teacher) is stopped however the run ends, its set-up included; the
+    # learner's process groups are torn down last, when the run ends without an error (the teardown's barrier
+    # would wait for ranks that failed)
     with contextlib.ExitStack() as cleanup:
+        cleanup.push(lambda exc_type, exc, tb: learner.close() if exc_type is None else None)
         distiller = distill_plan.build(cfg.parallel, learner.layout, cfg.model.options) if distill_plan else None
         if distiller is not None:
             cleanup.callback(distiller.close)
@@ -184,7 +187,7 @@ def gspo_step(run: Run, step: int) -> dict | None:
             dense_layers=learner.arch.dense_layer_indices(),
         )
         rollout.before_train()  # colocated SGLang frees its GPU memory
-        samples, distilled = run.distiller.apply(samples, cfg.batch) if run.distiller else (samples, {})
+        samples, distilled = run.distiller.apply(samples) if run.distiller else (samples, {})
         skipped = _too_few_samples(samples, cfg.batch.num_minibatches, step)
         measure = cfg.routing.measure_every > 0 and step % cfg.routing.measure_every == 0
         updates = [] if skipped else learner.train(samples, measure_routing=measure)

@@ -24,8 +24,8 @@ from gspo_mcore.config import ConfigError, to_dict
 from gspo_mcore.data.dataset import PromptDataset
 from gspo_mcore.data.template import PromptTemplate, load_tokenizer
 from gspo_mcore.envs import ChatRenderer, load_env
-from gspo_mcore.learner import load_hf_config
 from gspo_mcore.learner.checkpoint import CheckpointError
+from gspo_mcore.learner.model_config import load_hf_config
 from gspo_mcore.rewards import check_reward_setup
 from gspo_mcore.rewards.resolve import RewardSetupError
 from gspo_mcore.trainer import run_dir
@@ -146,8 +146,8 @@ def check_env(rollout_cfg, tokenizer):
 def check_weights(hf_dir: str, arch) -> None:
     """``model.load_hf_weights``: the folder's safetensors hold every tensor the architecture needs, with
     its shape (file headers only)."""
-    from gspo_mcore.convert.hf_import import check_checkpoint
-    from gspo_mcore.convert.hf_io import HFCheckpoint
+    from gspo_mcore.learner.hf.folder import HFCheckpoint
+    from gspo_mcore.learner.hf.load import check_checkpoint
 
     try:
         reader = HFCheckpoint(hf_dir)

@@ -52,13 +52,10 @@ class SGLangTeacher:
         return self.loop.run_until_complete(coro)
 
     @torch.no_grad()
-    def logprobs(self, samples, layout, *, max_tokens: int = 0, packing: str = "", temperature: float = 1.0):
+    def logprobs(self, samples) -> list[torch.Tensor]:
         """The teacher's log-probs of ``tokens[1:]`` for every sample (``[L-1]`` float32 on the CPU, every
-        rank), from the first counted token (``loss_mask == 1``) on; 0 before it. ``max_tokens`` and
-        ``packing`` are the in-process teacher's (unused: the servers batch by themselves). SGLang 0.5.23's
-        scoring log-probs are of the raw logits, so ``temperature`` must be 1."""
-        if temperature != 1.0:
-            raise ValueError(f"distill.engine=sglang scores at temperature 1 only, got {temperature}")
+        rank), from the first counted token (``loss_mask == 1``) on; 0 before it. SGLang 0.5.23's scoring
+        log-probs are of the raw logits: temperature 1 (``DistillConfig`` refuses another with this engine)."""
         out = [None]
         if self.is_driver:
             starts = [_first_counted(s.loss_mask) for s in samples]
@@ -69,7 +66,7 @@ class SGLangTeacher:
             for i, lp in zip(scored, lps):
                 result[i][starts[i] - 1 :] = torch.tensor(lp, dtype=torch.float32)
             out = [result]
-        if layout.world_size > 1:
+        if self.layout.world_size > 1:
             dist.broadcast_object_list(out, src=0)
         return out[0]
 

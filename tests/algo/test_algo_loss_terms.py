@@ -114,7 +114,7 @@ def test_the_weight_is_length_normalised_not_a_product():
 
 @pytest.mark.parametrize("bad", [1.0, 0.5, math.inf, math.nan])
 def test_a_cap_not_above_one_is_refused(bad):
-    from gspo_mcore.learner import OffPolicyConfig
+    from gspo_mcore.algo.loss_config import OffPolicyConfig
 
     with pytest.raises(ValueError, match="loss.off_policy.cap"):
         OffPolicyConfig(mode="tis", cap=bad)
@@ -125,7 +125,7 @@ def test_a_cap_not_above_one_is_refused(bad):
 
 
 def test_loss_config_refuses_bad_regularizer_keys():
-    from gspo_mcore.learner import LossConfig
+    from gspo_mcore.algo.loss_config import LossConfig
 
     with pytest.raises(ValueError, match="loss.kl_coef"):
         LossConfig(kl_coef=-0.1)

@@ -32,14 +32,10 @@ OPTIM = dict(lr=1e-3, clip_grad=1.0, weight_decay=0.01, adam_eps=1e-6, lr_warmup
 
 
 def build(case, seed):
-    from gspo_mcore.learner import (
-        OptimConfig,
-        ParallelConfig,
-        build_model,
-        build_optimizer,
-        init_parallel,
-        load_hf_config,
-    )
+    from gspo_mcore.learner.model import build_model
+    from gspo_mcore.learner.model_config import load_hf_config
+    from gspo_mcore.learner.optimizer import OptimConfig, build_optimizer
+    from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
 
     arch = load_hf_config(toy.MODELS[case.get("model", "dense")])
     pc = ParallelConfig(tensor=case.get("tp", 1), expert=case.get("ep", 1))
@@ -51,7 +47,9 @@ def build(case, seed):
 
 
 def rollout_batch(model, optimizer, scheduler, layout, seed):
-    from gspo_mcore.learner import BatchConfig, LossConfig, forward_logprobs, train_step
+    from gspo_mcore.algo.loss_config import LossConfig
+    from gspo_mcore.learner.forward import forward_logprobs
+    from gspo_mcore.learner.step import BatchConfig, StepSettings, train_step
 
     samples = toy.toy_samples(vocab=128, seed=seed)
     logp = forward_logprobs(model, samples, layout, max_tokens=MAX_TOKENS)
@@ -62,8 +60,7 @@ def rollout_batch(model, optimizer, scheduler, layout, seed):
         scheduler,
         batch,
         layout,
-        LossConfig(),
-        BatchConfig(num_minibatches=2, max_tokens_per_microbatch=MAX_TOKENS),
+        StepSettings(loss=LossConfig(), batch=BatchConfig(num_minibatches=2, max_tokens_per_microbatch=MAX_TOKENS)),
     )
     return [m["loss"] for m in metrics], [m["grad_norm"] for m in metrics]
 

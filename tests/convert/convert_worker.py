@@ -62,7 +62,7 @@ def megatron_logits(model, layout, toks: torch.Tensor) -> torch.Tensor | None:
 
 def gather_digests(model, arch, *, dtype=None) -> tuple[dict[str, str], dict]:
     """Digests of every exported tensor, and facts about the buckets (same on all ranks? within budget?)."""
-    from gspo_mcore.convert import hf_buckets
+    from gspo_mcore.learner.hf.export import hf_buckets
 
     digests, buckets = {}, []
     for bucket in hf_buckets(model, arch, bucket_bytes=BUCKET_BYTES, dtype=dtype):
@@ -82,9 +82,11 @@ def gather_digests(model, arch, *, dtype=None) -> tuple[dict[str, str], dict]:
 
 
 def run_case(case, args):
-    from gspo_mcore.convert import load_hf_weights
     from gspo_mcore.convert.mcore_checkpoint import load_model, save_model
-    from gspo_mcore.learner import ParallelConfig, build_model, init_parallel, load_hf_config
+    from gspo_mcore.learner.hf.load import load_hf_weights
+    from gspo_mcore.learner.model import build_model
+    from gspo_mcore.learner.model_config import load_hf_config
+    from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
 
     t0 = time.time()
     hf_dir = case["hf"]

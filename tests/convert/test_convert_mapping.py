@@ -12,31 +12,28 @@ import torch
 from convert_models import MODELS, ROOT, build_hf_model
 from safetensors.torch import load_file, save_file
 
-from gspo_mcore.convert import (
-    HFCheckpoint,
+from gspo_mcore.convert.convert import preflight_hf
+from gspo_mcore.learner.hf.folder import HFCheckpoint
+from gspo_mcore.learner.hf.mapping import (
+    KINDS,
     MissingTensorError,
     ShapeMismatchError,
     UnsupportedArchitectureError,
     check_architecture,
-    hf_shapes,
-    to_transformers_layout,
-)
-from gspo_mcore.convert.convert import preflight_hf
-from gspo_mcore.convert.hf_mapping import (
-    KINDS,
     from_hf,
     from_transformers_layout,
+    hf_shapes,
     megatron_params,
     merge_qkv,
     parse_hf_name,
     parse_megatron_name,
     split_qkv,
     to_hf,
+    to_transformers_layout,
     tp_shard,
     tp_unshard,
 )
-from gspo_mcore.learner import load_hf_config
-from gspo_mcore.learner.model_config import UnsupportedConfigError
+from gspo_mcore.learner.model_config import UnsupportedConfigError, load_hf_config
 
 # ------------------------------------------------------------------------------------------ layouts
 

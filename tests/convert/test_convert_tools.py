@@ -17,7 +17,7 @@ import pytest
 import torch
 from convert_models import ROOT, run
 
-from gspo_mcore.convert import HFCheckpoint
+from gspo_mcore.learner.hf.folder import HFCheckpoint
 
 pytestmark = pytest.mark.distributed
 

@@ -39,19 +39,14 @@ def learner_logits(model, layout, toks: torch.Tensor) -> torch.Tensor | None:
 
 
 def run_case(case, args):
-    from gspo_mcore.convert import load_hf_weights
-    from gspo_mcore.learner import (
-        BatchConfig,
-        LossConfig,
-        OptimConfig,
-        ParallelConfig,
-        build_model,
-        build_optimizer,
-        init_parallel,
-        load_hf_config,
-        train_step,
-    )
+    from gspo_mcore.algo.loss_config import LossConfig
     from gspo_mcore.learner.checkpoint import CheckpointConfig, Checkpointer
+    from gspo_mcore.learner.hf.load import load_hf_weights
+    from gspo_mcore.learner.model import build_model
+    from gspo_mcore.learner.model_config import load_hf_config
+    from gspo_mcore.learner.optimizer import OptimConfig, build_optimizer
+    from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
+    from gspo_mcore.learner.step import BatchConfig, StepSettings, train_step
 
     hf_dir = case["hf"]
     arch = load_hf_config(hf_dir)
@@ -71,9 +66,11 @@ def run_case(case, args):
         scheduler,
         samples,
         layout,
-        LossConfig(),
-        BatchConfig(num_minibatches=2, max_tokens_per_microbatch=MAX_TOKENS),
-        recompute_old_logprobs=True,
+        StepSettings(
+            loss=LossConfig(),
+            batch=BatchConfig(num_minibatches=2, max_tokens_per_microbatch=MAX_TOKENS),
+            recompute_old_logprobs=True,
+        ),
     )
     run_dir = os.path.join(args.root, case["name"])
     cfg = CheckpointConfig(save_every=1, optimizer_format=case.get("format", "dp_reshardable"))

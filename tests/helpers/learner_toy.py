@@ -79,7 +79,7 @@ def toy_samples(
     draw the same batch as before these options existed.
     """
     from gspo_mcore.algo import group_advantages
-    from gspo_mcore.learner import TrainSample
+    from gspo_mcore.learner.batching import TrainSample
 
     g = torch.Generator().manual_seed(seed)
     rewards = torch.rand(-(-num_samples // group_size) * group_size, generator=g)
@@ -209,8 +209,9 @@ def toy_engine_setup(layout_name: str, *, seed: int = 7, max_batch_size: int = 8
     """The engine workers' common start: parallel state for ``layout_name`` (``tp2``: 2 TP ranks; anything
     else: this launch's world as DP), the DENSE toy model, and the engines' keyword arguments.
     Returns ``(layout, arch, model, engine_kwargs)``."""
-    from gspo_mcore.learner import ParallelConfig, build_model, init_parallel
+    from gspo_mcore.learner.model import build_model
     from gspo_mcore.learner.model_config import load_hf_config
+    from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
 
     parallel = ParallelConfig(tensor=2) if layout_name == "tp2" else ParallelConfig()
     arch = load_hf_config(DENSE)

@@ -26,7 +26,7 @@ def run_cases(run_case, paths: dict[str, str], *, append: bool = False) -> None:
         parser.add_argument(option, required=True, help=text)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    from gspo_mcore.learner import destroy_parallel
+    from gspo_mcore.learner.parallel import destroy_parallel
 
     results = []
     for case in json.loads(args.cases):

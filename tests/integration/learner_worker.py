@@ -1,14 +1,14 @@
 """The learner side of the real-SGLang integration tests: one process, one gloo rank, the main venv.
 
 Run by the tests as ``python learner_worker.py SPEC.json REPORT.json``. It builds the Megatron learner on
-the test's tiny Hugging Face checkpoint (:func:`gspo_mcore.convert.load_hf_weights`), talks to the SGLang
+the test's tiny Hugging Face checkpoint (:func:`gspo_mcore.learner.hf.load.load_hf_weights`), talks to the SGLang
 server(s) through the project's own client (:class:`gspo_mcore.rollout.SGLangEngine`), and executes the
 spec's ``steps`` in order, recording what it saw in the report (the tests assert on it):
 
 - ``{"op": "perturb", "seed": int, "scale": float}``: add ``scale * N(0, 1)`` to every parameter
   (a stand-in for a training step: new weights the server does not have yet);
 - ``{"op": "sync", "method": "disk"|"tensor"|"distributed", "version": int, "export_dir"?: str,
-  "bucket_bytes"?: int}``: push the learner's weights, gathered by :func:`gspo_mcore.convert.hf_buckets`
+  "bucket_bytes"?: int}``: push the learner's weights, gathered by :func:`gspo_mcore.learner.hf.export.hf_buckets`
   (the rollout weight sync's gather), to every server: written as safetensors and loaded by
   ``update_weights_from_disk``; shared as CPU tensors (torch's ``file_system`` sharing strategy) through
   ``update_weights_from_tensor``; or broadcast over a gloo weight-update group (trainer = rank 0, created
@@ -23,9 +23,9 @@ spec's ``steps`` in order, recording what it saw in the report (the tests assert
   parameters / put it back (to score one set of samples under two weight versions);
 - ``{"op": "load_checkpoint", "path": str}``: load a training checkpoint's model part (a run folder, its
   checkpoint directory or one ``step_<N>``) into the learner, through the exporter's loader (the trainer's);
-- ``{"op": "score", "name": str, "label"?: str}``: the learner's log-probs (:func:`gspo_mcore.learner.forward_logprobs`
-  at the request's log-prob temperature) of those samples' response tokens, next to SGLang's, in
-  ``report["score"][label or name]``.
+- ``{"op": "score", "name": str, "label"?: str}``: the learner's log-probs
+  (:func:`gspo_mcore.learner.forward.forward_logprobs` at the request's log-prob temperature) of those samples'
+  response tokens, next to SGLang's, in ``report["score"][label or name]``.
 
 Nothing here is SGLang-specific test support: it is what a trainer does, on one rank.
 """
@@ -43,17 +43,14 @@ import urllib.request
 
 import torch
 
-from gspo_mcore.convert import hf_buckets, load_hf_weights, write_safetensors
-from gspo_mcore.convert.export import export_plan
-from gspo_mcore.learner import (
-    ModelOptions,
-    ParallelConfig,
-    TrainSample,
-    build_model,
-    forward_logprobs,
-    init_parallel,
-    load_hf_config,
-)
+from gspo_mcore.learner.batching import TrainSample
+from gspo_mcore.learner.forward import forward_logprobs
+from gspo_mcore.learner.hf.export import export_plan, hf_buckets
+from gspo_mcore.learner.hf.folder import write_safetensors
+from gspo_mcore.learner.hf.load import load_hf_weights
+from gspo_mcore.learner.model import ModelOptions, build_model
+from gspo_mcore.learner.model_config import load_hf_config
+from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
 from gspo_mcore.rollout import SamplingParams, SGLangClientConfig, SGLangEngine
 
 
@@ -251,12 +248,14 @@ class Worker:
         )
         t0 = time.monotonic()
         try:
-            sglang_lp = await asyncio.to_thread(served.logprobs, samples, self.layout)
+            sglang_lp = await asyncio.to_thread(served.logprobs, samples)
         finally:
             await asyncio.to_thread(served.close)
         seconds = time.monotonic() - t0
-        inproc = Teacher(self.hf_dir, self.arch, ParallelConfig(), self.layout, ModelOptions(use_te=False))
-        local_lp = inproc.logprobs(samples, self.layout, max_tokens=4096, packing="padded")
+        inproc = Teacher(
+            self.hf_dir, self.arch, ParallelConfig(), self.layout, ModelOptions(use_te=False), max_tokens=4096
+        )
+        local_lp = inproc.logprobs(samples)
         a, b, outside = [], [], 0.0
         for s, x, y in zip(samples, sglang_lp, local_lp):
             counted = s.loss_mask[1:].bool()

@@ -21,14 +21,12 @@ import torch
 from learner_worker import CharRenderer, EchoEnv
 from r3_worker import disagreement_of_maps, hooked, served_learner
 
+from gspo_mcore.algo.loss_config import LossConfig
 from gspo_mcore.envs import EpisodeConfig
-from gspo_mcore.learner import (
-    LossConfig,
-    forward_backward,
-    forward_logprobs,
-    microbatches_for_rank,
-)
+from gspo_mcore.learner.forward import forward_logprobs
 from gspo_mcore.learner.optimizer import optimizer_step, zero_grads
+from gspo_mcore.learner.schedule import microbatches_for_rank
+from gspo_mcore.learner.step import forward_backward
 from gspo_mcore.rollout import SamplingParams, SGLangEngine
 from gspo_mcore.rollout.episode import EpisodeDriver
 from gspo_mcore.trainer.batch import learner_samples

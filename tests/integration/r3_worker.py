@@ -25,27 +25,16 @@ from dataclasses import replace
 
 import torch
 
-from gspo_mcore.convert import load_hf_weights
-from gspo_mcore.learner import (
-    BatchConfig,
-    LossConfig,
-    ModelOptions,
-    OptimConfig,
-    ParallelConfig,
-    RoutingConfig,
-    build_model,
-    build_optimizer,
-    forward_backward,
-    forward_logprobs,
-    forward_logprobs_with_routing,
-    init_parallel,
-    load_hf_config,
-    microbatches_for_rank,
-    train_step,
-)
-from gspo_mcore.learner.model import unwrap
-from gspo_mcore.learner.optimizer import optimizer_step, zero_grads
-from gspo_mcore.learner.routing import routing_change
+from gspo_mcore.algo.loss_config import LossConfig
+from gspo_mcore.learner.forward import forward_logprobs, forward_logprobs_with_routing
+from gspo_mcore.learner.hf.load import load_hf_weights
+from gspo_mcore.learner.model import ModelOptions, build_model, unwrap
+from gspo_mcore.learner.model_config import load_hf_config
+from gspo_mcore.learner.optimizer import OptimConfig, build_optimizer, optimizer_step, zero_grads
+from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
+from gspo_mcore.learner.routing import RoutingConfig, routing_change
+from gspo_mcore.learner.schedule import microbatches_for_rank
+from gspo_mcore.learner.step import BatchConfig, StepSettings, forward_backward, train_step
 from gspo_mcore.rollout import SamplingParams, SGLangClientConfig, SGLangEngine
 from gspo_mcore.trainer.batch import learner_samples
 
@@ -157,10 +146,12 @@ def main(argv: list[str]) -> int:
         scheduler,
         samples,
         layout,
-        loss_cfg,
-        BatchConfig(max_tokens_per_microbatch=MAX_TOKENS, num_minibatches=2),
-        RoutingConfig(replay="rollout"),
-        recompute_old_logprobs=True,
+        StepSettings(
+            loss=loss_cfg,
+            batch=BatchConfig(max_tokens_per_microbatch=MAX_TOKENS, num_minibatches=2),
+            routing=RoutingConfig(replay="rollout"),
+            recompute_old_logprobs=True,
+        ),
         measure_routing=True,
     )
     report["train_step"] = metrics

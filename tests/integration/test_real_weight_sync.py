@@ -2,7 +2,7 @@
 
 The learner (Megatron, 1 gloo rank, ``learner_worker.py``) loads the test checkpoint, which the server
 also serves; it changes its weights (a stand-in for a training step), gathers them with
-:func:`gspo_mcore.convert.hf_buckets` and pushes them with one method. Then: the server's generations
+:func:`gspo_mcore.learner.hf.export.hf_buckets` and pushes them with one method. Then: the server's generations
 change, every sample and the server report the new weight version, and SGLang's log-probs match the
 *updated* learner's within the tier's tolerance (``LOGPROB_TOL``, see test_real_generation.py). The
 samples drawn before the update, re-scored by the updated learner, are the negative control: their

@@ -76,20 +76,13 @@ def gspo_loss(w, cfg, samples, eps_low=3e-4, eps_high=4e-4):
 
 
 def run(model_name, packing):
-    from gspo_mcore.learner import (
-        BatchConfig,
-        LossConfig,
-        OptimConfig,
-        ParallelConfig,
-        build_model,
-        build_optimizer,
-        forward_backward,
-        forward_logprobs,
-        init_parallel,
-        load_hf_config,
-        train_step,
-        unwrap,
-    )
+    from gspo_mcore.algo.loss_config import LossConfig
+    from gspo_mcore.learner.forward import forward_logprobs
+    from gspo_mcore.learner.model import build_model, unwrap
+    from gspo_mcore.learner.model_config import load_hf_config
+    from gspo_mcore.learner.optimizer import OptimConfig, build_optimizer
+    from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
+    from gspo_mcore.learner.step import BatchConfig, StepSettings, forward_backward, train_step
 
     cfg = toy.MODELS[model_name]
     arch = load_hf_config(cfg)
@@ -124,9 +117,11 @@ def run(model_name, packing):
         scheduler,
         rollout,
         layout,
-        LossConfig(),
-        BatchConfig(num_minibatches=2, max_tokens_per_microbatch=40, packing=packing),
-        recompute_old_logprobs=True,
+        StepSettings(
+            loss=LossConfig(),
+            batch=BatchConfig(num_minibatches=2, max_tokens_per_microbatch=40, packing=packing),
+            recompute_old_logprobs=True,
+        ),
     )
     return dict(
         model=model_name,
@@ -151,7 +146,7 @@ def main():
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    from gspo_mcore.learner import destroy_parallel
+    from gspo_mcore.learner.parallel import destroy_parallel
 
     with open(args.out, "w") as f:
         for name, packing in (("dense", "padded"), ("dense_tied", "block_diagonal")):

@@ -48,7 +48,7 @@ def ref_name(case):
 
 def loss_config(case):
     """The case's LossConfig: its variant plus ``case["loss"]`` (``off_policy`` given as a dict)."""
-    from gspo_mcore.learner import LossConfig, OffPolicyConfig
+    from gspo_mcore.algo.loss_config import LossConfig, OffPolicyConfig
 
     kw = dict(case.get("loss", {}))
     if "off_policy" in kw:
@@ -135,22 +135,15 @@ class _OpsWithoutAllReduce:
 
 
 def run_case(case, args):
-    from gspo_mcore.learner import (
-        BatchConfig,
-        LossConfig,
-        OptimConfig,
-        ParallelConfig,
-        ReferencePolicy,
-        build_model,
-        build_optimizer,
-        forward_backward,
-        forward_logprobs,
-        init_parallel,
-        load_hf_config,
-        train_step,
-    )
+    from gspo_mcore.algo.loss_config import LossConfig
     from gspo_mcore.learner.batching import split_minibatches
-    from gspo_mcore.learner.optimizer import zero_grads
+    from gspo_mcore.learner.forward import forward_logprobs
+    from gspo_mcore.learner.kl_reference import ReferencePolicy
+    from gspo_mcore.learner.model import build_model
+    from gspo_mcore.learner.model_config import load_hf_config
+    from gspo_mcore.learner.optimizer import OptimConfig, build_optimizer, zero_grads
+    from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
+    from gspo_mcore.learner.step import BatchConfig, StepSettings, forward_backward, train_step
 
     t0 = time.time()
     arch = load_hf_config(toy.MODELS[case["model"]])
@@ -201,8 +194,8 @@ def run_case(case, args):
         # the initial weights (no update yet); the first mini-batch's reference log-probs equal logp, so the
         # KL gradient there is k1's (kl_coef * grad logp per sequence mean), and after the first step both
         before = toy.local_shards(model)
-        reference = ReferencePolicy(model)
-        ref_lp = reference.logprobs(model, batch, layout, max_tokens=max_tokens, packing=packing)
+        reference = ReferencePolicy(model, layout, max_tokens=max_tokens, packing=packing, loss_cfg=loss_cfg)
+        ref_lp = reference.logprobs(batch)
         swap_restored = all(torch.equal(a[3], b[3]) for a, b in zip(before, toy.local_shards(model)))
         batch = [replace(s, ref_logprobs=lp) for s, lp in zip(batch, ref_lp)]
     parts = split_minibatches(len(batch), 2)
@@ -236,8 +229,10 @@ def run_case(case, args):
             scheduler,
             batch,
             layout,
-            loss_cfg,
-            BatchConfig(num_minibatches=2, max_tokens_per_microbatch=max_tokens, packing=packing),
+            StepSettings(
+                loss=loss_cfg,
+                batch=BatchConfig(num_minibatches=2, max_tokens_per_microbatch=max_tokens, packing=packing),
+            ),
             reference=reference,
         )
     result = dict(

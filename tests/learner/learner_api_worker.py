@@ -24,8 +24,12 @@ def main() -> None:
     args = parser.parse_args()
 
     from gspo_mcore.algo import LossConfig
-    from gspo_mcore.learner import BatchConfig, Learner, destroy_parallel, forward_logprobs, load_hf_config
     from gspo_mcore.learner.checkpoint import CheckpointConfig, Checkpointer
+    from gspo_mcore.learner.forward import forward_logprobs
+    from gspo_mcore.learner.learner import Learner
+    from gspo_mcore.learner.model_config import load_hf_config
+    from gspo_mcore.learner.parallel import destroy_parallel
+    from gspo_mcore.learner.step import BatchConfig
 
     arch = load_hf_config(toy.DENSE)
     learner = Learner.build(

@@ -66,19 +66,14 @@ def routed_sets_by_sample(calls, mbs, num_layers):
 
 
 def run_case(case, args):
-    from gspo_mcore.learner import (
-        LossConfig,
-        OptimConfig,
-        ParallelConfig,
-        build_model,
-        build_optimizer,
-        forward_backward,
-        forward_logprobs_with_routing,
-        init_parallel,
-        load_hf_config,
-        microbatches_for_rank,
-    )
-    from gspo_mcore.learner.optimizer import optimizer_step, zero_grads
+    from gspo_mcore.algo.loss_config import LossConfig
+    from gspo_mcore.learner.forward import forward_logprobs_with_routing
+    from gspo_mcore.learner.model import build_model
+    from gspo_mcore.learner.model_config import load_hf_config
+    from gspo_mcore.learner.optimizer import OptimConfig, build_optimizer, optimizer_step, zero_grads
+    from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
+    from gspo_mcore.learner.schedule import microbatches_for_rank
+    from gspo_mcore.learner.step import forward_backward
 
     arch = load_hf_config(toy.MODELS["moe"])
     pc = ParallelConfig(expert=case.get("ep", 1), pipeline=case.get("pp", 1))
@@ -154,16 +149,12 @@ def rollout_routing(samples, num_layers, topk, num_experts, seed=0):
 
 def check_rollout_replay(model, optimizer, scheduler, samples, layout, arch):
     """R3: replay routing the model would not choose, in the old-log-prob and training forwards."""
-    from gspo_mcore.learner import (
-        BatchConfig,
-        LossConfig,
-        RoutingConfig,
-        forward_backward,
-        forward_logprobs,
-        microbatches_for_rank,
-        train_step,
-    )
+    from gspo_mcore.algo.loss_config import LossConfig
+    from gspo_mcore.learner.forward import forward_logprobs
     from gspo_mcore.learner.optimizer import zero_grads
+    from gspo_mcore.learner.routing import RoutingConfig
+    from gspo_mcore.learner.schedule import microbatches_for_rank
+    from gspo_mcore.learner.step import BatchConfig, StepSettings, forward_backward, train_step
 
     given = rollout_routing(samples, arch.num_hidden_layers, arch.num_experts_per_tok, arch.num_experts)
     batch = [replace(s, routed_experts=r) for s, r in zip(samples, given)]
@@ -200,10 +191,12 @@ def check_rollout_replay(model, optimizer, scheduler, samples, layout, arch):
         scheduler,
         batch,
         layout,
-        loss_cfg,
-        BatchConfig(max_tokens_per_microbatch=45, num_minibatches=2),
-        RoutingConfig(replay="rollout"),
-        recompute_old_logprobs=True,
+        StepSettings(
+            loss=loss_cfg,
+            batch=BatchConfig(max_tokens_per_microbatch=45, num_minibatches=2),
+            routing=RoutingConfig(replay="rollout"),
+            recompute_old_logprobs=True,
+        ),
         measure_routing=True,
     )
     out["r3_disagreement"] = metrics[0]["routing_rollout_disagreement"]
@@ -211,7 +204,8 @@ def check_rollout_replay(model, optimizer, scheduler, samples, layout, arch):
     bad = [replace(s, routed_experts=r.clone()) for s, r in zip(batch, given)]
     bad[3].routed_experts[1, 0, 0] = -1  # an unrouted position that is not the last
     try:
-        train_step(model, optimizer, scheduler, bad, layout, loss_cfg, BatchConfig(), RoutingConfig(replay="rollout"))
+        settings = StepSettings(loss=loss_cfg, routing=RoutingConfig(replay="rollout"))
+        train_step(model, optimizer, scheduler, bad, layout, settings)
         out["r3_bad_error"] = ""
     except ValueError as e:
         out["r3_bad_error"] = str(e)

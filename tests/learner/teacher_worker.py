@@ -13,7 +13,7 @@ from helpers.worker_cases import run_cases
 
 def batch(vocab: int):
     """Six samples of varied lengths (prompt + response), ids drawn from the whole vocabulary."""
-    from gspo_mcore.learner import TrainSample
+    from gspo_mcore.learner.batching import TrainSample
 
     g = torch.Generator().manual_seed(7)
     out = []
@@ -25,7 +25,7 @@ def batch(vocab: int):
 
 
 def run_case(case, args):
-    from gspo_mcore.learner import ParallelConfig, init_parallel
+    from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
     from gspo_mcore.learner.teacher import Teacher, check_teacher_fits
 
     pc = ParallelConfig(tensor=case.get("tp", 1), pipeline=case.get("pp", 1))
@@ -33,9 +33,9 @@ def run_case(case, args):
 
     arch = check_teacher_fits(args.teacher, pc, int(os.environ.get("WORLD_SIZE", "1")))
     layout = init_parallel(pc, arch, seed=1234)
-    teacher = Teacher(args.teacher, arch, pc, layout)
+    teacher = Teacher(args.teacher, arch, pc, layout, max_tokens=24, temperature=case.get("temperature", 1.0))
     samples = batch(arch.vocab_size)
-    logps = teacher.logprobs(samples, layout, max_tokens=24, packing="padded", temperature=case.get("temperature", 1.0))
+    logps = teacher.logprobs(samples)
     params = [p for chunk in teacher.model for p in chunk.parameters()]
     return dict(
         case=case,

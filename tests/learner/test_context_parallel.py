@@ -5,8 +5,7 @@ prompt-only sample, in both splittable packings."""
 import pytest
 import torch
 
-from gspo_mcore.learner import TrainSample
-from gspo_mcore.learner.batching import build_microbatch
+from gspo_mcore.learner.batching import TrainSample, build_microbatch
 from gspo_mcore.learner.context_parallel import check_packing, pad_multiple, split, unsplit
 from gspo_mcore.platform.cp_attention import load_balanced_positions
 

@@ -157,7 +157,8 @@ def test_per_token_fields_of_the_wrong_length_are_refused_naming_the_field():
 
 def test_the_learner_refuses_inconsistent_loss_inputs_before_any_forward():
     """Checked before the model is touched (model=None here)."""
-    from gspo_mcore.learner import LossConfig, OffPolicyConfig, forward_backward, train_step
+    from gspo_mcore.algo.loss_config import LossConfig, OffPolicyConfig
+    from gspo_mcore.learner.step import StepSettings, forward_backward, train_step
 
     s = _sample(5, old=torch.zeros(4))
     tok = replace(s, token_advantages=torch.zeros(4))
@@ -167,10 +168,10 @@ def test_the_learner_refuses_inconsistent_loss_inputs_before_any_forward():
     with pytest.raises(ValueError, match=r"loss.off_policy.mode='tis' needs behaviour_logprobs"):
         forward_backward(None, [s], None, tis, max_tokens=100)
     with pytest.raises(ValueError, match=r"rollout.old_logprobs: recompute\), or behaviour_logprobs .*sample 0"):
-        train_step(None, None, None, [s], None, tis, None)
+        train_step(None, None, None, [s], None, StepSettings(loss=tis))
     with pytest.raises(ValueError, match="sample 0 has none"):
-        train_step(None, None, None, [_sample(5)], None, tis, None, recompute_old_logprobs=True)
+        train_step(None, None, None, [_sample(5)], None, StepSettings(loss=tis, recompute_old_logprobs=True))
     with pytest.raises(ValueError, match="needs a ReferencePolicy"):
-        train_step(None, None, None, [s], None, LossConfig(kl_metric=True), None)
+        train_step(None, None, None, [s], None, StepSettings(loss=LossConfig(kl_metric=True)))
     with pytest.raises(ValueError, match="needs ref_logprobs"):
         forward_backward(None, [s], None, LossConfig(kl_coef=0.1), max_tokens=100)

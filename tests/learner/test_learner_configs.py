@@ -8,15 +8,11 @@ import pytest
 import torch.distributed as dist
 from helpers.learner_toy import DENSE, MOE
 
-from gspo_mcore.learner import (
-    BatchConfig,
-    LossConfig,
-    OptimConfig,
-    ParallelConfig,
-    init_parallel,
-    load_hf_config,
-    validate_layout,
-)
+from gspo_mcore.algo.loss_config import LossConfig
+from gspo_mcore.learner.model_config import load_hf_config
+from gspo_mcore.learner.optimizer import OptimConfig
+from gspo_mcore.learner.parallel import ParallelConfig, init_parallel, validate_layout
+from gspo_mcore.learner.step import BatchConfig
 
 dense = load_hf_config(DENSE)  # 4 heads, 2 KV heads, 4 layers, vocab 128
 moe = load_hf_config(MOE)  # 4 experts

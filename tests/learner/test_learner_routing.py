@@ -15,7 +15,7 @@ import pytest
 import torch
 from helpers.launch import run_ranks
 
-from gspo_mcore.learner import TrainSample
+from gspo_mcore.learner.batching import TrainSample
 from gspo_mcore.learner.routing import RoutingConfig, microbatch_routing, routing_change
 
 

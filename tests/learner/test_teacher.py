@@ -50,7 +50,7 @@ def test_teacher_logprobs_tp2_pp2_equal_one_rank_and_transformers(teacher_dir, t
 
 
 def test_teacher_that_the_layout_cannot_split_is_refused(tmp_path):
-    from gspo_mcore.learner import ParallelConfig
+    from gspo_mcore.learner.parallel import ParallelConfig
     from gspo_mcore.learner.teacher import check_teacher_fits
 
     d = tmp_path / "t"

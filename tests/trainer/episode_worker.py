@@ -49,8 +49,10 @@ class Ids:
 def main():
     layout_name, tau = sys.argv[1], float(sys.argv[2])
     from gspo_mcore.envs import EpisodeConfig
-    from gspo_mcore.learner import TrainSample, destroy_parallel, forward_logprobs
+    from gspo_mcore.learner.batching import TrainSample
+    from gspo_mcore.learner.forward import forward_logprobs
     from gspo_mcore.learner.inference import decode_model
+    from gspo_mcore.learner.parallel import destroy_parallel
     from gspo_mcore.rollout import InProcessEngine, SamplingParams
     from gspo_mcore.rollout.episode import EpisodeDriver
 

@@ -19,9 +19,11 @@ from helpers.learner_toy import toy_engine_setup
 
 def main():
     layout_name, tau = sys.argv[1], float(sys.argv[2])
-    from gspo_mcore.learner import TrainSample, destroy_parallel, forward_logprobs
+    from gspo_mcore.learner.batching import TrainSample
+    from gspo_mcore.learner.forward import forward_logprobs
     from gspo_mcore.learner.inference import MegatronDecodeModel, decode_model
     from gspo_mcore.learner.model import unwrap
+    from gspo_mcore.learner.parallel import destroy_parallel
     from gspo_mcore.rollout import InProcessEngine, SamplingParams
 
     layout, _, model, kw = toy_engine_setup(layout_name)

@@ -85,7 +85,7 @@ def tiny(tmp_path):
 
 def _plan(tiny, teacher_dir, *overrides):
     from gspo_mcore.data.template import load_tokenizer
-    from gspo_mcore.learner import load_hf_config
+    from gspo_mcore.learner.model_config import load_hf_config
     from gspo_mcore.trainer import distill, resolve
 
     cfg = resolve(

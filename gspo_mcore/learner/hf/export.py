@@ -6,7 +6,7 @@ list of ``(hf_name, tensor)`` whose total size stays within ``bucket_bytes`` (a 
 gets a bucket of its own). How each piece travels:
 
 - tensor parallelism: ``all_gather`` over the TP group (expert-TP group for experts), then
-  :func:`~gspo_mcore.convert.hf_mapping.tp_unshard` (plain concatenation, except SwiGLU's ``linear_fc1``
+  :func:`~gspo_mcore.learner.hf.mapping.tp_unshard` (plain concatenation, except SwiGLU's ``linear_fc1``
   whose per-rank ``[gate_r; up_r]`` blocks are regrouped into ``[gate; up]``);
 - expert parallelism: ``all_gather`` over the EP group (each rank holds ``num_experts / EP`` experts,
   rank ``r``'s ``j``-th being global expert ``r * num_experts / EP + j``);
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from gspo_mcore.convert.hf_mapping import MegatronParam, to_hf, tp_unshard
-from gspo_mcore.convert.sharding import LocalParam, local_parameters, tp_split
+from gspo_mcore.learner.hf.mapping import MegatronParam, to_hf, tp_unshard
+from gspo_mcore.learner.hf.sharding import LocalParam, local_parameters, tp_split
 from gspo_mcore.learner.parallel import Layout, current_layout
 
 DEFAULT_BUCKET_BYTES = 512 * 2**20

@@ -3,7 +3,7 @@
 Megatron names parameters locally: ``decoder.layers.i`` is the stage's ``i``-th layer and
 ``local_experts.j`` the rank's ``j``-th expert. :func:`local_parameters` renames them with the layer's
 ``layer_number - 1`` and the expert's global id, and pairs each with its
-:class:`~gspo_mcore.convert.hf_mapping.MegatronParam`.
+:class:`~gspo_mcore.learner.hf.mapping.MegatronParam`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gspo_mcore.convert.hf_mapping import MegatronParam, parse_megatron_name
+from gspo_mcore.learner.hf.mapping import MegatronParam, parse_megatron_name
 from gspo_mcore.learner.model import unwrap
 from gspo_mcore.learner.parallel import Layout, current_layout
 
@@ -50,7 +50,7 @@ def model_chunks(model) -> list:
 
 def local_parameters(model, layout: Layout | None = None) -> list[LocalParam]:
     """This rank's parameters, in module order, under global names. Checks Megatron's split attributes
-    against :mod:`~gspo_mcore.convert.hf_mapping` (a Megatron change that moved a split would fail here).
+    against :mod:`~gspo_mcore.learner.hf.mapping` (a Megatron change that moved a split would fail here).
     ``layout``: the model's parallel layout (default: :func:`~gspo_mcore.learner.parallel.current_layout`)."""
     layout = layout or current_layout()
     out = []

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 import torch
 
-from gspo_mcore.convert.hf_mapping import MissingTensorError, fused_expert_source
+from gspo_mcore.learner.hf.mapping import MissingTensorError, fused_expert_source
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"

@@ -1,10 +1,10 @@
 """Load Hugging Face weights into a sharded Megatron model: every rank reads what it holds and slices it.
 
-Call after :func:`gspo_mcore.learner.build_model` and BEFORE building the optimizer (the optimizer keeps
+Call after :func:`gspo_mcore.learner.model.build_model` and BEFORE building the optimizer (the optimizer keeps
 its own fp32 copy of the parameters, taken when it is built). Works on any layout: a rank builds the full
 Megatron tensor of each of its parameters from the checkpoint
-(:func:`~gspo_mcore.convert.hf_mapping.from_hf`) and copies its shard
-(:func:`~gspo_mcore.convert.hf_mapping.tp_shard`); no communication.
+(:func:`~gspo_mcore.learner.hf.mapping.from_hf`) and copies its shard
+(:func:`~gspo_mcore.learner.hf.mapping.tp_shard`); no communication.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Mapping
 
 import torch
 
-from gspo_mcore.convert.hf_io import HFCheckpoint
-from gspo_mcore.convert.hf_mapping import (
+from gspo_mcore.learner.hf.folder import HFCheckpoint
+from gspo_mcore.learner.hf.mapping import (
     MissingTensorError,
     ShapeMismatchError,
     check_architecture,
@@ -22,7 +22,7 @@ from gspo_mcore.convert.hf_mapping import (
     hf_shapes,
     tp_shard,
 )
-from gspo_mcore.convert.sharding import local_parameters, tp_split
+from gspo_mcore.learner.hf.sharding import local_parameters, tp_split
 from gspo_mcore.learner.parallel import Layout, current_layout
 
 

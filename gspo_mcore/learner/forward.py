@@ -8,7 +8,6 @@ the reference's and the trained policy's log-probs are computed the same way.
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
 import torch
@@ -19,12 +18,7 @@ from gspo_mcore.learner import context_parallel, lm_head, routing
 from gspo_mcore.learner.batching import MicroBatch, TrainSample
 from gspo_mcore.learner.parallel import Layout
 from gspo_mcore.learner.schedule import microbatches_for_rank, run_schedule
-
-
-def check_temperature(temperature: float) -> float:
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-    return float(temperature)
+from gspo_mcore.ops.logprobs import check_temperature
 
 
 def microbatch_logprobs(

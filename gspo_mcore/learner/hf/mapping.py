@@ -3,7 +3,7 @@ tensors.
 
 Pure torch: no megatron, no process groups. A Megatron parameter is named here with GLOBAL indices (the
 layer's ``layer_number - 1``, the expert's global id) and handled as a FULL tensor (gathered over tensor
-parallelism); :mod:`gspo_mcore.convert.export` and :mod:`gspo_mcore.convert.hf_import` translate the
+parallelism); :mod:`gspo_mcore.learner.hf.export` and :mod:`gspo_mcore.learner.hf.load` translate the
 local names/shards of a rank to and from this form.
 
 Names and layouts (``L`` layer, ``E`` expert, ``H`` hidden, ``d`` head_dim, ``nh`` query heads, ``ng``
