@@ -1,8 +1,13 @@
 """One run per folder: what a run may find in ``log.output_dir`` (and its checkpoint directory) at start-up.
 
 A run's traces are ``config.yaml``, ``metrics.jsonl`` (and ``metrics.jsonl.previous``), ``metrics.png``,
-``tensorboard/``, ``eval_samples/`` and the checkpoints (``step_<N>`` in ``checkpoint.dir``). Other files
-(a prepared model or dataset, like ``make demo``'s) are not a run's and are never touched.
+the TensorBoard events (``tensorboard/events.out.tfevents.*``), the evaluation samples
+(``eval_samples/step_<N>.jsonl``) and the checkpoints (``step_<N>``, ``latest`` and an interrupted save's
+``*.tmp-*`` in ``checkpoint.dir``). Other files (a prepared model or dataset, like ``make demo``'s, or anything
+a user put there, also inside ``tensorboard/`` or ``checkpoint.dir``) are not a run's and are never touched:
+``log.overwrite`` deletes those paths one by one, and a folder only once it is empty and is not the run folder.
+``checkpoint.dir`` may be ``log.output_dir`` itself, but not a folder above it (another run's checkpoints would
+mix with this one's): that is refused naming both keys.
 
 - A fresh run (``checkpoint.resume: false``) in a folder holding another run's traces is refused, naming the
   folder and what it holds, unless ``log.overwrite: true``: then those traces are deleted before the run
@@ -20,8 +25,10 @@ first write into the folder, by rank 0, after every input has been checked.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 
@@ -35,8 +42,16 @@ from gspo_mcore.learner.checkpoint.files import (
     validate,
 )
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.jsonl.previous", "metrics.png", "tensorboard", "eval_samples")
-"""What a run writes into ``log.output_dir`` besides its checkpoints."""
+RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.jsonl.previous", "metrics.png")
+"""The files a run writes into ``log.output_dir`` besides its events, evaluation samples and checkpoints."""
+RUN_SUBDIR_FILES = {
+    "tensorboard": re.compile(r"^events\.out\.tfevents\."),
+    "eval_samples": re.compile(r"^step_\d+\.jsonl$"),
+}
+"""The folders of ``log.output_dir`` a run writes into, and the names of the files it writes there."""
+CHECKPOINT_FILES = re.compile(r"^(step_\d+|step_\d+\.(tmp|deleting)-[0-9a-f]+|latest)$")
+"""What a run writes into ``checkpoint.dir``: checkpoints, ``latest`` and the leftovers of an interrupted save or
+deletion (a rejected checkpoint set aside, ``*.rejected-*``, is kept for inspection)."""
 
 RESUME_MAY_DIFFER = (
     "steps",
@@ -85,11 +100,31 @@ class RunDirPlan:
 
 
 def run_traces(output_dir: str, checkpoint_dir: str) -> list[str]:
-    """The paths of a run's traces in ``output_dir`` and ``checkpoint_dir`` (empty: a clean folder)."""
+    """The paths of a run's traces in ``output_dir`` and ``checkpoint_dir`` (empty: a clean folder): files and
+    checkpoint directories the run wrote, each by name, never a folder that holds anything else."""
     found = [os.path.join(output_dir, f) for f in RUN_FILES if os.path.exists(os.path.join(output_dir, f))]
-    if complete_checkpoints(checkpoint_dir):
-        found.append(checkpoint_dir)
+    for sub, pattern in RUN_SUBDIR_FILES.items():
+        found += [os.path.join(output_dir, sub, f) for f in _names(os.path.join(output_dir, sub)) if pattern.match(f)]
+    found += [os.path.join(checkpoint_dir, f) for f in _names(checkpoint_dir) if CHECKPOINT_FILES.match(f)]
     return found
+
+
+def _names(folder: str) -> list[str]:
+    try:
+        return sorted(os.listdir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _shown(traces: list[str], output_dir: str) -> str:
+    """The traces as the folder's entries that hold them (``tensorboard``, ``checkpoints``), in order."""
+    tops = []
+    for t in traces:
+        rel = os.path.relpath(t, output_dir)
+        top = rel if rel.startswith("..") else rel.split(os.sep)[0]
+        if top not in tops:
+            tops.append(top)
+    return ", ".join(tops)
 
 
 def check(run_config: dict, *, output_dir: str, checkpoint_dir: str, resume, overwrite: bool) -> RunDirPlan:
@@ -104,10 +139,16 @@ def check(run_config: dict, *, output_dir: str, checkpoint_dir: str, resume, ove
             f"log.overwrite=true deletes the run in {output_dir}, checkpoint.resume={resume!r} continues one: "
             "set one of them"
         )
+    if checkpoint_dir != output_dir and output_dir.startswith(checkpoint_dir.rstrip(os.sep) + os.sep):
+        raise RunDirError(
+            f"checkpoint.dir={checkpoint_dir} contains log.output_dir={output_dir}: the checkpoints of every run "
+            "below it would mix; set checkpoint.dir to the run folder, a folder inside it (the default "
+            "<log.output_dir>/checkpoints) or a folder of its own"
+        )
     traces = run_traces(output_dir, checkpoint_dir)
     if resume is False:
         if traces and not overwrite:
-            shown = ", ".join(os.path.relpath(t, output_dir) for t in traces)
+            shown = _shown(traces, output_dir)
             raise RunDirError(
                 f"{output_dir} already holds a run ({shown}); set checkpoint.resume=true to continue it, "
                 "log.overwrite=true to replace it, or choose another log.output_dir"
@@ -122,11 +163,14 @@ def check(run_config: dict, *, output_dir: str, checkpoint_dir: str, resume, ove
 def prepare(plan: RunDirPlan, run_config: dict) -> None:
     """Rank 0, once every input is checked: delete the previous run's traces (``log.overwrite``), then write
     ``config.yaml``: the first write of this run into its folder."""
-    for path in plan.clear:
-        if os.path.isdir(path):
+    for path in plan.clear:  # each one a file or checkpoint the run wrote (run_traces)
+        if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
-        elif os.path.exists(path):
+        elif os.path.lexists(path):
             os.remove(path)
+    for folder in {os.path.dirname(p) for p in plan.clear} - {plan.output_dir}:
+        with contextlib.suppress(OSError):  # emptied: the run made it; anything left in it is kept, and it too
+            os.rmdir(folder)
     os.makedirs(plan.output_dir, exist_ok=True)
     from gspo_mcore.learner.checkpoint.files import config_yaml
 

@@ -53,10 +53,13 @@ def test_a_fresh_folder_is_not_created_by_the_check(tmp_path):
     assert (tmp_path / "new" / "config.yaml").exists()
 
 
-@pytest.mark.parametrize("trace", ["metrics.jsonl", "config.yaml", "tensorboard", "checkpoints/step_3"])
+@pytest.mark.parametrize(
+    "trace", ["metrics.jsonl", "config.yaml", "tensorboard/events.out.tfevents.1.host", "checkpoints/step_3"]
+)
 def test_a_fresh_run_is_refused_in_a_folder_holding_another_run(tmp_path, trace):
     path = tmp_path / trace
     if "." in trace:
+        path.parent.mkdir(exist_ok=True)
         path.write_text("{}\n")
     else:
         path.mkdir(parents=True)
@@ -130,3 +133,63 @@ def test_resume_may_differ_names_real_keys():
 
 def test_diff_treats_tuples_as_saved_lists():
     assert run_dir.diff({"a": [1, 2], "b": {"c": 1}}, {"a": (1, 2), "b": {"c": 2}}) == {"b.c": (1, 2)}
+
+
+def _old_run(folder, checkpoints):
+    """A previous run's traces in ``folder`` (checkpoints in ``checkpoints``), next to a user's own files."""
+    for f in ("metrics.jsonl", "metrics.jsonl.previous", "config.yaml", "metrics.png"):
+        (folder / f).write_text("old\n")
+    (folder / "tensorboard").mkdir()
+    (folder / "tensorboard" / "events.out.tfevents.1.host").write_text("old")
+    (folder / "eval_samples").mkdir()
+    (folder / "eval_samples" / "step_0.jsonl").write_text("old\n")
+    for step in ("step_0", "step_2", "step_3.tmp-abc"):
+        (checkpoints / step / "megatron").mkdir(parents=True)
+        (checkpoints / step / "megatron" / "metadata.json").write_text("{}")
+    (checkpoints / "latest").write_text("step_2\n")
+
+
+def _user_files(folder):
+    (folder / "notes.txt").write_text("mine\n")
+    (folder / "model").mkdir()
+    (folder / "model" / "config.json").write_text("{}")
+    (folder / "tensorboard").mkdir(exist_ok=True)
+    (folder / "tensorboard" / "my_plot.png").write_text("mine")
+
+
+def _tree(folder) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_overwrite_with_the_checkpoints_in_the_run_folder_deletes_only_the_runs_files(tmp_path):
+    """checkpoint.dir = log.output_dir: overwrite removes step_*, latest, metrics, events and config, and keeps
+    the user's files (a model folder, notes, a file among the events) and the folder itself."""
+    _old_run(tmp_path, tmp_path)
+    _user_files(tmp_path)
+    plan = check(CONFIG, output_dir=str(tmp_path), checkpoint_dir=str(tmp_path), resume=False, overwrite=True)
+    prepare(plan, CONFIG)
+    assert _tree(tmp_path) == [
+        "config.yaml",
+        "model",
+        "model/config.json",
+        "notes.txt",
+        "tensorboard",
+        "tensorboard/my_plot.png",
+    ]
+    assert "old" not in (tmp_path / "config.yaml").read_text()
+
+
+def test_overwrite_keeps_user_files_in_a_separate_checkpoint_directory(tmp_path):
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    (ckpts / "README").write_text("mine\n")
+    _old_run(tmp_path, ckpts)
+    prepare(check(CONFIG, output_dir=str(tmp_path), checkpoint_dir=str(ckpts), resume=False, overwrite=True), CONFIG)
+    assert _tree(tmp_path) == ["ckpts", "ckpts/README", "config.yaml"]
+
+
+def test_a_checkpoint_directory_above_the_run_folder_is_refused(tmp_path):
+    with pytest.raises(RunDirError) as exc:
+        check(CONFIG, output_dir=str(tmp_path / "run"), checkpoint_dir=str(tmp_path), resume=False, overwrite=True)
+    message = str(exc.value)
+    assert f"checkpoint.dir={tmp_path}" in message and f"log.output_dir={tmp_path / 'run'}" in message
