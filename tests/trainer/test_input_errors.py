@@ -124,3 +124,36 @@ def test_environment_that_cannot_be_built(tiny, tmp_path, overrides, message):
     kind, what = one_error(failing(data, out, *overrides))
     assert kind == "config" and what.startswith(message), what
     assert os.listdir(out) == [n for n in os.listdir(out) if n.endswith(".log")]
+
+
+def test_exit_status_of_an_input_error_with_and_without_torchrun(tmp_path):
+    """The documented statuses (gspo_mcore/train.py, docs/export.md): the entry point returns 2 on an input error;
+    under a real torchrun (1 process) the rank exits 2, which torchrun's summary shows, and torchrun itself exits
+    1, as it does whenever a rank fails (it cannot pass a rank's status on)."""
+    import subprocess
+    import sys
+
+    from helpers import ROOT, worker_env
+    from helpers.launch import torchrun
+
+    args = ["-m", "gspo_mcore.train", "--config", os.path.join(ROOT, "examples", "tiny", "config.yaml"), "optim.lrr=1"]
+    env = worker_env()
+    plain = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 2, plain.stderr[-3000:]
+    assert one_error(plain.stdout + plain.stderr)[0] == "config"
+    launched = subprocess.run([*torchrun(1), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    output = launched.stdout + launched.stderr
+    assert LINE.findall(output) == [("config", "unknown config key 'optim.lrr'; did you mean 'optim.lr'?")], output
+    assert re.search(r"exitcode\s*:\s*2\b", output), output[-3000:]
+    assert launched.returncode == 1, output[-3000:]
+    import gspo_mcore.train
+
+    for where, text in [("gspo_mcore/train.py", gspo_mcore.train.__doc__), ("docs/export.md", _read("docs/export.md"))]:
+        assert "torchrun itself exits with status 1" in " ".join(text.split()), f"{where} says otherwise"
+
+
+def _read(relative: str) -> str:
+    from helpers import ROOT
+
+    with open(os.path.join(ROOT, relative)) as f:
+        return f.read()
