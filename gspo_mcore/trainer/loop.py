@@ -74,7 +74,7 @@ def run(cfg: TrainConfig) -> list[dict]:
     arch, tokenizer, template, dataset = inputs.arch, inputs.tokenizer, inputs.template, inputs.dataset
     eval_sets, rewards = inputs.eval_sets, inputs.rewards
     loader = PromptLoader(dataset, PromptSampler(len(dataset), cfg.sampler), template)
-    distill_plan = distill.plan(cfg, arch, tokenizer)  # the teacher's tokenizer and fit: before any model
+    distill_plan = inputs.distill  # the teacher's folder, weights, tokenizer and fit: checked before any model
 
     learner = Learner.build(
         arch,

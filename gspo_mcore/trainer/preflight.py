@@ -5,12 +5,14 @@ the model folder (``config.json``; with ``model.load_hf_weights`` its ``*.safete
 names and shapes), the parallel layout against the world size, the tokenizer, the environment
 (``rollout.env``: imported, its methods and keyword arguments checked, built once, the tool format against
 the chat template), the training data, the evaluation sets (each file must exist; errors name
-``eval.datasets[i]``), prompt lengths, the rewards (every row's fields), the run folder (:mod:`.run_dir`: no
+``eval.datasets[i]``), prompt lengths, the rewards (every row's fields), the distillation teacher
+(``distill``: its folder, ``config.json``, fit to the layout, tokenizer and, for the in-process teacher, its
+weights' names and shapes; errors name ``distill.teacher_dir``), the run folder (:mod:`.run_dir`: no
 mixing of two runs) and, for a resume, the checkpoint it would load (one whose files have the sizes its
 manifest records; the checksums are verified when it loads).
 
 A failure keeps its exception type and gets an ``input_kind`` attribute (``model``, ``config``,
-``tokenizer``, ``data``, ``eval``, ``reward``, ``run folder``, ``checkpoint``): ``gspo-train`` prints it
+``tokenizer``, ``data``, ``eval``, ``reward``, ``distill``, ``run folder``, ``checkpoint``): ``gspo-train`` prints it
 as one line, ``gspo-train: <kind> error: <message>`` (:func:`input_kind_of`).
 """
 
@@ -28,7 +30,7 @@ from gspo_mcore.learner import load_hf_config
 from gspo_mcore.learner.checkpoint import CheckpointError
 from gspo_mcore.rewards import check_reward_setup
 from gspo_mcore.rewards.resolve import RewardSetupError
-from gspo_mcore.trainer import run_dir
+from gspo_mcore.trainer import distill, run_dir
 from gspo_mcore.trainer.config import TrainConfig
 from gspo_mcore.trainer.evaluation import EvalSet
 
@@ -60,6 +62,8 @@ class Inputs:
     run_dir: run_dir.RunDirPlan
     env: object = None
     """The environment ``rollout.env`` names, built with ``rollout.env_kwargs`` (``None``: single-turn)."""
+    distill: distill.DistillPlan | None = None
+    """The checked distillation teacher (``None`` without ``distill``)."""
 
 
 def input_kind_of(exc: BaseException) -> str | None:
@@ -109,6 +113,8 @@ def check(cfg: TrainConfig) -> Inputs:
         check_lengths(cfg, arch, dataset, template, eval_sets)
     with input_kind("reward"):
         rewards = check_reward_setup(cfg.reward, dataset)  # names, sandbox, every row's fields
+    with input_kind("distill"):
+        distill_plan = check_distill(cfg, arch, tokenizer)
     with input_kind("run folder"):
         plan = run_dir.check(
             to_dict(cfg),
@@ -126,7 +132,23 @@ def check(cfg: TrainConfig) -> Inputs:
         rewards=rewards,
         run_dir=plan,
         env=env,
+        distill=distill_plan,
     )
+
+
+def check_distill(cfg: TrainConfig, arch, tokenizer) -> distill.DistillPlan | None:
+    """``distill``: the teacher's folder and shape, its fit to the layout and its tokenizer
+    (:func:`gspo_mcore.trainer.distill.plan`), and the weights the in-process teacher loads (file headers only;
+    SGLang loads its own). Errors name ``distill.teacher_dir``."""
+    d = cfg.distill
+    if d is None:
+        return None
+    if not os.path.isdir(d.teacher_dir):
+        raise InputError("distill", f"distill.teacher_dir={d.teacher_dir}: no such folder (no config.json)")
+    plan = distill.plan(cfg, arch, tokenizer)
+    if d.engine == "inprocess":
+        check_weights(d.teacher_dir, plan.arch, key="distill.teacher_dir", kind="distill")
+    return plan
 
 
 def check_env(rollout_cfg, tokenizer):
@@ -143,21 +165,22 @@ def check_env(rollout_cfg, tokenizer):
     return env
 
 
-def check_weights(hf_dir: str, arch) -> None:
-    """``model.load_hf_weights``: the folder's safetensors hold every tensor the architecture needs, with
-    its shape (file headers only)."""
+def check_weights(hf_dir: str, arch, *, key: str = "model.hf_dir", kind: str = "model") -> None:
+    """``model.load_hf_weights`` (or a teacher's folder, ``key``): the folder's safetensors hold every tensor the
+    architecture needs, with its shape (file headers only)."""
     from gspo_mcore.convert.hf_import import check_checkpoint
     from gspo_mcore.convert.hf_io import HFCheckpoint
 
     try:
         reader = HFCheckpoint(hf_dir)
     except FileNotFoundError as exc:
-        raise InputError("model", f"model.hf_dir={hf_dir} with model.load_hf_weights=true: {exc}") from None
+        needs = " with model.load_hf_weights=true" if key == "model.hf_dir" else ""
+        raise InputError(kind, f"{key}={hf_dir}{needs}: {exc}") from None
     try:
         check_checkpoint(reader, arch)
     except (KeyError, ValueError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        raise InputError("model", f"model.hf_dir={hf_dir}: {message}") from None
+        raise InputError(kind, f"{key}={hf_dir}: {message}") from None
 
 
 def _check_layout(cfg: TrainConfig, arch) -> None:

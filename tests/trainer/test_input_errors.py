@@ -157,3 +157,39 @@ def _read(relative: str) -> str:
 
     with open(os.path.join(ROOT, relative)) as f:
         return f.read()
+
+
+@pytest.mark.parametrize("case", ["missing", "no-weights", "other-tokenizer"])
+def test_distillation_inputs_are_checked_before_anything_is_written(tiny, tmp_path, case):
+    """distill.teacher_dir: a missing folder, one without weights, one with another tokenizer: one line, exit
+    status 2 on the rank, nothing written (a fixed rerun is not refused as "already holds a run")."""
+    import json
+    import shutil
+
+    from helpers.distill_models import write_teacher
+
+    data, _ = tiny
+    teacher = str(tmp_path / "teacher")
+    if case != "missing":
+        write_teacher(teacher)
+    if case == "no-weights":
+        for f in glob.glob(os.path.join(teacher, "*.safetensors")):
+            os.remove(f)
+    if case == "other-tokenizer":
+        path = os.path.join(teacher, "tokenizer.json")
+        tok = json.load(open(path))
+        vocab = tok["model"]["vocab"]
+        a, b = sorted(vocab, key=vocab.get)[5:7]
+        vocab[a], vocab[b] = vocab[b], vocab[a]
+        with open(path, "w") as f:
+            json.dump(tok, f)
+    out = str(tmp_path / "run")
+    log = failing(
+        data, out, f"distill={{teacher_dir: {teacher}, reward_weight: 1.0}}", "loss.variant=gspo_token", "steps=1"
+    )
+    kind, what = one_error(log)
+    assert kind == "distill" and what.startswith(f"distill.teacher_dir={teacher}"), what
+    assert {"missing": "config.json", "no-weights": "safetensors", "other-tokenizer": "tokenizer"}[case] in what
+    assert "exitcode  : 2" in log or "exitcode : 2" in log, log[-3000:]
+    assert os.listdir(out) == [n for n in os.listdir(out) if n.endswith(".log")]
+    shutil.rmtree(teacher, ignore_errors=True)
