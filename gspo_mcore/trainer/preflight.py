@@ -8,7 +8,8 @@ the chat template), the training data, the evaluation sets (each file must exist
 ``eval.datasets[i]``), prompt lengths, the rewards (every row's fields), the distillation teacher
 (``distill``: its folder, ``config.json``, fit to the layout, tokenizer and, for the in-process teacher, its
 weights' names and shapes; errors name ``distill.teacher_dir``), the run folder (:mod:`.run_dir`: no
-mixing of two runs) and, for a resume, the checkpoint it would load (one whose files have the sizes its
+mixing of two runs; writable, found by creating a probe file; locked by rank 0 so that a second run started
+in the same folder is refused) and, for a resume, the checkpoint it would load (one whose files have the sizes its
 manifest records; the checksums are verified when it loads).
 
 A failure keeps its exception type and gets an ``input_kind`` attribute (``model``, ``config``,
@@ -19,6 +20,7 @@ as one line, ``gspo-train: <kind> error: <message>`` (:func:`input_kind_of`).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from dataclasses import dataclass
 
@@ -33,6 +35,8 @@ from gspo_mcore.rewards.resolve import RewardSetupError
 from gspo_mcore.trainer import distill, run_dir
 from gspo_mcore.trainer.config import TrainConfig
 from gspo_mcore.trainer.evaluation import EvalSet
+
+logger = logging.getLogger(__name__)
 
 INPUT_KINDS = {ConfigError: "config", CheckpointError: "checkpoint", RewardSetupError: "reward"}
 """Exception types that are input errors wherever they are raised, and their kind. (A reward that fails while
@@ -64,6 +68,12 @@ class Inputs:
     """The environment ``rollout.env`` names, built with ``rollout.env_kwargs`` (``None``: single-turn)."""
     distill: distill.DistillPlan | None = None
     """The checked distillation teacher (``None`` without ``distill``)."""
+    data_files: dict | None = None
+    """Every data file's size and sha256 (:func:`gspo_mcore.trainer.run_dir.data_fingerprint`), saved with each
+    checkpoint and checked at resume."""
+    lock: run_dir.RunLock | None = None
+    """Rank 0's lock on ``log.output_dir``, taken before the run folder is checked; the run releases it at its
+    end (:func:`gspo_mcore.trainer.run_dir.lock_folder`)."""
 
 
 def input_kind_of(exc: BaseException) -> str | None:
@@ -116,13 +126,23 @@ def check(cfg: TrainConfig) -> Inputs:
     with input_kind("distill"):
         distill_plan = check_distill(cfg, arch, tokenizer)
     with input_kind("run folder"):
-        plan = run_dir.check(
-            to_dict(cfg),
-            output_dir=cfg.log.output_dir,
-            checkpoint_dir=cfg.checkpoint.dir,
-            resume=cfg.checkpoint.resume,
-            overwrite=cfg.log.overwrite,
-        )
+        run_dir.check_writable(cfg.log.output_dir, cfg.checkpoint.dir)
+        lock = run_dir.lock_folder(cfg.log.output_dir) if int(os.environ.get("RANK", "0")) == 0 else None
+        try:
+            plan = run_dir.check(
+                to_dict(cfg),
+                output_dir=cfg.log.output_dir,
+                checkpoint_dir=cfg.checkpoint.dir,
+                resume=cfg.checkpoint.resume,
+                overwrite=cfg.log.overwrite,
+            )
+            with input_kind("data"):
+                data_files = run_dir.data_fingerprint(cfg)
+                _check_resumed_data(cfg, data_files)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
     return Inputs(
         arch=arch,
         tokenizer=tokenizer,
@@ -133,7 +153,20 @@ def check(cfg: TrainConfig) -> Inputs:
         run_dir=plan,
         env=env,
         distill=distill_plan,
+        lock=lock,
+        data_files=data_files,
     )
+
+
+def _check_resumed_data(cfg: TrainConfig, data_files: dict) -> None:
+    """A resume of this run's own checkpoint reads the data files it recorded (``allow_data_change``)."""
+    if cfg.checkpoint.resume is False:
+        return
+    candidate = run_dir.resume_candidate(os.path.abspath(cfg.checkpoint.dir), cfg.checkpoint.resume)
+    if candidate is None or os.path.dirname(candidate) != os.path.abspath(cfg.checkpoint.dir):
+        return  # nothing to resume, or another folder's checkpoint: a new run from its weights
+    for line in run_dir.check_data_unchanged(candidate, data_files, allow=cfg.allow_data_change):
+        logger.warning("allow_data_change=true: %s", line)
 
 
 def check_distill(cfg: TrainConfig, arch, tokenizer) -> distill.DistillPlan | None:

@@ -55,6 +55,7 @@ deletion (a rejected checkpoint set aside, ``*.rejected-*``, is kept for inspect
 
 RESUME_MAY_DIFFER = (
     "steps",
+    "allow_data_change",
     "log.output_dir",
     "checkpoint.dir",
     "checkpoint.resume",
@@ -268,3 +269,188 @@ def diff(a, b, prefix: str = "") -> dict[str, tuple]:
 def _plain(value):
     """JSON's view of ``value`` (tuples become lists, recursively), as config.yaml stores it."""
     return json.loads(json.dumps(value, default=str))
+
+
+# ---- start-up: a writable folder, held by one run; a full disk named at the write -----------------------------
+
+LOCK_FILE = ".gspo_mcore.lock"
+"""The lock file of a running run in ``log.output_dir`` (removed when the run ends)."""
+LOW_SPACE_BYTES = 16 << 20
+"""Below this much free space, a write that failed is taken for a full disk (torch's zip writer does not say
+ENOSPC: it reports ``unexpected pos N vs M``)."""
+
+
+def _existing_ancestor(path: str) -> str:
+    path = os.path.abspath(path)
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def check_writable(output_dir: str, checkpoint_dir: str) -> None:
+    """Refuse a run whose ``log.output_dir`` or ``checkpoint.dir`` cannot be written (a read-only mount, no
+    permission, a full disk): a probe file is created and removed in each (or in its nearest existing parent
+    folder, which the run would create it in). Raises :class:`RunDirError` naming the key and folder."""
+    import errno
+    import tempfile
+
+    for key, folder in (("log.output_dir", output_dir), ("checkpoint.dir", checkpoint_dir)):
+        where = _existing_ancestor(folder)
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".gspo_mcore-probe-", dir=where)
+        except OSError as exc:
+            why = {errno.EROFS: "read-only file system", errno.ENOSPC: "disk full", errno.EACCES: "permission denied"}
+            raise RunDirError(
+                f"{key}={os.path.abspath(folder)}: cannot create a file in {where} "
+                f"({why.get(exc.errno, exc.strerror or type(exc).__name__)}); choose a writable folder"
+            ) from None
+        os.close(fd)
+        os.remove(probe)
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``<log.output_dir>/.gspo_mcore.lock`` (:func:`lock_folder`), held until
+    :meth:`release` (or the process's exit: the kernel drops it)."""
+
+    def __init__(self, path: str, fd: int, created: list[str]):
+        self.path, self.fd, self.created = path, fd, created
+
+    def release(self) -> None:
+        """Remove the lock file and drop the lock; remove the folders made for it if they are still empty."""
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.remove(self.path)
+        os.close(self.fd)
+        self.fd = None
+        for folder in reversed(self.created):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+
+
+def lock_folder(output_dir: str) -> RunLock:
+    """Lock the run folder for this run (rank 0, from the start-up check of the folder to the run's end): a
+    second run started in the same folder meanwhile is refused (:class:`RunDirError`, naming the holder's pid).
+    Creates the folder if needed (removed again on :meth:`RunLock.release` if nothing else was written)."""
+    import fcntl
+
+    output_dir = os.path.abspath(output_dir)
+    created, parent = [], output_dir
+    while not os.path.isdir(parent):
+        created.append(parent)
+        parent = os.path.dirname(parent)
+    os.makedirs(output_dir, exist_ok=True)
+    created.reverse()
+    path = os.path.join(output_dir, LOCK_FILE)
+    for _ in range(10):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            for folder in reversed(created):
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
+            raise RunDirError(
+                f"log.output_dir={output_dir} is in use by another run (pid {holder}, holding {path}); wait for it "
+                "to end, or choose another log.output_dir"
+            ) from None
+        try:  # the holder may have removed the file between our open and lock: lock the one in place
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            return RunLock(path, fd, created)
+        os.close(fd)
+    raise RunDirError(f"log.output_dir={output_dir}: cannot take the lock {path} (it keeps being replaced)")
+
+
+@contextlib.contextmanager
+def disk_full_named(folder: str, key: str, what: str):
+    """Around a write into ``folder`` (``key``: its configuration key): a failure for want of space (ENOSPC
+    anywhere in the exception's chain, or any OSError/RuntimeError with under :data:`LOW_SPACE_BYTES` free
+    there, as torch's writer reports it) becomes ``OSError(ENOSPC, 'disk full: ...')`` naming the folder and
+    ``what`` was being written; other errors pass unchanged."""
+    import errno
+
+    try:
+        yield
+    except (OSError, RuntimeError) as exc:
+        if not _disk_full(exc, folder):
+            raise
+        raise OSError(
+            errno.ENOSPC,
+            f"disk full: no space left in {key}={os.path.abspath(folder)} while {what} ({type(exc).__name__}: "
+            f"{exc}); free space there and resume (checkpoint.resume=true)",
+        ) from exc
+
+
+def _disk_full(exc: BaseException, folder: str) -> bool:
+    import errno
+
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    try:
+        return shutil.disk_usage(_existing_ancestor(folder)).free < LOW_SPACE_BYTES
+    except OSError:
+        return False
+
+
+# ---- the data a run trains on: recorded with each checkpoint, checked at resume ------------------------------
+
+
+class DataChangedError(ValueError):
+    """A resume's data file differs from the one the checkpoint recorded."""
+
+
+def data_fingerprint(cfg) -> dict[str, dict]:
+    """``{key: {path, size, sha256}}`` of every training (``data.paths[i]``) and evaluation
+    (``eval.datasets[<name>].data.paths[i]``) data file of the resolved configuration ``cfg``."""
+    files = {f"data.paths[{i}]": p for i, p in enumerate(cfg.data.paths)}
+    for s in cfg.eval.datasets:
+        files |= {f"eval.datasets[{s.name}].data.paths[{i}]": p for i, p in enumerate(s.data.paths)}
+    return {key: _file_print(path) for key, path in files.items()}
+
+
+def _file_print(path: str) -> dict:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return {"path": path, "size": os.path.getsize(path), "sha256": h.hexdigest()}
+
+
+def check_data_unchanged(checkpoint: str, current: dict[str, dict], *, allow: bool) -> list[str]:
+    """Compare the data files a resume reads with those checkpoint ``checkpoint`` recorded (its
+    ``trainer_state.json``'s ``extra.data_files``; nothing to compare for a checkpoint without them): a file at
+    the same key and path whose size or sha256 differs is refused (:class:`DataChangedError`, naming it) unless
+    ``allow``. Returns the differences found (logged when allowed)."""
+    from gspo_mcore.learner.checkpoint.files import STATE
+
+    try:
+        with open(os.path.join(checkpoint, STATE)) as f:
+            recorded = (json.load(f).get("extra") or {}).get("data_files") or {}
+    except (OSError, ValueError):
+        return []  # the checkpointer reports an unreadable state when it loads
+    changed = []
+    for key, then in sorted(recorded.items()):
+        now = current.get(key)
+        if now is None or now["path"] != then.get("path"):
+            continue  # another file: a configuration change, compared key by key (check)
+        if (now["size"], now["sha256"]) != (then.get("size"), then.get("sha256")):
+            how = f"{then.get('size')} -> {now['size']} bytes" if now["size"] != then.get("size") else "sha256 differs"
+            changed.append(f"{key}: {now['path']} changed since the checkpoint {checkpoint} ({how})")
+    if changed and not allow:
+        raise DataChangedError(
+            f"{'; '.join(changed)}: a resume would continue on other data than the run trained on; restore the "
+            "file, start a new run, or set allow_data_change=true"
+        )
+    return changed

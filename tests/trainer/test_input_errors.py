@@ -193,3 +193,32 @@ def test_distillation_inputs_are_checked_before_anything_is_written(tiny, tmp_pa
     assert "exitcode  : 2" in log or "exitcode : 2" in log, log[-3000:]
     assert os.listdir(out) == [n for n in os.listdir(out) if n.endswith(".log")]
     shutil.rmtree(teacher, ignore_errors=True)
+
+
+def test_resume_after_the_data_changed_is_refused_naming_the_file(tmp_path):
+    """The checkpoint records each data file's size and sha256; a resume whose file at the same path has other
+    content (here the same rows in another order: same size) is refused naming it, before anything is written,
+    unless allow_data_change=true."""
+    import json
+
+    from examples.tiny.task import prepare
+
+    data = str(tmp_path / "inputs")
+    prepare(data, num_prompts=32)
+    run = str(tmp_path / "run")
+    run_tiny(data, run, "steps=1", "checkpoint.save_every=1")  # full batch: an update, so Adam has state to resume
+    state = json.load(open(os.path.join(run, "checkpoints", "step_0", "trainer_state.json")))
+    prompts = os.path.join(data, "prompts.jsonl")
+    recorded = state["extra"]["data_files"]["data.paths[0]"]
+    assert recorded["path"] == prompts and recorded["size"] == os.path.getsize(prompts)
+    with open(prompts) as f:
+        lines = f.readlines()
+    with open(prompts, "w") as f:
+        f.writelines(reversed(lines))
+    before = fingerprint(run)
+    kind, what = one_error(run_tiny(data, run, "steps=2", "checkpoint.resume=true", check=False, timeout=300))
+    assert kind == "data" and f"data.paths[0]: {prompts} changed since the checkpoint" in what, what
+    assert "allow_data_change=true" in what
+    assert fingerprint(run) == before
+    log = run_tiny(data, run, "steps=1", "checkpoint.resume=true", "allow_data_change=true")
+    assert f"allow_data_change=true: data.paths[0]: {prompts} changed since the checkpoint" in log, log[-3000:]
