@@ -1,6 +1,7 @@
 """Start-up checks: every input a run reads, checked before any model is built or anything is written.
 
-:func:`check` runs once at the top of :func:`gspo_mcore.trainer.run`, on every rank, reading only. In order:
+:func:`check` runs once at the top of :func:`gspo_mcore.trainer.run`, on every rank, reading only (besides a
+probe file, created and removed, and rank 0's lock on the run folder, released when the run ends). In order:
 the model folder (``config.json``; with ``model.load_hf_weights`` its ``*.safetensors`` and their tensor
 names and shapes), the parallel layout against the world size, the tokenizer, the environment
 (``rollout.env``: imported, its methods and keyword arguments checked, built once, the tool format against
@@ -96,7 +97,8 @@ def input_kind(kind: str):
 
 
 def check(cfg: TrainConfig) -> Inputs:
-    """Check every input of the resolved configuration ``cfg`` (see the module docstring); reads only."""
+    """Check every input of the resolved configuration ``cfg`` (see the module docstring); reads only, besides
+    the probe file and rank 0's lock (:attr:`Inputs.lock`, which the caller releases)."""
     with input_kind("model"):
         arch = load_hf_config(os.path.join(cfg.model.hf_dir, "config.json"))
         if cfg.routing.replay == "rollout" and not arch.is_moe:
