@@ -22,12 +22,39 @@ class ConfigError(ValueError):
     """A configuration problem; the message names the key (dotted path) at fault."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key repeated in one mapping (YAML's last-wins would silently drop
+    the first value)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:  # an unhashable key: SafeLoader's own error follows
+                    continue
+                if first != key_node.start_mark.line + 1:
+                    raise _DuplicateKey(key, key_node.start_mark.line + 1, first)
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key, line: int, first: int):
+        super().__init__(f"duplicate key {key!r} at line {line} (first at line {first})")
+
+
 def load_yaml(path: str | os.PathLike) -> dict:
+    """The YAML mapping in ``path``; a missing file, invalid YAML, a key repeated in one mapping or a top level
+    that is not a mapping is a :class:`ConfigError` naming the file."""
     try:
         with open(path) as f:
-            data = yaml.safe_load(f)
+            data = yaml.load(f, Loader=_UniqueKeyLoader)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if data is None:

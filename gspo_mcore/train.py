@@ -6,9 +6,11 @@ The resolved configuration is saved as ``<log.output_dir>/config.yaml``.
 
 Errors. An input error (configuration, model folder, data, evaluation sets, rewards, run folder, checkpoint:
 see :mod:`gspo_mcore.trainer.preflight`) prints one line on rank 0, ``gspo-train: <kind> error: <what>``,
-and exits with status 2 on every rank. Anything else is a bug or a failure of the machine: the entry point is
-wrapped with torch.distributed.elastic's ``record``, so under ``torchrun`` its traceback is written to the
-error file and torchrun's summary shows the root cause.
+and exits with status 2 on every rank: ``gspo-train`` or ``python -m gspo_mcore.train`` exits with status 2;
+under ``torchrun`` each rank does (its summary shows ``exitcode : 2``), and torchrun itself exits with status 1,
+as it does whenever a rank fails (it does not pass a rank's status on). Anything else is a bug or a failure of
+the machine: the entry point is wrapped with torch.distributed.elastic's ``record``, so under ``torchrun`` its
+traceback is written to the error file and torchrun's summary shows the root cause.
 """
 
 from __future__ import annotations

@@ -107,3 +107,18 @@ def test_cli_exits_with_code_2_and_a_message_on_config_errors(capsys):
 
     assert main(["--config", TINY, "optim.lrr=1"]) == 2
     assert "did you mean 'optim.lr'" in capsys.readouterr().err
+
+
+def test_duplicate_keys_are_refused_naming_the_key_and_line(tmp_path):
+    """YAML's last-wins on a repeated key would silently drop the first value: refused, at any depth."""
+    top = tmp_path / "top.yaml"
+    top.write_text("steps: 10\nseed: 1\nsteps: 20\n")
+    with pytest.raises(ConfigError, match=r"top.yaml: duplicate key 'steps' at line 3 \(first at line 1\)"):
+        load_yaml(top)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("optim:\n  lr: 1.0e-5\n  clip_grad: 1.0\n  lr: 3.0e-5\n")
+    with pytest.raises(ConfigError, match=r"duplicate key 'lr' at line 4 \(first at line 2\)"):
+        load_yaml(nested)
+    same_name_elsewhere = tmp_path / "ok.yaml"
+    same_name_elsewhere.write_text("optim:\n  lr: 1.0\nloss:\n  lr: 2.0\n")
+    assert load_yaml(same_name_elsewhere) == {"optim": {"lr": 1.0}, "loss": {"lr": 2.0}}

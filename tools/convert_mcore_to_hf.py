@@ -4,9 +4,12 @@
     python tools/convert_mcore_to_hf.py --mcore runs/x/checkpoints/step_123 --out hf/x-123   # a chosen step
     python tools/convert_mcore_to_hf.py --mcore ckpt/qwen3-8b-mcore --out hf/qwen3-8b [--max-shard-size 5GB]
 
-``--run`` is a training run folder (``log.output_dir``); ``--mcore`` is a training checkpoint (``step_<N>``,
-or the checkpoint directory holding them: its newest one that validates), a folder written by
-``convert_hf_to_mcore.py``, or a distributed checkpoint with ``config.json`` beside it. Training checkpoints
+``--run`` is a training run folder (``log.output_dir``): its own checkpoints, wherever it was copied or moved
+(a ``checkpoint.dir`` outside it is followed only when it holds none, with a line naming it; see
+``gspo_mcore.convert.export_source``); ``--mcore`` is a training checkpoint (``step_<N>``, or the checkpoint
+directory holding them: its newest one that validates; an unfinished ``step_<N>.tmp-*`` is refused), a folder
+written by ``convert_hf_to_mcore.py``, or a distributed checkpoint with ``config.json`` beside it. The line
+printed at the end names the exported step and its manifest's sha256. Training checkpoints
 are checked against their manifest first (``--verify``), and their model part is read whatever the layout
 and optimizer they were saved with; ``config.json`` and the tokenizer come from the run's ``model.hf_dir``
 (and ``template.tokenizer_dir``) unless ``--config`` names a folder. Writes ``config.json``,
@@ -83,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     rank0 = int(os.environ.get("RANK", "0")) == 0
     ckpt = source.training
     if rank0 and ckpt is not None:
+        if ckpt.found_via:
+            print(ckpt.found_via, file=sys.stderr)
         for bad, problems in ckpt.skipped:
             print(f"skipping {bad}: not valid ({'; '.join(problems)})", file=sys.stderr)
     if world > 1 and not under_torchrun():  # the ranks export what was checked here, without checking again
@@ -96,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         progress=args.progress,
     )
     if rank0:
-        what = f"step {ckpt.step} ({ckpt.path})" if ckpt is not None else source.ckpt_dir
+        what = (
+            f"step {ckpt.step} ({ckpt.path}; manifest sha256 {ckpt.manifest_sha256})"
+            if ckpt is not None
+            else source.ckpt_dir
+        )
         print(f"exported {what} to {args.out}: {len(files)} safetensors file(s), {arch.model_type}")
     return 0
 

@@ -3,11 +3,22 @@
 
 :func:`locate` accepts any of:
 
-- a training run folder (``log.output_dir``: its ``config.yaml`` names ``checkpoint.dir``, by default
-  ``<run>/checkpoints``), or a training checkpoint directory (the folder holding ``step_<N>`` and
-  ``latest``): the newest checkpoint that validates (manifest sizes and sha256; newer damaged ones are
-  skipped and reported);
-- one training checkpoint ``.../step_<N>`` (validated the same way; a damaged one is refused);
+- a training run folder (``log.output_dir``), or a training checkpoint directory (the folder holding
+  ``step_<N>`` and ``latest``): the newest checkpoint that validates (manifest sizes and sha256; newer damaged
+  ones are skipped and reported). A run folder's checkpoints are its own, as a resume finds them however the
+  folder was copied or moved (:data:`gspo_mcore.trainer.run_dir.RESUME_MAY_DIFFER`): the folder itself,
+  ``<run>/checkpoints``, or the ``checkpoint.dir`` its ``config.yaml`` records when that lies inside the
+  recorded ``log.output_dir`` (taken at the same place inside this folder). Only when the folder holds no
+  checkpoint is a ``checkpoint.dir`` outside it followed (:attr:`TrainingCheckpoint.found_via` says so): an
+  absolute one as it is, a relative one against the folder the run was started in, which is this folder's
+  path less the recorded relative ``log.output_dir`` (never the current directory: from there it may name
+  another run, such as the live original of a backup); when the folder's path does not end with it (moved or
+  renamed) a relative ``checkpoint.dir`` is not followed;
+- one training checkpoint ``.../step_<N>`` (or a copy of one under another name: a folder holding its
+  ``manifest.json`` and ``trainer_state.json``), validated the same way; a damaged one is refused. An
+  unfinished one is refused by name whatever ``verify`` says: an interrupted save (``step_<N>.tmp-*``), a
+  deletion (``*.deleting-*``), a checkpoint set aside as damaged (``*.rejected-*``), or one without its
+  ``manifest.json`` (written last);
 - a folder written by ``tools/convert_hf_to_mcore.py`` (``OUT/model`` + ``config.json``);
 - a bare distributed checkpoint (``metadata.json``) with ``config.json`` beside it.
 
@@ -18,8 +29,11 @@ names the folder to take both from. Nothing here imports megatron or needs a pro
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 
 from gspo_mcore.learner.checkpoint.files import (
@@ -40,6 +54,13 @@ CONVERTED_MODEL_DIR = "model"
 RUN_CONFIG = "config.yaml"
 """The resolved configuration a training run writes into ``log.output_dir``."""
 DEFAULT_CHECKPOINT_SUBDIR = "checkpoints"
+UNFINISHED = re.compile(r"^step_\d+\.(?P<kind>tmp|deleting|rejected)-")
+"""The names the checkpointer gives a step while it is written, deleted, or set aside as damaged."""
+_UNFINISHED_WHY = {
+    "tmp": "an interrupted or running save",
+    "deleting": "a checkpoint being deleted",
+    "rejected": "a checkpoint set aside as damaged",
+}
 
 
 class ExportSourceError(FileNotFoundError):
@@ -61,6 +82,11 @@ class TrainingCheckpoint:
     """The run configuration's hash from the manifest."""
     skipped: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """Newer checkpoints that were passed over, with why (damaged or incomplete)."""
+    manifest_sha256: str | None = None
+    """The sha256 of its ``manifest.json`` (which lists every file's size and sha256): names its content."""
+    found_via: str | None = None
+    """Set when a run folder held no checkpoint and its ``config.yaml``'s ``checkpoint.dir`` outside it was
+    followed: a line naming that directory, for the user."""
 
     @property
     def megatron_dir(self) -> str:
@@ -112,20 +138,22 @@ def locate(path: str, *, config_dir: str | None = None, verify: str = "sha256") 
 def find_training_checkpoint(path: str, *, verify: str = "sha256") -> TrainingCheckpoint | None:
     """The training checkpoint ``path`` leads to (a step directory, a checkpoint directory or a run folder),
     or ``None`` when ``path`` is none of these. Raises :class:`ExportSourceError` when it is one but no
-    checkpoint there is usable."""
+    checkpoint there is usable, or an unfinished one."""
+    _refuse_unfinished(path)
     if _is_step_dir(path):
         problems = [] if verify == "none" else validate(path, verify=verify)
         if problems:
             raise ExportSourceError(f"checkpoint {path} is not valid: {'; '.join(problems)}")
         return _read(path, ())
-    root = _checkpoint_root(path)
+    root, found_via = _checkpoint_root(path)
     if root is None:
         return None
     if verify == "none":
         steps = sorted(complete_checkpoints(root), reverse=True)
         if not steps:
             raise ExportSourceError(f"{root} holds no checkpoint (step_<N>)")
-        return _read(steps[0][1], ())
+        _refuse_unfinished(steps[0][1])
+        return dataclasses.replace(_read(steps[0][1], ()), found_via=found_via)
     found, rejected = find_latest_valid(root, verify=verify)
     skipped = tuple((bad, tuple(problems)) for bad, problems in rejected)
     if found is None:
@@ -133,42 +161,92 @@ def find_training_checkpoint(path: str, *, verify: str = "sha256") -> TrainingCh
             reasons = "; ".join(f"{os.path.basename(b)}: {', '.join(p)}" for b, p in skipped)
             raise ExportSourceError(f"no valid checkpoint in {root}: every one was rejected ({reasons})")
         raise ExportSourceError(f"{root} holds no checkpoint (step_<N>) yet")
-    return _read(found, skipped)
+    return dataclasses.replace(_read(found, skipped), found_via=found_via)
+
+
+def _refuse_unfinished(path: str) -> None:
+    """Refuse an unfinished checkpoint by its name, or a checkpoint without its manifest (written last)."""
+    name = os.path.basename(path.rstrip(os.sep))
+    m = UNFINISHED.match(name)
+    if m:
+        raise ExportSourceError(
+            f"{path} is an unfinished checkpoint ({name}: {_UNFINISHED_WHY[m['kind']]}); export a complete "
+            "step_<N> (or the run folder, for its newest valid one)"
+        )
+    if os.path.isfile(os.path.join(path, STATE)) and not os.path.isfile(os.path.join(path, MANIFEST)):
+        raise ExportSourceError(
+            f"{path} is an unfinished checkpoint: it holds {STATE} but no {MANIFEST} (written last, when a save "
+            "completes); export a complete step_<N>"
+        )
 
 
 def _is_step_dir(path: str) -> bool:
-    return bool(STEP_DIR.match(os.path.basename(path.rstrip(os.sep)))) and (
-        os.path.isfile(os.path.join(path, STATE)) or os.path.isfile(os.path.join(path, MANIFEST))
+    """One checkpoint: ``step_<N>`` with its state or manifest, or a folder (a renamed copy) holding both."""
+    state, manifest = os.path.isfile(os.path.join(path, STATE)), os.path.isfile(os.path.join(path, MANIFEST))
+    return (state and manifest) or (bool(STEP_DIR.match(os.path.basename(path.rstrip(os.sep)))) and (state or manifest))
+
+
+def _checkpoint_root(path: str) -> tuple[str | None, str | None]:
+    """(the checkpoint directory ``path`` is or holds, a line when it was found outside ``path``), or
+    ``(None, None)`` when ``path`` is neither a checkpoint directory nor a run folder (module docstring)."""
+    if os.path.isfile(os.path.join(path, LATEST)) or complete_checkpoints(path):
+        return path, None
+    run_config = os.path.join(path, RUN_CONFIG)
+    if not os.path.isfile(run_config):
+        default = os.path.join(path, DEFAULT_CHECKPOINT_SUBDIR)
+        return (default, None) if os.path.isdir(default) else (None, None)
+    saved = _load_yaml(run_config)
+    configured = (saved.get("checkpoint") or {}).get("dir")
+    output_dir = (saved.get("log") or {}).get("output_dir")
+    own = [os.path.join(path, DEFAULT_CHECKPOINT_SUBDIR)]
+    inside = _inside(configured, output_dir)
+    if inside is not None:
+        own.insert(0, os.path.normpath(os.path.join(path, inside)))
+    for root in own:
+        if complete_checkpoints(root):
+            return root, None
+    elsewhere = _outside(configured, output_dir, path) if configured and inside is None else None
+    if elsewhere is not None and complete_checkpoints(elsewhere):
+        return elsewhere, (
+            f"{path} holds no checkpoint; using checkpoint.dir={elsewhere} named by its {RUN_CONFIG} "
+            f"(recorded as {configured!r})"
+        )
+    where = " or ".join(dict.fromkeys(own))
+    raise ExportSourceError(
+        f"the run folder {path} holds no checkpoint (none in {where})"
+        + (f", nor does its checkpoint.dir {elsewhere}" if elsewhere else "")
+        + (
+            f"; its config.yaml's relative checkpoint.dir {configured!r} is not followed: {path} does not end "
+            f"with the recorded log.output_dir {output_dir!r}"
+            if configured and inside is None and elsewhere is None
+            else ""
+        )
+        + "; pass the checkpoint as --mcore"
     )
 
 
-def _checkpoint_root(path: str) -> str | None:
-    """The checkpoint directory ``path`` is, or that the run folder ``path`` names; ``None`` otherwise."""
-    if os.path.isfile(os.path.join(path, LATEST)) or complete_checkpoints(path):
-        return path
-    run_config = os.path.join(path, RUN_CONFIG)
-    if os.path.isfile(run_config):
-        configured = (_load_yaml(run_config).get("checkpoint") or {}).get("dir")
-        if configured:
-            root = configured if os.path.isabs(configured) else _existing(configured, path)
-            if root is not None:
-                return root
-    default = os.path.join(path, DEFAULT_CHECKPOINT_SUBDIR)
-    if os.path.isdir(default):
-        return default
-    if os.path.isfile(run_config):
-        raise ExportSourceError(f"the run folder {path} holds no checkpoint directory ({default} does not exist)")
-    return None
+def _inside(configured: str | None, output_dir: str | None) -> str | None:
+    """``checkpoint.dir`` relative to ``log.output_dir`` when it lies inside it (both as recorded), else None."""
+    if not configured or not output_dir or os.path.isabs(configured) != os.path.isabs(output_dir):
+        return None
+    rel = os.path.relpath(os.path.normpath(configured), os.path.normpath(output_dir))
+    return None if rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
 
 
-def _existing(relative: str, run_dir: str) -> str | None:
-    """A relative path from a run's config.yaml: relative to the working directory the run was started in
-    (unknown), so tried against this one and against the run folder's parent."""
-    for base in (os.getcwd(), os.path.dirname(run_dir)):
-        candidate = os.path.join(base, relative)
-        if os.path.isdir(candidate):
-            return os.path.abspath(candidate)
-    return None
+def _outside(configured: str, output_dir: str | None, run_dir: str) -> str | None:
+    """A ``checkpoint.dir`` outside the run folder: absolute as recorded; relative, against the folder the run
+    was started in (``run_dir`` less the recorded relative ``log.output_dir``), or None when that is unknown."""
+    if os.path.isabs(configured):
+        return os.path.normpath(configured)
+    if not output_dir or os.path.isabs(output_dir):
+        return None
+    parts = os.path.normpath(output_dir).split(os.sep)
+    if parts == [os.curdir]:
+        return os.path.normpath(os.path.join(run_dir, configured))
+    tail = os.path.normpath(run_dir).split(os.sep)
+    if os.pardir in parts or tail[-len(parts) :] != parts:
+        return None
+    return os.path.normpath(os.path.join(os.sep.join(tail[: -len(parts)]) or os.sep, configured))
 
 
 def _read(step_dir: str, skipped) -> TrainingCheckpoint:
@@ -190,7 +268,15 @@ def _read(step_dir: str, skipped) -> TrainingCheckpoint:
         trainer_state=state,
         config_sha256=manifest.get("config_sha256"),
         skipped=skipped,
+        manifest_sha256=_file_sha256(os.path.join(step_dir, MANIFEST)),
     )
+
+
+def _file_sha256(path: str) -> str | None:
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def _training_hf_dirs(ckpt: TrainingCheckpoint, config_dir: str | None) -> tuple[str, str | None]:

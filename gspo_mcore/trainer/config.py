@@ -230,6 +230,10 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     distill: DistillConfig | None = None
     """On-policy distillation from a teacher (docs/distill.md); ``None``: none."""
+    allow_data_change: bool = False
+    """A resume whose training or evaluation data file (same path) differs from what the checkpoint recorded
+    (each file's size and sha256, stored with every checkpoint) is refused, naming the file; ``true`` resumes
+    anyway (the change is logged)."""
 
     def __post_init__(self):
         if self.steps < 1:

@@ -65,16 +65,27 @@ class Run:
     tokenizer: object
     prefetch: Prefetcher | None = None
     distiller: distill.Distiller | None = None
+    data_files: dict | None = None
+    """The data files' sizes and hashes, saved with each checkpoint (checked at resume)."""
 
 
 def run(cfg: TrainConfig) -> list[dict]:
     """Train; returns the per-step metrics (on every rank)."""
     cfg = resolve(cfg)
     inputs = preflight.check(cfg)  # every input (and the run folder) checked; nothing built or written yet
+    try:
+        return _run_checked(cfg, inputs)
+    finally:  # the run folder is the next run's once this one ends, however it ends
+        if inputs.lock is not None:
+            inputs.lock.release()
+
+
+def _run_checked(cfg: TrainConfig, inputs: preflight.Inputs) -> list[dict]:
+    """The run, once :func:`~gspo_mcore.trainer.preflight.check` has checked its inputs and locked its folder."""
     arch, tokenizer, template, dataset = inputs.arch, inputs.tokenizer, inputs.template, inputs.dataset
     eval_sets, rewards = inputs.eval_sets, inputs.rewards
     loader = PromptLoader(dataset, PromptSampler(len(dataset), cfg.sampler), template)
-    distill_plan = distill.plan(cfg, arch, tokenizer)  # the teacher's tokenizer and fit: before any model
+    distill_plan = inputs.distill  # the teacher's folder, weights, tokenizer and fit: checked before any model
 
     learner = Learner.build(
         arch,
@@ -133,7 +144,7 @@ def run(cfg: TrainConfig) -> list[dict]:
             if cfg.rollout.max_staleness > 0
             else None
         )
-        state = Run(cfg, learner, rollout, loader, rewards, tokenizer, prefetch, distiller)
+        state = Run(cfg, learner, rollout, loader, rewards, tokenizer, prefetch, distiller, inputs.data_files)
         return _train(state, evaluator, checkpoints, metrics, start)
 
 
@@ -141,7 +152,7 @@ def _train(
     state: Run, evaluator: Evaluator, checkpoints: Checkpointer, metrics: MetricsLogger, start: int
 ) -> list[dict]:
     """Steps ``start`` .. ``cfg.steps - 1`` with their evaluations and checkpoints; the per-step metrics."""
-    cfg, learner, loader = state.cfg, state.learner, state.loader
+    cfg = state.cfg
     history, evaluated = [], set()
     step = start
     for step in range(start, cfg.steps):
@@ -154,13 +165,20 @@ def _train(
         history.append(record)
         metrics.log(step, record)
         if checkpoints.due(step):
-            learner.save(
-                checkpoints, step, extra={"data": _data_state(loader, state.prefetch), "weight_version": step + 1}
-            )
+            _save_checkpoint(state, checkpoints, step)
         step += 1
     if evaluator.sets and step not in evaluated:  # after the last step
         _log_eval(metrics, step, evaluator.run(step))
     return history
+
+
+def _save_checkpoint(state: Run, checkpoints: Checkpointer, step: int) -> None:
+    """Save checkpoint ``step`` with the trainer's state; a full disk is named as such (folder and step)."""
+    extra = {"data": _data_state(state.loader, state.prefetch), "weight_version": step + 1}
+    if state.data_files is not None:
+        extra["data_files"] = state.data_files
+    with run_dir.disk_full_named(state.cfg.checkpoint.dir, "checkpoint.dir", f"saving the checkpoint of step {step}"):
+        state.learner.save(checkpoints, step, extra=extra)
 
 
 def gspo_step(run: Run, step: int) -> dict | None:

@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 from convert_models import MODELS, build_hf_model, tokens
+from helpers.export_cases import TRAINED
 
 
 def _save_tokenizer(path: str) -> None:
@@ -66,19 +67,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line(f"{'model':<12} {'layout':<8} {'max|diff|':>10} {'max|logit|':>10}")
     for (model, layout), (diff, scale) in sorted(store.items()):
         terminalreporter.write_line(f"{model:<12} {layout:<8} {diff:>10.2e} {scale:>10.2f}")
-
-
-# Real training checkpoints (tests/convert/train_export_worker.py): (model, layout, options). Each is a run
-# folder <root>/<model>-<layout> whose checkpoints/step_0 the trainer's Checkpointer wrote after one GSPO batch.
-# Expert-TP is absent: MoE with TP > 1 needs sequence parallelism (a GPU), and expert-TP alone fails in the
-# token dispatcher's sequence-parallel gather over gloo on this CPU setup.
-TRAINED = [
-    ("dense", "tp2", dict(tp=2)),
-    ("dense", "pp2-distopt", dict(pp=2, distopt=True)),
-    ("dense", "dp2-distopt", dict(distopt=True)),
-    ("moe", "ep2", dict(ep=2)),
-    ("moe", "ep2-distopt-full", dict(ep=2, distopt=True, format="fully_reshardable")),
-]
 
 
 @pytest.fixture(scope="session")

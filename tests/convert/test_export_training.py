@@ -21,8 +21,8 @@ import sys
 
 import pytest
 import torch
-from conftest import TRAINED
 from convert_models import HERE, ROOT, run
+from helpers.export_cases import TRAINED
 from test_convert_layouts import LOGITS_ATOL
 
 pytestmark = pytest.mark.distributed

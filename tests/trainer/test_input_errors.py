@@ -124,3 +124,101 @@ def test_environment_that_cannot_be_built(tiny, tmp_path, overrides, message):
     kind, what = one_error(failing(data, out, *overrides))
     assert kind == "config" and what.startswith(message), what
     assert os.listdir(out) == [n for n in os.listdir(out) if n.endswith(".log")]
+
+
+def test_exit_status_of_an_input_error_with_and_without_torchrun(tmp_path):
+    """The documented statuses (gspo_mcore/train.py, docs/export.md): the entry point returns 2 on an input error;
+    under a real torchrun (1 process) the rank exits 2, which torchrun's summary shows, and torchrun itself exits
+    1, as it does whenever a rank fails (it cannot pass a rank's status on)."""
+    import subprocess
+    import sys
+
+    from helpers import ROOT, worker_env
+    from helpers.launch import torchrun
+
+    args = ["-m", "gspo_mcore.train", "--config", os.path.join(ROOT, "examples", "tiny", "config.yaml"), "optim.lrr=1"]
+    env = worker_env()
+    plain = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 2, plain.stderr[-3000:]
+    assert one_error(plain.stdout + plain.stderr)[0] == "config"
+    launched = subprocess.run([*torchrun(1), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    output = launched.stdout + launched.stderr
+    assert LINE.findall(output) == [("config", "unknown config key 'optim.lrr'; did you mean 'optim.lr'?")], output
+    assert re.search(r"exitcode\s*:\s*2\b", output), output[-3000:]
+    assert launched.returncode == 1, output[-3000:]
+    import gspo_mcore.train
+
+    for where, text in [("gspo_mcore/train.py", gspo_mcore.train.__doc__), ("docs/export.md", _read("docs/export.md"))]:
+        assert "torchrun itself exits with status 1" in " ".join(text.split()), f"{where} says otherwise"
+
+
+def _read(relative: str) -> str:
+    from helpers import ROOT
+
+    with open(os.path.join(ROOT, relative)) as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("case", ["missing", "no-weights", "other-tokenizer"])
+def test_distillation_inputs_are_checked_before_anything_is_written(tiny, tmp_path, case):
+    """distill.teacher_dir: a missing folder, one without weights, one with another tokenizer: one line, exit
+    status 2 on the rank, nothing written (a fixed rerun is not refused as "already holds a run")."""
+    import json
+    import shutil
+
+    from helpers.distill_models import write_teacher
+
+    data, _ = tiny
+    teacher = str(tmp_path / "teacher")
+    if case != "missing":
+        write_teacher(teacher)
+    if case == "no-weights":
+        for f in glob.glob(os.path.join(teacher, "*.safetensors")):
+            os.remove(f)
+    if case == "other-tokenizer":
+        path = os.path.join(teacher, "tokenizer.json")
+        tok = json.load(open(path))
+        vocab = tok["model"]["vocab"]
+        a, b = sorted(vocab, key=vocab.get)[5:7]
+        vocab[a], vocab[b] = vocab[b], vocab[a]
+        with open(path, "w") as f:
+            json.dump(tok, f)
+    out = str(tmp_path / "run")
+    log = failing(
+        data, out, f"distill={{teacher_dir: {teacher}, reward_weight: 1.0}}", "loss.variant=gspo_token", "steps=1"
+    )
+    kind, what = one_error(log)
+    assert kind == "distill" and what.startswith(f"distill.teacher_dir={teacher}"), what
+    assert {"missing": "config.json", "no-weights": "safetensors", "other-tokenizer": "tokenizer"}[case] in what
+    assert "exitcode  : 2" in log or "exitcode : 2" in log, log[-3000:]
+    assert os.listdir(out) == [n for n in os.listdir(out) if n.endswith(".log")]
+    shutil.rmtree(teacher, ignore_errors=True)
+
+
+def test_resume_after_the_data_changed_is_refused_naming_the_file(tmp_path):
+    """The checkpoint records each data file's size and sha256; a resume whose file at the same path has other
+    content (here the same rows in another order: same size) is refused naming it, before anything is written,
+    unless allow_data_change=true."""
+    import json
+
+    from examples.tiny.task import prepare
+
+    data = str(tmp_path / "inputs")
+    prepare(data, num_prompts=32)
+    run = str(tmp_path / "run")
+    run_tiny(data, run, "steps=1", "checkpoint.save_every=1")  # full batch: an update, so Adam has state to resume
+    state = json.load(open(os.path.join(run, "checkpoints", "step_0", "trainer_state.json")))
+    prompts = os.path.join(data, "prompts.jsonl")
+    recorded = state["extra"]["data_files"]["data.paths[0]"]
+    assert recorded["path"] == prompts and recorded["size"] == os.path.getsize(prompts)
+    with open(prompts) as f:
+        lines = f.readlines()
+    with open(prompts, "w") as f:
+        f.writelines(reversed(lines))
+    before = fingerprint(run)
+    kind, what = one_error(run_tiny(data, run, "steps=2", "checkpoint.resume=true", check=False, timeout=300))
+    assert kind == "data" and f"data.paths[0]: {prompts} changed since the checkpoint" in what, what
+    assert "allow_data_change=true" in what
+    assert fingerprint(run) == before
+    log = run_tiny(data, run, "steps=1", "checkpoint.resume=true", "allow_data_change=true")
+    assert f"allow_data_change=true: data.paths[0]: {prompts} changed since the checkpoint" in log, log[-3000:]
