@@ -83,6 +83,7 @@ class _Session:
     history: list = field(default_factory=list)  # the last request's messages
     tools: list | None = None
     reply: dict | None = None  # the assistant message that answered the last request
+    call_ids: set = field(default_factory=set)  # every tool-call id this episode gave
     calls: int = 0
     busy: bool = False
     closed: str | None = None
@@ -236,7 +237,7 @@ class AgentEnv:
         return Reset(observation=messages, state=session, tools=tuple(tools))
 
     def step(self, session: _Session, action: str) -> Step:
-        session.reply = _assistant_message(action)
+        session.reply = _assistant_message(action, session.call_ids)
         calls = len(session.reply.get("tool_calls", ()))
         session.calls += 1
         session.replies.put(session.reply)
@@ -288,19 +289,32 @@ class AgentEnv:
             session.events.put(("failed", f"{type(e).__name__}: {e}"))
 
 
-def _assistant_message(text: str) -> dict:
+def _assistant_message(text: str, used: set) -> dict:
     """The policy's turn as an OpenAI assistant message: ``<tool_call>`` blocks become ``tool_calls`` (a
-    malformed block stays in the content, for the agent to see)."""
+    malformed block stays in the content, for the agent to see). Each call's id is ``call_`` + 24 random hex
+    digits, none of the episode's ``used`` ids (added to it): clients key tool results and completed calls by
+    id (the Agents SDK refuses an id reused for another call)."""
     parsed = parse_tool_calls(text)
     calls = [c for c in parsed if isinstance(c, ToolCall)]
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if calls and len(calls) == len(parsed):
         message["content"] = re.sub(_CALL_BLOCK, "", text, flags=re.DOTALL).strip()
         message["tool_calls"] = [
-            {"id": f"call_{k}", "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-            for k, c in enumerate(calls)
+            {
+                "id": _call_id(used),
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+            }
+            for c in calls
         ]
     return message
+
+
+def _call_id(used: set) -> str:
+    while (new := f"call_{secrets.token_hex(12)}") in used:
+        pass
+    used.add(new)
+    return new
 
 
 def _new_messages(session: _Session, messages: list, tools: list) -> list:

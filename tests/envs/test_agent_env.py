@@ -5,6 +5,7 @@ hangs, or outlives its episode ends that episode with a named cause, never the r
 
 import asyncio
 import json
+import re
 import sys
 import threading
 import time
@@ -109,15 +110,19 @@ def test_the_assistant_message_carries_openai_tool_calls():
         return None
 
     [s] = run(AgentEnv(agent))
-    assert seen == [
-        {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [
-                {"id": "call_0", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "ab"}'}}
-            ],
-        }
-    ]
+    [message] = seen
+    assert re.fullmatch(r"call_[0-9a-f]{24}", message["tool_calls"][0]["id"]), message
+    assert message == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": message["tool_calls"][0]["id"],
+                "type": "function",
+                "function": {"name": "lookup", "arguments": '{"key": "ab"}'},
+            }
+        ],
+    }
     assert s.episode.end == "done" and s.episode.turns == 1 and s.episode.env_reward == 0.0
 
 
@@ -426,3 +431,30 @@ def test_openai_content_shapes_from_an_agent_with_smollm2s_template():
     assert bad.episode.end == "error" and "content None" in bad.episode.error, bad.episode.error
     metrics = episode_metrics([[good, bad]], max_error_fraction=0.5)
     assert metrics["episode_end_error"] == 0.5
+
+
+def test_tool_call_ids_are_unique_within_an_episode_and_kept_when_re_sent():
+    """The same call in three turns (what made the Agents SDK raise "Model reused a completed tool call ID"):
+    every id is ``call_`` + random hex, none repeats within the episode or across its sibling, and the agent
+    re-sending them unchanged goes on to the end."""
+    seen = {}
+
+    def agent(client, row):
+        messages = [{"role": "user", "content": row["prompt"]}]
+        while True:
+            reply = client.chat(messages, tools=TOOLS)
+            seen.setdefault(row["prompt"], []).append(reply)
+            if not reply.get("tool_calls"):
+                return 1.0
+            messages.append(reply)
+            for c in reply["tool_calls"]:
+                messages.append({"role": "tool", "tool_call_id": c["id"], "content": "ab-42"})
+
+    turns = [call("lookup", key="ab") + call("lookup", key="ab")] * 3 + ["cab ab"]
+    params = SamplingParams(temperature=0.0, max_new_tokens=200)
+    cfg = EpisodeConfig(max_turns=5, max_total_tokens=2000)
+    got = run(AgentEnv(agent), turns=turns, cfg=cfg, params=params, rows=({"prompt": "A"}, {"prompt": "B"}))
+    assert [(s.episode.end, s.episode.turns, s.episode.tool_calls) for s in got] == [("done", 4, 6)] * 2
+    ids = [c["id"] for replies in seen.values() for r in replies for c in r.get("tool_calls", ())]
+    assert len(ids) == 12 and len(set(ids)) == 12, ids
+    assert all(re.fullmatch(r"call_[0-9a-f]{24}", i) for i in ids), ids
