@@ -13,9 +13,14 @@ parsed into OpenAI ``tool_calls``) and waits for the next request, whose new mes
 The agent returning ends the episode (``done``); its number is added to the reward (``Step.reward``).
 
 Token exactness needs every request to extend the conversation: the previous request's messages, then the
-assistant message that answered it (content and tool calls as returned), then new messages. A request that
-edits or drops history ends the episode as ``error`` with the first message that differs: the learner trains
-on one token sequence, never on a conversation re-tokenised from text. The request's sampling fields
+assistant message that answered it, then new messages. Only the new messages are rendered; the rest is checked
+against the conversation so far, never re-tokenised (the learner trains on the recorded ids). The check takes
+what real clients do to the history they re-send, and only that: the ``reasoning_content`` / ``reasoning`` a
+client split off the content merged back into the ``<think>`` block; an empty answer (no text, no tool calls)
+left out; content None, "" or absent, or a list of text parts; tool-call arguments as JSON, not as strings;
+fields clients add (``name``, and ``refusal``, ``annotations``, ``audio``, ``function_call`` holding nothing).
+A request that edits or drops history ends the episode as ``error`` naming the message, the field and both
+values. Tool-call ids are ``call_`` + random hex, unique within the episode. The request's sampling fields
 (``temperature``, ``max_tokens``, ...) are ignored: the run's ``rollout.sampling`` and ``rollout.episode``
 limits decide. ``stream`` and ``n`` > 1 are refused.
 
@@ -80,7 +85,7 @@ class _Session:
     # ("request", messages, tools) | ("finished", reward) | ("failed", why) | ("closed", why)
     events: queue.Queue = field(default_factory=queue.Queue)
     replies: queue.Queue = field(default_factory=queue.Queue)  # an assistant message | EpisodeOver
-    history: list = field(default_factory=list)  # the last request's messages
+    conversation: list = field(default_factory=list)  # (canonical message, may be left out) so far
     tools: list | None = None
     reply: dict | None = None  # the assistant message that answered the last request
     call_ids: set = field(default_factory=set)  # every tool-call id this episode gave
@@ -233,7 +238,7 @@ class AgentEnv:
         if not messages:
             self.end_episode(session)
             raise AgentRequestError(f"{KEY}.agent: its first request has no messages")
-        session.history, session.tools = messages, tools
+        session.conversation, session.tools = [(_canonical(m), False) for m in messages], tools
         return Reset(observation=messages, state=session, tools=tuple(tools))
 
     def step(self, session: _Session, action: str) -> Step:
@@ -255,7 +260,6 @@ class AgentEnv:
         except AgentRequestError as e:
             session.close(str(e))
             raise
-        session.history = messages
         return Step(observation=new, info={TOOL_CALLS: calls})
 
     def end_episode(self, session: _Session) -> None:
@@ -318,34 +322,101 @@ def _call_id(used: set) -> str:
 
 
 def _new_messages(session: _Session, messages: list, tools: list) -> list:
-    """The messages a request adds after the last answer; :class:`AgentRequestError` if it does not extend it."""
+    """The messages a request adds after the last answer (the conversation grows by them);
+    :class:`AgentRequestError` naming the message, the field and both values if it does not extend it."""
     if tools != session.tools:
         raise AgentRequestError("the request changed its tools (the prompt already rendered them)")
-    n = len(session.history)
-    if len(messages) < n + 2:
+    conversation = [*session.conversation, (_canonical(session.reply), _is_empty(session.reply))]
+    k = 0
+    for want, optional in conversation:
+        got = _canonical(messages[k]) if k < len(messages) else None
+        if got == want:
+            k += 1
+        elif not optional:  # an empty answer a client left out is skipped; anything else is an edit
+            if got is None:
+                break
+            raise AgentRequestError(f"the request does not extend the conversation: {_difference(k, want, got)}")
+    if k >= len(messages):
         raise AgentRequestError(
-            f"the request does not extend the conversation: it has {len(messages)} messages, at least {n + 2} needed "
-            f"(the previous {n}, the assistant's answer, something new)"
+            f"the request does not extend the conversation: it has {len(messages)} messages, none new after the "
+            "conversation so far (its messages, the assistant's answers, then something new)"
         )
-    for k, (old, now) in enumerate(zip(session.history, messages)):
-        if old != now:
-            raise AgentRequestError(f"the request does not extend the conversation: message {k} differs")
-    if _normalise(messages[n]) != _normalise(session.reply):
-        raise AgentRequestError(f"the request does not extend the conversation: message {n} is not the answer given")
-    return messages[n + 1 :]
+    session.conversation = conversation + [(_canonical(m), False) for m in messages[k:]]
+    return messages[k:]
 
 
-def _normalise(message: Mapping[str, Any]) -> tuple:
-    calls = []
-    for c in message.get("tool_calls") or ():
-        fn = c.get("function", {}) if isinstance(c, Mapping) else {}
-        args = fn.get("arguments", "{}")
-        try:
-            args = json.loads(args) if isinstance(args, str) else args
-        except ValueError:
-            pass
-        calls.append((fn.get("name"), args))
-    return message.get("role"), (message.get("content") or "").strip(), calls
+# What clients add to an assistant message they re-send, never part of the answer: the speaker's ``name``
+# (LangChain's AIMessage.name); other fields count only when they hold something (``refusal``, ``annotations``,
+# ``audio``, ``function_call`` as None or empty from the openai SDK's model_dump(), litellm's ``function_call``).
+_ANSWER_IGNORED = ("name",)
+_REASONING = ("reasoning_content", "reasoning")  # litellm; vLLM, OpenRouter
+_THINK = re.compile(r"\s*<think>(.*?)</think>(.*)", re.DOTALL)
+
+
+def _canonical(message: Mapping[str, Any]) -> dict:
+    """What a history message is compared by: its fields holding something, content as text (text parts
+    joined, None or absent as ""), tool calls as (id, name, arguments as JSON). For an assistant message: the
+    reasoning a client split off (``reasoning_content`` / ``reasoning``) merged back into the
+    ``<think>`` block, the think block and the text each compared without surrounding whitespace, and the
+    fields clients add left out."""
+    if not isinstance(message, Mapping):
+        return {"role": None, "message": message}
+    out = {k: v for k, v in message.items() if v not in (None, "", [], {}) and k not in ("content", "tool_calls")}
+    out["role"] = message.get("role")
+    content = _text(message.get("content"))
+    if out["role"] == "assistant":
+        reasoning = next((out[k] for k in _REASONING if k in out), None)
+        for k in (*_REASONING, *_ANSWER_IGNORED):
+            out.pop(k, None)
+        content = _with_think(reasoning, content)
+    out["content"] = content
+    calls = [_call(c) for c in message.get("tool_calls") or ()]
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def _text(content):
+    if content is None:
+        return ""
+    if isinstance(content, list) and all(isinstance(p, Mapping) and p.get("type") == "text" for p in content):
+        return "".join(str(p.get("text", "")) for p in content)
+    return content
+
+
+def _with_think(reasoning, content):
+    """``<think>reasoning</think>text``, each part stripped (an empty think block is no think block)."""
+    if not isinstance(content, str):
+        return content
+    if not isinstance(reasoning, str):
+        parsed = _THINK.match(content)
+        reasoning, content = parsed.groups() if parsed else (None, content)
+    think = (reasoning or "").strip()
+    return f"<think>{think}</think>{content.strip()}" if think else content.strip()
+
+
+def _call(c) -> dict:
+    if not isinstance(c, Mapping):
+        return {"call": c}
+    fn = c.get("function") if isinstance(c.get("function"), Mapping) else {}
+    args = fn.get("arguments")
+    try:
+        args = json.loads(args) if isinstance(args, str) else args
+    except ValueError:
+        pass
+    return {"id": c.get("id"), "name": fn.get("name"), "arguments": args}
+
+
+def _is_empty(reply: Mapping[str, Any]) -> bool:
+    """An answer with no text and no tool calls (the Agents SDK leaves it out of the history it re-sends)."""
+    return not reply.get("tool_calls") and not str(reply.get("content") or "").strip()
+
+
+def _difference(k: int, want: dict, got: dict) -> str:
+    """The first field of message ``k`` whose value changed, with both values."""
+    was = "answered" if want["role"] == "assistant" else "before"
+    name = next(f for f in ("role", "content", "tool_calls", *want, *got) if want.get(f) != got.get(f))
+    return f"message {k} ({got.get('role')}) differs in {name}: {want.get(name)!r} {was}, {got.get(name)!r} now"
 
 
 def _loopback(host: str) -> bool:

@@ -162,8 +162,8 @@ def _returns_text(client, row):
 @pytest.mark.parametrize(
     "agent, error",
     [
-        (_edits_history, "the request does not extend the conversation: message 0 differs"),
-        (_changes_the_answer, "message 1 is not the answer given"),
+        (_edits_history, "the request does not extend the conversation: message 0 (user) differs in content"),
+        (_changes_the_answer, "message 1 (assistant) differs in content: '' answered, 'other' now"),
         (_changes_tools, "the request changed its tools"),
         (_raises, "AgentError: the agent failed: KeyError: 'boom'"),
         (_hangs, "timeout"),
@@ -458,3 +458,171 @@ def test_tool_call_ids_are_unique_within_an_episode_and_kept_when_re_sent():
     ids = [c["id"] for replies in seen.values() for r in replies for c in r.get("tool_calls", ())]
     assert len(ids) == 12 and len(set(ids)) == 12, ids
     assert all(re.fullmatch(r"call_[0-9a-f]{24}", i) for i in ids), ids
+
+
+# -- what real clients do to the history they re-send (issue 38 item 3) -----------------------------------------
+THINK_TURNS = ["<think>\nlook it up\n</think>\n\n" + call("lookup", key="ab"), "<think>\nfound\n</think>\n\ncab ab"]
+THINK = re.compile(r"<think>(.*?)</think>(.*)", re.DOTALL)
+
+
+def _resending(transform, n_turns):
+    """An agent that re-sends each answer as ``transform(answer)`` returns it (a list: [] leaves it out); tool
+    calls get their results, other turns a user's "go on", until ``n_turns`` answers."""
+
+    def agent(client, row):
+        messages = [{"role": "user", "content": row["prompt"]}]
+        for _ in range(n_turns - 1):
+            reply = client.chat(messages, tools=TOOLS)
+            messages += transform(json.loads(json.dumps(reply)))
+            calls = reply.get("tool_calls") or ()
+            messages += [{"role": "tool", "tool_call_id": c["id"], "content": "ab-42"} for c in calls]
+            messages += [] if calls else [{"role": "user", "content": "go on"}]
+        client.chat(messages, tools=TOOLS)
+        return 1.0
+
+    return agent
+
+
+def _same_tokens_as_resending_unchanged(transform, turns):
+    cfg = EpisodeConfig(max_turns=len(turns) + 1, max_total_tokens=2000)
+    params = SamplingParams(temperature=0.0, max_new_tokens=200)
+    [ref] = run(AgentEnv(_resending(lambda m: [m], len(turns))), turns=turns, cfg=cfg, params=params)
+    [got] = run(AgentEnv(_resending(transform, len(turns))), turns=turns, cfg=cfg, params=params)
+    assert ref.episode.end == "done" and ref.episode.turns == len(turns), ref.episode.error
+    assert got.episode.end == "done", got.episode.error
+    assert got.prompt_ids == ref.prompt_ids and got.response_ids == ref.response_ids
+    assert got.response_mask == ref.response_mask and got.episode.turns == ref.episode.turns
+    return got
+
+
+def test_litellm_moving_the_think_block_into_reasoning_content_is_the_answer_given():
+    """litellm splits ``<think>...</think>`` off the content into ``reasoning_content`` (the rest of the text,
+    whitespace kept, stays in ``content``; None when nothing is left) and its Message adds ``function_call``:
+    the think block is merged back and the recorded ids stand."""
+
+    def litellm(m):
+        think, rest = THINK.match(m["content"]).groups()
+        return [{**m, "content": rest or None, "reasoning_content": think, "function_call": None}]
+
+    _same_tokens_as_resending_unchanged(litellm, THINK_TURNS)
+
+
+def test_a_reasoning_field_stripped_of_its_tags_is_the_answer_given():
+    """Servers such as vLLM and OpenRouter name the field ``reasoning`` and strip it; an agent re-sending the
+    openai SDK's ``message.model_dump(exclude_none=True)`` passes it back that way."""
+
+    def reasoning(m):
+        think, rest = THINK.match(m["content"]).groups()
+        return [{**m, "content": rest.strip(), "reasoning": think.strip()}]
+
+    _same_tokens_as_resending_unchanged(reasoning, THINK_TURNS)
+
+
+def test_an_empty_assistant_turn_left_out_is_the_answer_given():
+    """The OpenAI Agents SDK's ``to_input_list()`` drops an assistant turn with no text and no tool calls: the
+    next request goes on without it (the recorded empty turn stays in the episode's ids)."""
+
+    def to_input_list(m):
+        return [m] if m["content"] or m.get("tool_calls") else []
+
+    _same_tokens_as_resending_unchanged(to_input_list, ["", TURNS[0], "cab ab"])
+
+
+@pytest.mark.parametrize("content", ["none", "empty", "absent"])
+def test_no_content_on_a_tool_call_turn_is_the_answer_given(content):
+    """An assistant turn of tool calls only, its content re-sent as None (LangChain's AIMessage with tool
+    calls), "" (the openai SDK's message as parsed) or absent (the Agents SDK's converter)."""
+
+    def shape(m):
+        m = dict(m)
+        if content == "absent":
+            m.pop("content")
+        else:
+            m["content"] = None if content == "none" else ""
+        return [m]
+
+    _same_tokens_as_resending_unchanged(shape, TURNS)
+
+
+def test_content_as_a_list_of_text_parts_is_the_answer_given():
+    """The Agents SDK's chat-completions converter re-sends assistant text as content parts of type
+    ``text``."""
+
+    def parts(m):
+        text = m["content"]
+        return [{**m, "content": [{"type": "text", "text": text[:2]}, {"type": "text", "text": text[2:]}]}]
+
+    _same_tokens_as_resending_unchanged(parts, ["ok " + TURNS[0], "cab ab"])
+
+
+def test_tool_call_arguments_are_compared_as_json():
+    """LangChain parses tool-call arguments into a dict and serialises them again when it re-sends the turn
+    (another spacing, another key order): the same JSON is the same call."""
+
+    def reserialised(m):
+        for c in m.get("tool_calls", ()):
+            args = json.loads(c["function"]["arguments"])
+            c["function"]["arguments"] = json.dumps(dict(reversed(args.items())), separators=(",", ":"))
+        return [m]
+
+    turns = [call("lookup", key="ab", other=[1, 2]), "cab ab"]
+    _same_tokens_as_resending_unchanged(reserialised, turns)
+
+
+def test_fields_clients_add_to_the_answer_are_ignored():
+    """The openai SDK's ``message.model_dump()`` adds ``refusal``, ``annotations``, ``audio`` and
+    ``function_call`` (None); LangChain adds the AIMessage's ``name``; tool calls come back with an ``index``
+    (streamed deltas merged by the SDK)."""
+
+    def model_dump(m):
+        m.update(refusal=None, annotations=[], audio=None, function_call=None, name="researcher")
+        for k, c in enumerate(m.get("tool_calls", ())):
+            c["index"] = k
+        return [m]
+
+    _same_tokens_as_resending_unchanged(model_dump, TURNS)
+
+
+def _edits(edit):
+    def agent(client, row):
+        messages = [{"role": "user", "content": row["prompt"]}]
+        reply = client.chat(messages, tools=TOOLS)
+        sent = [*messages, reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "x"}]
+        sent = json.loads(json.dumps(sent))
+        edit(sent)
+        client.chat(sent, tools=TOOLS)
+
+    return agent
+
+
+def _set(path, value):
+    def edit(messages):
+        *keys, last = path
+        target = messages
+        for k in keys:
+            target = target[k]
+        target[last] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "edit, error",
+    [
+        (_set([0, "content"], "find cd"), "message 0 (user) differs in content: 'find ab' before, 'find cd' now"),
+        (_set([1, "content"], "hm"), "message 1 (assistant) differs in content: '' answered, 'hm' now"),
+        (
+            _set([1, "tool_calls", 0, "function", "arguments"], '{"key": "cd"}'),
+            "message 1 (assistant) differs in tool_calls",
+        ),
+        (_set([1, "tool_calls", 0, "id"], "call_0"), "message 1 (assistant) differs in tool_calls"),
+        (_set([1, "refusal"], "no"), "message 1 (assistant) differs in refusal: None answered, 'no' now"),
+        (lambda m: m.pop(1), "message 1 (tool) differs in role: 'assistant' answered, 'tool' now"),
+    ],
+    ids=["user", "content", "arguments", "id", "refusal", "dropped"],
+)
+def test_a_request_that_edits_history_is_refused_naming_the_message_the_field_and_both_values(edit, error):
+    [s] = run(AgentEnv(_edits(edit)))
+    assert s.episode.end == "error" and error in s.episode.error, s.episode.error
+    if "tool_calls" in error:
+        assert "'key': 'cd'" in s.episode.error or "call_0" in s.episode.error, s.episode.error
