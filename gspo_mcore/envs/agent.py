@@ -25,7 +25,11 @@ values. Tool-call ids are ``call_`` + random hex, unique within the episode. The
 limits decide. ``stream`` and ``n`` > 1 are refused.
 
 When the episode ends for another cause (``max_turns``, ``max_total_tokens``, a timeout), the agent's pending
-or next call raises :class:`EpisodeOver` (HTTP 409), so its thread ends.
+or next call raises :class:`EpisodeOver` (HTTP 409), so its thread ends Every later request with the
+episode's key gets 409 too, however often a client retries it (the last :data:`ENDED_KEPT` episodes' keys are
+kept). Retries are safe: a request identical to the one being answered, or to the last one answered, gets that
+same answer (the same completion id), never a second turn; a client that hung up before its answer is logged at
+INFO, never as a traceback.
 
 Each episode has its own URL (``client.base_url``, ``/episodes/<id>/v1``) and its own key (``client.api_key``):
 a secret from :mod:`secrets` (nothing about it follows from another episode's), compared in constant time. A
@@ -37,6 +41,7 @@ loopback by default and warns when bound to another address: anything that can r
 from __future__ import annotations
 
 import asyncio
+import collections
 import hmac
 import inspect
 import ipaddress
@@ -58,6 +63,8 @@ from gspo_mcore.envs.base import TOOL_CALLS, Reset, Step
 from gspo_mcore.envs.tools import ToolCall, load_object, parse_tool_calls
 
 KEY = "rollout.env_kwargs"
+ENDED_KEPT = 16384
+"""How many ended episodes the endpoint still recognises (their key, for a 409 to a client's retries)."""
 logger = logging.getLogger(__name__)
 _CALL_BLOCK = r"<tool_call>.*?</tool_call>"
 
@@ -76,6 +83,17 @@ class AgentRequestError(ValueError):
 
 
 @dataclass
+class _Turn:
+    """One request and its answer, shared by the request's retries."""
+
+    request: tuple  # (messages, tools) as plain data
+    number: int = 0  # the episode's how-manieth answer (the completion id)
+    created: int = 0  # when it was answered (Unix seconds)
+    answer: dict | BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
 class _Session:
     """One episode: the agent's requests go to the environment, its answers come back."""
 
@@ -84,39 +102,61 @@ class _Session:
     """The episode's API key: a secret of its own (never derived from the id or another key)."""
     # ("request", messages, tools) | ("finished", reward) | ("failed", why) | ("closed", why)
     events: queue.Queue = field(default_factory=queue.Queue)
-    replies: queue.Queue = field(default_factory=queue.Queue)  # an assistant message | EpisodeOver
     conversation: list = field(default_factory=list)  # (canonical message, may be left out) so far
     tools: list | None = None
     reply: dict | None = None  # the assistant message that answered the last request
     call_ids: set = field(default_factory=set)  # every tool-call id this episode gave
     calls: int = 0
-    busy: bool = False
+    pending: _Turn | None = None  # the request being answered
+    answered: _Turn | None = None  # the last request answered
     closed: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     thread: threading.Thread | None = None
 
     def request(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> dict:
         """The agent side: one chat request, answered with the policy's turn (blocks until it is sampled)."""
+        turn = self.ask(messages, tools)
+        if isinstance(turn.answer, BaseException):
+            raise turn.answer
+        return _plain(turn.answer, "answer")  # each caller its own copy
+
+    def ask(self, messages, tools) -> _Turn:
+        """The answered turn of a request. A retry (the same messages and tools as the request being answered,
+        or as the last one answered) gets that turn's answer, never a second turn; another request while one is
+        being answered is refused."""
+        request = (_plain(messages, "messages"), _plain(tools or [], "tools"))
         with self.lock:
             if self.closed is not None:
                 raise EpisodeOver(f"episode {self.id} is over: {self.closed}")
-            if self.busy:
+            turn = self.pending
+            if turn is not None and turn.request != request:
                 raise AgentRequestError(f"episode {self.id}: one request at a time (the previous one is not answered)")
-            self.busy = True
-        try:
-            self.events.put(("request", _plain(messages, "messages"), _plain(tools or [], "tools")))
-            answer = self.replies.get()
-        finally:
-            self.busy = False
-        if isinstance(answer, BaseException):
-            raise answer
-        return answer
+            if turn is None and self.answered is not None and self.answered.request == request:
+                turn = self.answered
+            if turn is None:
+                turn = self.pending = _Turn(request)
+                self.events.put(("request", *request))
+        turn.done.wait()
+        return turn
+
+    def answer(self, reply: dict) -> None:
+        """The environment side: the policy's turn answers the pending request (and its retries)."""
+        with self.lock:
+            turn, self.pending = self.pending, None
+            self.calls += 1
+            if turn is None:
+                return
+            turn.answer, turn.number, turn.created, self.answered = reply, self.calls, int(time.time()), turn
+        turn.done.set()
 
     def close(self, why: str) -> None:
         with self.lock:
             if self.closed is None:
                 self.closed = why
-        self.replies.put(EpisodeOver(f"episode {self.id} is over: {why}"))
+            turn, self.pending = self.pending, None
+        if turn is not None:
+            turn.answer = EpisodeOver(f"episode {self.id} is over: {self.closed}")
+            turn.done.set()
         self.events.put(("closed", why))
 
 
@@ -189,6 +229,8 @@ class AgentEnv:
             raise ValueError(f"{KEY}.port must be an integer in [0, 65535], got {port!r}")
         self.fn, self.agent_kwargs, self.model = fn, dict(agent_kwargs or {}), model
         self.sessions: dict[str, _Session] = {}
+        self.ended: collections.OrderedDict[str, _Session] = collections.OrderedDict()
+        """The last :data:`ENDED_KEPT` ended episodes (id, key and cause only): a retried request gets 409."""
         self._ids = itertools.count()
         self._prefix = f"ep-{id(self):x}-"
         self.server = None
@@ -244,8 +286,7 @@ class AgentEnv:
     def step(self, session: _Session, action: str) -> Step:
         session.reply = _assistant_message(action, session.call_ids)
         calls = len(session.reply.get("tool_calls", ()))
-        session.calls += 1
-        session.replies.put(session.reply)
+        session.answer(session.reply)
         event = session.events.get()
         kind = event[0]
         if kind == "finished":
@@ -263,9 +304,13 @@ class AgentEnv:
         return Step(observation=new, info={TOOL_CALLS: calls})
 
     def end_episode(self, session: _Session) -> None:
-        """The episode is over (whatever the cause): a call still waiting raises :class:`EpisodeOver`."""
+        """The episode is over (whatever the cause): a call still waiting raises :class:`EpisodeOver`, and so
+        does every later request with its key (HTTP 409, however often a client retries it)."""
         session.close("the episode ended")
-        self.sessions.pop(session.id, None)
+        if self.sessions.pop(session.id, None) is not None:
+            self.ended[session.id] = _Session(id=session.id, key=session.key, closed=session.closed)
+            while len(self.ended) > ENDED_KEPT:
+                self.ended.popitem(last=False)
 
     def close(self) -> None:
         """Stop the HTTP endpoint and end every episode still open."""
@@ -446,6 +491,12 @@ def _serve(env: AgentEnv, host: str, port: int) -> ThreadingHTTPServer:
         def log_message(self, *args):  # quiet: one line per request would flood the run's log
             pass
 
+        def handle(self):
+            try:
+                super().handle()
+            except (BrokenPipeError, ConnectionResetError):  # a client that timed out: its retry gets the answer
+                logger.info("agent endpoint: %s: the client hung up before its answer", self.path)
+
         def do_GET(self):
             if _MODELS.fullmatch(self.path.rstrip("/")):
                 return self._json(HTTPStatus.OK, {"object": "list", "data": [{"id": env.model, "object": "model"}]})
@@ -457,7 +508,7 @@ def _serve(env: AgentEnv, host: str, port: int) -> ThreadingHTTPServer:
                 return self._error(
                     HTTPStatus.NOT_FOUND, f"no route {self.path}; use the episode's client.base_url + /chat/completions"
                 )
-            session = env.sessions.get(route.group(1))
+            session = env.sessions.get(route.group(1)) or env.ended.get(route.group(1))
             if session is None:
                 return self._error(HTTPStatus.NOT_FOUND, f"no open episode {route.group(1)!r}")
             header = self.headers.get("Authorization", "")
@@ -476,18 +527,21 @@ def _serve(env: AgentEnv, host: str, port: int) -> ThreadingHTTPServer:
                     raise AgentRequestError("stream is not supported: the trainer answers each turn whole")
                 if body.get("n", 1) != 1:
                     raise AgentRequestError("n must be 1: an episode is one sequence")
-                message = session.request(body["messages"], body.get("tools"))
+                turn = session.ask(body["messages"], body.get("tools"))
+                if isinstance(turn.answer, BaseException):
+                    raise turn.answer
             except EpisodeOver as e:
                 return self._error(HTTPStatus.CONFLICT, str(e))
             except (AgentRequestError, ValueError) as e:
                 return self._error(HTTPStatus.BAD_REQUEST, str(e))
+            message = turn.answer
             finish = "tool_calls" if message.get("tool_calls") else "stop"
             return self._json(
                 HTTPStatus.OK,
                 {
-                    "id": f"chatcmpl-{session.id}-{session.calls}",
+                    "id": f"chatcmpl-{session.id}-{turn.number}",
                     "object": "chat.completion",
-                    "created": int(time.time()),
+                    "created": turn.created,
                     "model": env.model,
                     "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
                 },

@@ -6,6 +6,8 @@ hangs, or outlives its episode ends that episode with a named cause, never the r
 import asyncio
 import json
 import re
+import socket
+import struct
 import sys
 import threading
 import time
@@ -72,8 +74,8 @@ async def program_agent(client, row):
     return float(out)
 
 
-def run(env, turns=TURNS, cfg=None, params=GREEDY, rows=(ROW,), n=1, tok=TOK):
-    engine = InProcessEngine(scripted_model(turns), eos_token_id=TOK.eos_token_id)
+def run(env, turns=TURNS, cfg=None, params=GREEDY, rows=(ROW,), n=1, tok=TOK, model=None):
+    engine = InProcessEngine(model or scripted_model(turns), eos_token_id=TOK.eos_token_id)
     driver = EpisodeDriver(env, ChatRenderer(tok), cfg or EpisodeConfig(max_turns=4, max_total_tokens=400))
     return [s for g in driver.run(engine, list(rows), n, params, seed=5) for s in g]
 
@@ -626,3 +628,84 @@ def test_a_request_that_edits_history_is_refused_naming_the_message_the_field_an
     assert s.episode.end == "error" and error in s.episode.error, s.episode.error
     if "tool_calls" in error:
         assert "'key': 'cd'" in s.episode.error or "call_0" in s.episode.error, s.episode.error
+
+
+# -- retries (issue 38 item 7) ------------------------------------------------------------------------------------
+def _hang_up(url, body, key):
+    """Send a request and reset the connection without reading the answer (a client whose timeout fired)."""
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    path = "/" + url.split("//")[1].split("/", 1)[1]
+    data = json.dumps(body).encode()
+    conn = socket.create_connection((host, int(port)), timeout=10)
+    head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
+    conn.sendall(head.encode() + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return conn
+
+
+def _reset(conn):
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+    conn.close()
+
+
+def test_a_retried_request_gets_the_same_answer_never_a_second_turn(capfd):
+    """The openai SDK re-sends a request whose answer did not come in time (twice by default): the request
+    being answered and its retries get one answer, a request identical to the last one answered gets it again,
+    and the client that hung up leaves no traceback. The episode is the ToolEnv's, token for token."""
+    gate, answers = threading.Event(), {}
+
+    def model(tokens, _script=scripted_model(TURNS)):
+        gate.wait(30)  # the first turn waits until the first request is abandoned and retried
+        return _script(tokens)
+
+    def agent(client, row):
+        url = client.base_url + "/chat/completions"
+        body = {"messages": [{"role": "user", "content": row["prompt"]}], "tools": TOOLS}
+        first = _hang_up(url, body, client.api_key)
+        while client._session.pending is None:  # the endpoint has the request
+            time.sleep(0.01)
+        _reset(first)
+        retry = threading.Thread(target=lambda: answers.setdefault("retry", _post(url, body, client.api_key)))
+        retry.start()
+        time.sleep(0.3)  # the retry waits on the request being answered
+        gate.set()
+        retry.join(30)
+        answers["again"] = _post(url, body, client.api_key)  # the last answered, once more
+        reply = answers["retry"][1]["choices"][0]["message"]
+        body["messages"] += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "ab-42"}]
+        final = _post(url, body, client.api_key)[1]["choices"][0]["message"]
+        return 1.0 if final["content"] == row["metadata"]["expect"] else 0.0
+
+    [ref] = run(ToolEnv([lookup]))
+    env = AgentEnv(agent, serve=True)
+    try:
+        [got] = run(env, model=model)
+    finally:
+        env.close()
+    assert got.episode.end == "done" and got.episode.env_reward == 1.0, got.episode.error
+    assert got.episode.turns == 2 and got.response_ids == ref.response_ids and got.prompt_ids == ref.prompt_ids
+    assert answers["retry"][0] == answers["again"][0] == 200 and answers["retry"][1] == answers["again"][1]
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "BrokenPipe" not in err and "ConnectionReset" not in err, err
+
+
+def test_a_request_after_the_episode_ended_stays_409_however_often_it_is_retried():
+    """The key of an ended episode is still recognised: its requests get 409 "is over" every time (the openai
+    SDK retries a 409), another key 401."""
+    seen = {}
+
+    def agent(client, row):
+        seen["url"], seen["key"] = client.base_url + "/chat/completions", client.api_key
+        return lookup_agent(client, row)
+
+    env = AgentEnv(agent, serve=True)
+    try:
+        [s] = run(env)
+        body = {"messages": [{"role": "user", "content": "again"}], "tools": TOOLS}
+        late = [_post(seen["url"], body, seen["key"]) for _ in range(4)]
+        wrong = _post(seen["url"], body, "sk-not-the-key")
+    finally:
+        env.close()
+    assert s.episode.end == "done" and env.sessions == {}
+    assert [status for status, _ in late] == [409] * 4, late
+    assert all("is over" in b["error"]["message"] for _, b in late), late
+    assert wrong[0] == 401
