@@ -1,8 +1,8 @@
 """One run per folder: what a run may find in ``log.output_dir`` (and its checkpoint directory) at start-up.
 
 A run's traces are ``config.yaml``, ``metrics.jsonl`` (and ``metrics.jsonl.previous``), ``metrics.png``,
-``tensorboard/``, ``eval_samples/`` and the checkpoints (``step_<N>`` in ``checkpoint.dir``). Other files
-(a prepared model or dataset, like ``make demo``'s) are not a run's and are never touched.
+``episodes.jsonl``, ``tensorboard/``, ``eval_samples/`` and the checkpoints (``step_<N>`` in ``checkpoint.dir``).
+Other files (a prepared model or dataset, like ``make demo``'s) are not a run's and are never touched.
 
 - A fresh run (``checkpoint.resume: false``) in a folder holding another run's traces is refused, naming the
   folder and what it holds, unless ``log.overwrite: true``: then those traces are deleted before the run
@@ -35,7 +35,15 @@ from gspo_mcore.learner.checkpoint.files import (
     validate,
 )
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.jsonl.previous", "metrics.png", "tensorboard", "eval_samples")
+RUN_FILES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "metrics.jsonl.previous",
+    "metrics.png",
+    "tensorboard",
+    "eval_samples",
+    "episodes.jsonl",
+)
 """What a run writes into ``log.output_dir`` besides its checkpoints."""
 
 RESUME_MAY_DIFFER = (
