@@ -13,14 +13,23 @@ parsed into OpenAI ``tool_calls``) and waits for the next request, whose new mes
 The agent returning ends the episode (``done``); its number is added to the reward (``Step.reward``).
 
 Token exactness needs every request to extend the conversation: the previous request's messages, then the
-assistant message that answered it (content and tool calls as returned), then new messages. A request that
-edits or drops history ends the episode as ``error`` with the first message that differs: the learner trains
-on one token sequence, never on a conversation re-tokenised from text. The request's sampling fields
+assistant message that answered it, then new messages. Only the new messages are rendered; the rest is checked
+against the conversation so far, never re-tokenised (the learner trains on the recorded ids). The check takes
+what real clients do to the history they re-send, and only that: the ``reasoning_content`` / ``reasoning`` a
+client split off the content merged back into the ``<think>`` block; an empty answer (no text, no tool calls)
+left out; content None, "" or absent, or a list of text parts; tool-call arguments as JSON, not as strings;
+fields clients add (``name``, and ``refusal``, ``annotations``, ``audio``, ``function_call`` holding nothing).
+A request that edits or drops history ends the episode as ``error`` naming the message, the field and both
+values. Tool-call ids are ``call_`` + random hex, unique within the episode. The request's sampling fields
 (``temperature``, ``max_tokens``, ...) are ignored: the run's ``rollout.sampling`` and ``rollout.episode``
 limits decide. ``stream`` and ``n`` > 1 are refused.
 
 When the episode ends for another cause (``max_turns``, ``max_total_tokens``, a timeout), the agent's pending
-or next call raises :class:`EpisodeOver` (HTTP 409), so its thread ends.
+or next call raises :class:`EpisodeOver` (HTTP 409), so its thread ends Every later request with the
+episode's key gets 409 too, however often a client retries it (the last :data:`ENDED_KEPT` episodes' keys are
+kept). Retries are safe: a request identical to the one being answered, or to the last one answered, gets that
+same answer (the same completion id), never a second turn; a client that hung up before its answer is logged at
+INFO, never as a traceback.
 
 Each episode has its own URL (``client.base_url``, ``/episodes/<id>/v1``) and its own key (``client.api_key``):
 a secret from :mod:`secrets` (nothing about it follows from another episode's), compared in constant time. A
@@ -32,6 +41,7 @@ loopback by default and warns when bound to another address: anything that can r
 from __future__ import annotations
 
 import asyncio
+import collections
 import hmac
 import inspect
 import ipaddress
@@ -53,6 +63,8 @@ from gspo_mcore.envs.base import TOOL_CALLS, Reset, Step
 from gspo_mcore.envs.tools import ToolCall, load_object, parse_tool_calls
 
 KEY = "rollout.env_kwargs"
+ENDED_KEPT = 16384
+"""How many ended episodes the endpoint still recognises (their key, for a 409 to a client's retries)."""
 logger = logging.getLogger(__name__)
 _CALL_BLOCK = r"<tool_call>.*?</tool_call>"
 
@@ -71,6 +83,17 @@ class AgentRequestError(ValueError):
 
 
 @dataclass
+class _Turn:
+    """One request and its answer, shared by the request's retries."""
+
+    request: tuple  # (messages, tools) as plain data
+    number: int = 0  # the episode's how-manieth answer (the completion id)
+    created: int = 0  # when it was answered (Unix seconds)
+    answer: dict | BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
 class _Session:
     """One episode: the agent's requests go to the environment, its answers come back."""
 
@@ -79,38 +102,61 @@ class _Session:
     """The episode's API key: a secret of its own (never derived from the id or another key)."""
     # ("request", messages, tools) | ("finished", reward) | ("failed", why) | ("closed", why)
     events: queue.Queue = field(default_factory=queue.Queue)
-    replies: queue.Queue = field(default_factory=queue.Queue)  # an assistant message | EpisodeOver
-    history: list = field(default_factory=list)  # the last request's messages
+    conversation: list = field(default_factory=list)  # (canonical message, may be left out) so far
     tools: list | None = None
     reply: dict | None = None  # the assistant message that answered the last request
+    call_ids: set = field(default_factory=set)  # every tool-call id this episode gave
     calls: int = 0
-    busy: bool = False
+    pending: _Turn | None = None  # the request being answered
+    answered: _Turn | None = None  # the last request answered
     closed: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     thread: threading.Thread | None = None
 
     def request(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> dict:
         """The agent side: one chat request, answered with the policy's turn (blocks until it is sampled)."""
+        turn = self.ask(messages, tools)
+        if isinstance(turn.answer, BaseException):
+            raise turn.answer
+        return _plain(turn.answer, "answer")  # each caller its own copy
+
+    def ask(self, messages, tools) -> _Turn:
+        """The answered turn of a request. A retry (the same messages and tools as the request being answered,
+        or as the last one answered) gets that turn's answer, never a second turn; another request while one is
+        being answered is refused."""
+        request = (_plain(messages, "messages"), _plain(tools or [], "tools"))
         with self.lock:
             if self.closed is not None:
                 raise EpisodeOver(f"episode {self.id} is over: {self.closed}")
-            if self.busy:
+            turn = self.pending
+            if turn is not None and turn.request != request:
                 raise AgentRequestError(f"episode {self.id}: one request at a time (the previous one is not answered)")
-            self.busy = True
-        try:
-            self.events.put(("request", _plain(messages, "messages"), _plain(tools or [], "tools")))
-            answer = self.replies.get()
-        finally:
-            self.busy = False
-        if isinstance(answer, BaseException):
-            raise answer
-        return answer
+            if turn is None and self.answered is not None and self.answered.request == request:
+                turn = self.answered
+            if turn is None:
+                turn = self.pending = _Turn(request)
+                self.events.put(("request", *request))
+        turn.done.wait()
+        return turn
+
+    def answer(self, reply: dict) -> None:
+        """The environment side: the policy's turn answers the pending request (and its retries)."""
+        with self.lock:
+            turn, self.pending = self.pending, None
+            self.calls += 1
+            if turn is None:
+                return
+            turn.answer, turn.number, turn.created, self.answered = reply, self.calls, int(time.time()), turn
+        turn.done.set()
 
     def close(self, why: str) -> None:
         with self.lock:
             if self.closed is None:
                 self.closed = why
-        self.replies.put(EpisodeOver(f"episode {self.id} is over: {why}"))
+            turn, self.pending = self.pending, None
+        if turn is not None:
+            turn.answer = EpisodeOver(f"episode {self.id} is over: {self.closed}")
+            turn.done.set()
         self.events.put(("closed", why))
 
 
@@ -183,6 +229,8 @@ class AgentEnv:
             raise ValueError(f"{KEY}.port must be an integer in [0, 65535], got {port!r}")
         self.fn, self.agent_kwargs, self.model = fn, dict(agent_kwargs or {}), model
         self.sessions: dict[str, _Session] = {}
+        self.ended: collections.OrderedDict[str, _Session] = collections.OrderedDict()
+        """The last :data:`ENDED_KEPT` ended episodes (id, key and cause only): a retried request gets 409."""
         self._ids = itertools.count()
         self._prefix = f"ep-{id(self):x}-"
         self.server = None
@@ -232,14 +280,13 @@ class AgentEnv:
         if not messages:
             self.end_episode(session)
             raise AgentRequestError(f"{KEY}.agent: its first request has no messages")
-        session.history, session.tools = messages, tools
+        session.conversation, session.tools = [(_canonical(m), False) for m in messages], tools
         return Reset(observation=messages, state=session, tools=tuple(tools))
 
     def step(self, session: _Session, action: str) -> Step:
-        session.reply = _assistant_message(action)
+        session.reply = _assistant_message(action, session.call_ids)
         calls = len(session.reply.get("tool_calls", ()))
-        session.calls += 1
-        session.replies.put(session.reply)
+        session.answer(session.reply)
         event = session.events.get()
         kind = event[0]
         if kind == "finished":
@@ -254,13 +301,16 @@ class AgentEnv:
         except AgentRequestError as e:
             session.close(str(e))
             raise
-        session.history = messages
         return Step(observation=new, info={TOOL_CALLS: calls})
 
     def end_episode(self, session: _Session) -> None:
-        """The episode is over (whatever the cause): a call still waiting raises :class:`EpisodeOver`."""
+        """The episode is over (whatever the cause): a call still waiting raises :class:`EpisodeOver`, and so
+        does every later request with its key (HTTP 409, however often a client retries it)."""
         session.close("the episode ended")
-        self.sessions.pop(session.id, None)
+        if self.sessions.pop(session.id, None) is not None:
+            self.ended[session.id] = _Session(id=session.id, key=session.key, closed=session.closed)
+            while len(self.ended) > ENDED_KEPT:
+                self.ended.popitem(last=False)
 
     def close(self) -> None:
         """Stop the HTTP endpoint and end every episode still open."""
@@ -288,50 +338,130 @@ class AgentEnv:
             session.events.put(("failed", f"{type(e).__name__}: {e}"))
 
 
-def _assistant_message(text: str) -> dict:
+def _assistant_message(text: str, used: set) -> dict:
     """The policy's turn as an OpenAI assistant message: ``<tool_call>`` blocks become ``tool_calls`` (a
-    malformed block stays in the content, for the agent to see)."""
+    malformed block stays in the content, for the agent to see). Each call's id is ``call_`` + 24 random hex
+    digits, none of the episode's ``used`` ids (added to it): clients key tool results and completed calls by
+    id (the Agents SDK refuses an id reused for another call)."""
     parsed = parse_tool_calls(text)
     calls = [c for c in parsed if isinstance(c, ToolCall)]
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if calls and len(calls) == len(parsed):
         message["content"] = re.sub(_CALL_BLOCK, "", text, flags=re.DOTALL).strip()
         message["tool_calls"] = [
-            {"id": f"call_{k}", "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-            for k, c in enumerate(calls)
+            {
+                "id": _call_id(used),
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+            }
+            for c in calls
         ]
     return message
 
 
+def _call_id(used: set) -> str:
+    while (new := f"call_{secrets.token_hex(12)}") in used:
+        pass
+    used.add(new)
+    return new
+
+
 def _new_messages(session: _Session, messages: list, tools: list) -> list:
-    """The messages a request adds after the last answer; :class:`AgentRequestError` if it does not extend it."""
+    """The messages a request adds after the last answer (the conversation grows by them);
+    :class:`AgentRequestError` naming the message, the field and both values if it does not extend it."""
     if tools != session.tools:
         raise AgentRequestError("the request changed its tools (the prompt already rendered them)")
-    n = len(session.history)
-    if len(messages) < n + 2:
+    conversation = [*session.conversation, (_canonical(session.reply), _is_empty(session.reply))]
+    k = 0
+    for want, optional in conversation:
+        got = _canonical(messages[k]) if k < len(messages) else None
+        if got == want:
+            k += 1
+        elif not optional:  # an empty answer a client left out is skipped; anything else is an edit
+            if got is None:
+                break
+            raise AgentRequestError(f"the request does not extend the conversation: {_difference(k, want, got)}")
+    if k >= len(messages):
         raise AgentRequestError(
-            f"the request does not extend the conversation: it has {len(messages)} messages, at least {n + 2} needed "
-            f"(the previous {n}, the assistant's answer, something new)"
+            f"the request does not extend the conversation: it has {len(messages)} messages, none new after the "
+            "conversation so far (its messages, the assistant's answers, then something new)"
         )
-    for k, (old, now) in enumerate(zip(session.history, messages)):
-        if old != now:
-            raise AgentRequestError(f"the request does not extend the conversation: message {k} differs")
-    if _normalise(messages[n]) != _normalise(session.reply):
-        raise AgentRequestError(f"the request does not extend the conversation: message {n} is not the answer given")
-    return messages[n + 1 :]
+    session.conversation = conversation + [(_canonical(m), False) for m in messages[k:]]
+    return messages[k:]
 
 
-def _normalise(message: Mapping[str, Any]) -> tuple:
-    calls = []
-    for c in message.get("tool_calls") or ():
-        fn = c.get("function", {}) if isinstance(c, Mapping) else {}
-        args = fn.get("arguments", "{}")
-        try:
-            args = json.loads(args) if isinstance(args, str) else args
-        except ValueError:
-            pass
-        calls.append((fn.get("name"), args))
-    return message.get("role"), (message.get("content") or "").strip(), calls
+# What clients add to an assistant message they re-send, never part of the answer: the speaker's ``name``
+# (LangChain's AIMessage.name); other fields count only when they hold something (``refusal``, ``annotations``,
+# ``audio``, ``function_call`` as None or empty from the openai SDK's model_dump(), litellm's ``function_call``).
+_ANSWER_IGNORED = ("name",)
+_REASONING = ("reasoning_content", "reasoning")  # litellm; vLLM, OpenRouter
+_THINK = re.compile(r"\s*<think>(.*?)</think>(.*)", re.DOTALL)
+
+
+def _canonical(message: Mapping[str, Any]) -> dict:
+    """What a history message is compared by: its fields holding something, content as text (text parts
+    joined, None or absent as ""), tool calls as (id, name, arguments as JSON). For an assistant message: the
+    reasoning a client split off (``reasoning_content`` / ``reasoning``) merged back into the
+    ``<think>`` block, the think block and the text each compared without surrounding whitespace, and the
+    fields clients add left out."""
+    if not isinstance(message, Mapping):
+        return {"role": None, "message": message}
+    out = {k: v for k, v in message.items() if v not in (None, "", [], {}) and k not in ("content", "tool_calls")}
+    out["role"] = message.get("role")
+    content = _text(message.get("content"))
+    if out["role"] == "assistant":
+        reasoning = next((out[k] for k in _REASONING if k in out), None)
+        for k in (*_REASONING, *_ANSWER_IGNORED):
+            out.pop(k, None)
+        content = _with_think(reasoning, content)
+    out["content"] = content
+    calls = [_call(c) for c in message.get("tool_calls") or ()]
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def _text(content):
+    if content is None:
+        return ""
+    if isinstance(content, list) and all(isinstance(p, Mapping) and p.get("type") == "text" for p in content):
+        return "".join(str(p.get("text", "")) for p in content)
+    return content
+
+
+def _with_think(reasoning, content):
+    """``<think>reasoning</think>text``, each part stripped (an empty think block is no think block)."""
+    if not isinstance(content, str):
+        return content
+    if not isinstance(reasoning, str):
+        parsed = _THINK.match(content)
+        reasoning, content = parsed.groups() if parsed else (None, content)
+    think = (reasoning or "").strip()
+    return f"<think>{think}</think>{content.strip()}" if think else content.strip()
+
+
+def _call(c) -> dict:
+    if not isinstance(c, Mapping):
+        return {"call": c}
+    fn = c.get("function") if isinstance(c.get("function"), Mapping) else {}
+    args = fn.get("arguments")
+    try:
+        args = json.loads(args) if isinstance(args, str) else args
+    except ValueError:
+        pass
+    return {"id": c.get("id"), "name": fn.get("name"), "arguments": args}
+
+
+def _is_empty(reply: Mapping[str, Any]) -> bool:
+    """An answer with no text and no tool calls (the Agents SDK leaves it out of the history it re-sends)."""
+    return not reply.get("tool_calls") and not str(reply.get("content") or "").strip()
+
+
+def _difference(k: int, want: dict, got: dict) -> str:
+    """The first field of message ``k`` whose value changed, with both values."""
+    was = "answered" if want["role"] == "assistant" else "before"
+    name = next(f for f in ("role", "content", "tool_calls", *want, *got) if want.get(f) != got.get(f))
+    return f"message {k} ({got.get('role')}) differs in {name}: {want.get(name)!r} {was}, {got.get(name)!r} now"
 
 
 def _loopback(host: str) -> bool:
@@ -361,6 +491,12 @@ def _serve(env: AgentEnv, host: str, port: int) -> ThreadingHTTPServer:
         def log_message(self, *args):  # quiet: one line per request would flood the run's log
             pass
 
+        def handle(self):
+            try:
+                super().handle()
+            except (BrokenPipeError, ConnectionResetError):  # a client that timed out: its retry gets the answer
+                logger.info("agent endpoint: %s: the client hung up before its answer", self.path)
+
         def do_GET(self):
             if _MODELS.fullmatch(self.path.rstrip("/")):
                 return self._json(HTTPStatus.OK, {"object": "list", "data": [{"id": env.model, "object": "model"}]})
@@ -372,7 +508,7 @@ def _serve(env: AgentEnv, host: str, port: int) -> ThreadingHTTPServer:
                 return self._error(
                     HTTPStatus.NOT_FOUND, f"no route {self.path}; use the episode's client.base_url + /chat/completions"
                 )
-            session = env.sessions.get(route.group(1))
+            session = env.sessions.get(route.group(1)) or env.ended.get(route.group(1))
             if session is None:
                 return self._error(HTTPStatus.NOT_FOUND, f"no open episode {route.group(1)!r}")
             header = self.headers.get("Authorization", "")
@@ -391,18 +527,21 @@ def _serve(env: AgentEnv, host: str, port: int) -> ThreadingHTTPServer:
                     raise AgentRequestError("stream is not supported: the trainer answers each turn whole")
                 if body.get("n", 1) != 1:
                     raise AgentRequestError("n must be 1: an episode is one sequence")
-                message = session.request(body["messages"], body.get("tools"))
+                turn = session.ask(body["messages"], body.get("tools"))
+                if isinstance(turn.answer, BaseException):
+                    raise turn.answer
             except EpisodeOver as e:
                 return self._error(HTTPStatus.CONFLICT, str(e))
             except (AgentRequestError, ValueError) as e:
                 return self._error(HTTPStatus.BAD_REQUEST, str(e))
+            message = turn.answer
             finish = "tool_calls" if message.get("tool_calls") else "stop"
             return self._json(
                 HTTPStatus.OK,
                 {
-                    "id": f"chatcmpl-{session.id}-{session.calls}",
+                    "id": f"chatcmpl-{session.id}-{turn.number}",
                     "object": "chat.completion",
-                    "created": int(time.time()),
+                    "created": turn.created,
                     "model": env.model,
                     "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
                 },

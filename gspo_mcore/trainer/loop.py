@@ -33,7 +33,7 @@ from gspo_mcore.learner.checkpoint import Checkpointer
 from gspo_mcore.learner.learner import Learner
 from gspo_mcore.metrics import MetricsLogger, step_metrics
 from gspo_mcore.rewards import RewardRunner
-from gspo_mcore.trainer import distill, preflight, run_dir
+from gspo_mcore.trainer import distill, episode_log, preflight, run_dir
 from gspo_mcore.trainer.asynchronous import Prefetcher, fresh_groups
 from gspo_mcore.trainer.backends import InProcessRollout, RolloutBackend, SGLangRollout
 from gspo_mcore.trainer.batch import (
@@ -230,6 +230,7 @@ def gspo_step(run: Run, step: int) -> dict | None:
     ) | _sampling_metrics(cfg, batch, step)
     record.update(staleness_metrics(batch.groups, step))  # the learner trains weight version `step`
     record.update(distill.step_metrics(distilled, record))
+    episode_log.record(batch.groups, step, cfg.log.output_dir if learner.is_writer else None)  # causes first
     record.update(episode_metrics(batch.groups, max_error_fraction=cfg.reward.max_error_fraction))
     # the engine's generation time for this step's batch (in the background, for a prefetched one); not a
     # phase of the learner's step, so not part of time_step_s

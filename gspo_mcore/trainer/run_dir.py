@@ -1,7 +1,7 @@
 """One run per folder: what a run may find in ``log.output_dir`` (and its checkpoint directory) at start-up.
 
 A run's traces are ``config.yaml``, ``metrics.jsonl`` (and ``metrics.jsonl.previous``), ``metrics.png``,
-the TensorBoard events (``tensorboard/events.out.tfevents.*``), the evaluation samples
+``episodes.jsonl``, the TensorBoard events (``tensorboard/events.out.tfevents.*``), the evaluation samples
 (``eval_samples/step_<N>.jsonl``) and the checkpoints (``step_<N>``, ``latest`` and an interrupted save's
 ``*.tmp-*`` in ``checkpoint.dir``). Other files (a prepared model or dataset, like ``make demo``'s, or anything
 a user put there, also inside ``tensorboard/`` or ``checkpoint.dir``) are not a run's and are never touched:
@@ -42,7 +42,7 @@ from gspo_mcore.learner.checkpoint.files import (
     validate,
 )
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.jsonl.previous", "metrics.png")
+RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.jsonl.previous", "metrics.png", "episodes.jsonl")
 """The files a run writes into ``log.output_dir`` besides its events, evaluation samples and checkpoints."""
 RUN_SUBDIR_FILES = {
     "tensorboard": re.compile(r"^events\.out\.tfevents\."),

@@ -5,6 +5,9 @@ hangs, or outlives its episode ends that episode with a named cause, never the r
 
 import asyncio
 import json
+import re
+import socket
+import struct
 import sys
 import threading
 import time
@@ -71,8 +74,8 @@ async def program_agent(client, row):
     return float(out)
 
 
-def run(env, turns=TURNS, cfg=None, params=GREEDY, rows=(ROW,), n=1, tok=TOK):
-    engine = InProcessEngine(scripted_model(turns), eos_token_id=TOK.eos_token_id)
+def run(env, turns=TURNS, cfg=None, params=GREEDY, rows=(ROW,), n=1, tok=TOK, model=None):
+    engine = InProcessEngine(model or scripted_model(turns), eos_token_id=TOK.eos_token_id)
     driver = EpisodeDriver(env, ChatRenderer(tok), cfg or EpisodeConfig(max_turns=4, max_total_tokens=400))
     return [s for g in driver.run(engine, list(rows), n, params, seed=5) for s in g]
 
@@ -109,15 +112,19 @@ def test_the_assistant_message_carries_openai_tool_calls():
         return None
 
     [s] = run(AgentEnv(agent))
-    assert seen == [
-        {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [
-                {"id": "call_0", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "ab"}'}}
-            ],
-        }
-    ]
+    [message] = seen
+    assert re.fullmatch(r"call_[0-9a-f]{24}", message["tool_calls"][0]["id"]), message
+    assert message == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": message["tool_calls"][0]["id"],
+                "type": "function",
+                "function": {"name": "lookup", "arguments": '{"key": "ab"}'},
+            }
+        ],
+    }
     assert s.episode.end == "done" and s.episode.turns == 1 and s.episode.env_reward == 0.0
 
 
@@ -157,8 +164,8 @@ def _returns_text(client, row):
 @pytest.mark.parametrize(
     "agent, error",
     [
-        (_edits_history, "the request does not extend the conversation: message 0 differs"),
-        (_changes_the_answer, "message 1 is not the answer given"),
+        (_edits_history, "the request does not extend the conversation: message 0 (user) differs in content"),
+        (_changes_the_answer, "message 1 (assistant) differs in content: '' answered, 'other' now"),
         (_changes_tools, "the request changed its tools"),
         (_raises, "AgentError: the agent failed: KeyError: 'boom'"),
         (_hangs, "timeout"),
@@ -426,3 +433,279 @@ def test_openai_content_shapes_from_an_agent_with_smollm2s_template():
     assert bad.episode.end == "error" and "content None" in bad.episode.error, bad.episode.error
     metrics = episode_metrics([[good, bad]], max_error_fraction=0.5)
     assert metrics["episode_end_error"] == 0.5
+
+
+def test_tool_call_ids_are_unique_within_an_episode_and_kept_when_re_sent():
+    """The same call in three turns (what made the Agents SDK raise "Model reused a completed tool call ID"):
+    every id is ``call_`` + random hex, none repeats within the episode or across its sibling, and the agent
+    re-sending them unchanged goes on to the end."""
+    seen = {}
+
+    def agent(client, row):
+        messages = [{"role": "user", "content": row["prompt"]}]
+        while True:
+            reply = client.chat(messages, tools=TOOLS)
+            seen.setdefault(row["prompt"], []).append(reply)
+            if not reply.get("tool_calls"):
+                return 1.0
+            messages.append(reply)
+            for c in reply["tool_calls"]:
+                messages.append({"role": "tool", "tool_call_id": c["id"], "content": "ab-42"})
+
+    turns = [call("lookup", key="ab") + call("lookup", key="ab")] * 3 + ["cab ab"]
+    params = SamplingParams(temperature=0.0, max_new_tokens=200)
+    cfg = EpisodeConfig(max_turns=5, max_total_tokens=2000)
+    got = run(AgentEnv(agent), turns=turns, cfg=cfg, params=params, rows=({"prompt": "A"}, {"prompt": "B"}))
+    assert [(s.episode.end, s.episode.turns, s.episode.tool_calls) for s in got] == [("done", 4, 6)] * 2
+    ids = [c["id"] for replies in seen.values() for r in replies for c in r.get("tool_calls", ())]
+    assert len(ids) == 12 and len(set(ids)) == 12, ids
+    assert all(re.fullmatch(r"call_[0-9a-f]{24}", i) for i in ids), ids
+
+
+# -- what real clients do to the history they re-send (issue 38 item 3) -----------------------------------------
+THINK_TURNS = ["<think>\nlook it up\n</think>\n\n" + call("lookup", key="ab"), "<think>\nfound\n</think>\n\ncab ab"]
+THINK = re.compile(r"<think>(.*?)</think>(.*)", re.DOTALL)
+
+
+def _resending(transform, n_turns):
+    """An agent that re-sends each answer as ``transform(answer)`` returns it (a list: [] leaves it out); tool
+    calls get their results, other turns a user's "go on", until ``n_turns`` answers."""
+
+    def agent(client, row):
+        messages = [{"role": "user", "content": row["prompt"]}]
+        for _ in range(n_turns - 1):
+            reply = client.chat(messages, tools=TOOLS)
+            messages += transform(json.loads(json.dumps(reply)))
+            calls = reply.get("tool_calls") or ()
+            messages += [{"role": "tool", "tool_call_id": c["id"], "content": "ab-42"} for c in calls]
+            messages += [] if calls else [{"role": "user", "content": "go on"}]
+        client.chat(messages, tools=TOOLS)
+        return 1.0
+
+    return agent
+
+
+def _same_tokens_as_resending_unchanged(transform, turns):
+    cfg = EpisodeConfig(max_turns=len(turns) + 1, max_total_tokens=2000)
+    params = SamplingParams(temperature=0.0, max_new_tokens=200)
+    [ref] = run(AgentEnv(_resending(lambda m: [m], len(turns))), turns=turns, cfg=cfg, params=params)
+    [got] = run(AgentEnv(_resending(transform, len(turns))), turns=turns, cfg=cfg, params=params)
+    assert ref.episode.end == "done" and ref.episode.turns == len(turns), ref.episode.error
+    assert got.episode.end == "done", got.episode.error
+    assert got.prompt_ids == ref.prompt_ids and got.response_ids == ref.response_ids
+    assert got.response_mask == ref.response_mask and got.episode.turns == ref.episode.turns
+    return got
+
+
+def test_litellm_moving_the_think_block_into_reasoning_content_is_the_answer_given():
+    """litellm splits ``<think>...</think>`` off the content into ``reasoning_content`` (the rest of the text,
+    whitespace kept, stays in ``content``; None when nothing is left) and its Message adds ``function_call``:
+    the think block is merged back and the recorded ids stand."""
+
+    def litellm(m):
+        think, rest = THINK.match(m["content"]).groups()
+        return [{**m, "content": rest or None, "reasoning_content": think, "function_call": None}]
+
+    _same_tokens_as_resending_unchanged(litellm, THINK_TURNS)
+
+
+def test_a_reasoning_field_stripped_of_its_tags_is_the_answer_given():
+    """Servers such as vLLM and OpenRouter name the field ``reasoning`` and strip it; an agent re-sending the
+    openai SDK's ``message.model_dump(exclude_none=True)`` passes it back that way."""
+
+    def reasoning(m):
+        think, rest = THINK.match(m["content"]).groups()
+        return [{**m, "content": rest.strip(), "reasoning": think.strip()}]
+
+    _same_tokens_as_resending_unchanged(reasoning, THINK_TURNS)
+
+
+def test_an_empty_assistant_turn_left_out_is_the_answer_given():
+    """The OpenAI Agents SDK's ``to_input_list()`` drops an assistant turn with no text and no tool calls: the
+    next request goes on without it (the recorded empty turn stays in the episode's ids)."""
+
+    def to_input_list(m):
+        return [m] if m["content"] or m.get("tool_calls") else []
+
+    _same_tokens_as_resending_unchanged(to_input_list, ["", TURNS[0], "cab ab"])
+
+
+@pytest.mark.parametrize("content", ["none", "empty", "absent"])
+def test_no_content_on_a_tool_call_turn_is_the_answer_given(content):
+    """An assistant turn of tool calls only, its content re-sent as None (LangChain's AIMessage with tool
+    calls), "" (the openai SDK's message as parsed) or absent (the Agents SDK's converter)."""
+
+    def shape(m):
+        m = dict(m)
+        if content == "absent":
+            m.pop("content")
+        else:
+            m["content"] = None if content == "none" else ""
+        return [m]
+
+    _same_tokens_as_resending_unchanged(shape, TURNS)
+
+
+def test_content_as_a_list_of_text_parts_is_the_answer_given():
+    """The Agents SDK's chat-completions converter re-sends assistant text as content parts of type
+    ``text``."""
+
+    def parts(m):
+        text = m["content"]
+        return [{**m, "content": [{"type": "text", "text": text[:2]}, {"type": "text", "text": text[2:]}]}]
+
+    _same_tokens_as_resending_unchanged(parts, ["ok " + TURNS[0], "cab ab"])
+
+
+def test_tool_call_arguments_are_compared_as_json():
+    """LangChain parses tool-call arguments into a dict and serialises them again when it re-sends the turn
+    (another spacing, another key order): the same JSON is the same call."""
+
+    def reserialised(m):
+        for c in m.get("tool_calls", ()):
+            args = json.loads(c["function"]["arguments"])
+            c["function"]["arguments"] = json.dumps(dict(reversed(args.items())), separators=(",", ":"))
+        return [m]
+
+    turns = [call("lookup", key="ab", other=[1, 2]), "cab ab"]
+    _same_tokens_as_resending_unchanged(reserialised, turns)
+
+
+def test_fields_clients_add_to_the_answer_are_ignored():
+    """The openai SDK's ``message.model_dump()`` adds ``refusal``, ``annotations``, ``audio`` and
+    ``function_call`` (None); LangChain adds the AIMessage's ``name``; tool calls come back with an ``index``
+    (streamed deltas merged by the SDK)."""
+
+    def model_dump(m):
+        m.update(refusal=None, annotations=[], audio=None, function_call=None, name="researcher")
+        for k, c in enumerate(m.get("tool_calls", ())):
+            c["index"] = k
+        return [m]
+
+    _same_tokens_as_resending_unchanged(model_dump, TURNS)
+
+
+def _edits(edit):
+    def agent(client, row):
+        messages = [{"role": "user", "content": row["prompt"]}]
+        reply = client.chat(messages, tools=TOOLS)
+        sent = [*messages, reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "x"}]
+        sent = json.loads(json.dumps(sent))
+        edit(sent)
+        client.chat(sent, tools=TOOLS)
+
+    return agent
+
+
+def _set(path, value):
+    def edit(messages):
+        *keys, last = path
+        target = messages
+        for k in keys:
+            target = target[k]
+        target[last] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "edit, error",
+    [
+        (_set([0, "content"], "find cd"), "message 0 (user) differs in content: 'find ab' before, 'find cd' now"),
+        (_set([1, "content"], "hm"), "message 1 (assistant) differs in content: '' answered, 'hm' now"),
+        (
+            _set([1, "tool_calls", 0, "function", "arguments"], '{"key": "cd"}'),
+            "message 1 (assistant) differs in tool_calls",
+        ),
+        (_set([1, "tool_calls", 0, "id"], "call_0"), "message 1 (assistant) differs in tool_calls"),
+        (_set([1, "refusal"], "no"), "message 1 (assistant) differs in refusal: None answered, 'no' now"),
+        (lambda m: m.pop(1), "message 1 (tool) differs in role: 'assistant' answered, 'tool' now"),
+    ],
+    ids=["user", "content", "arguments", "id", "refusal", "dropped"],
+)
+def test_a_request_that_edits_history_is_refused_naming_the_message_the_field_and_both_values(edit, error):
+    [s] = run(AgentEnv(_edits(edit)))
+    assert s.episode.end == "error" and error in s.episode.error, s.episode.error
+    if "tool_calls" in error:
+        assert "'key': 'cd'" in s.episode.error or "call_0" in s.episode.error, s.episode.error
+
+
+# -- retries (issue 38 item 7) ------------------------------------------------------------------------------------
+def _hang_up(url, body, key):
+    """Send a request and reset the connection without reading the answer (a client whose timeout fired)."""
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    path = "/" + url.split("//")[1].split("/", 1)[1]
+    data = json.dumps(body).encode()
+    conn = socket.create_connection((host, int(port)), timeout=10)
+    head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
+    conn.sendall(head.encode() + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return conn
+
+
+def _reset(conn):
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+    conn.close()
+
+
+def test_a_retried_request_gets_the_same_answer_never_a_second_turn(capfd):
+    """The openai SDK re-sends a request whose answer did not come in time (twice by default): the request
+    being answered and its retries get one answer, a request identical to the last one answered gets it again,
+    and the client that hung up leaves no traceback. The episode is the ToolEnv's, token for token."""
+    gate, answers = threading.Event(), {}
+
+    def model(tokens, _script=scripted_model(TURNS)):
+        gate.wait(30)  # the first turn waits until the first request is abandoned and retried
+        return _script(tokens)
+
+    def agent(client, row):
+        url = client.base_url + "/chat/completions"
+        body = {"messages": [{"role": "user", "content": row["prompt"]}], "tools": TOOLS}
+        first = _hang_up(url, body, client.api_key)
+        while client._session.pending is None:  # the endpoint has the request
+            time.sleep(0.01)
+        _reset(first)
+        retry = threading.Thread(target=lambda: answers.setdefault("retry", _post(url, body, client.api_key)))
+        retry.start()
+        time.sleep(0.3)  # the retry waits on the request being answered
+        gate.set()
+        retry.join(30)
+        answers["again"] = _post(url, body, client.api_key)  # the last answered, once more
+        reply = answers["retry"][1]["choices"][0]["message"]
+        body["messages"] += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "ab-42"}]
+        final = _post(url, body, client.api_key)[1]["choices"][0]["message"]
+        return 1.0 if final["content"] == row["metadata"]["expect"] else 0.0
+
+    [ref] = run(ToolEnv([lookup]))
+    env = AgentEnv(agent, serve=True)
+    try:
+        [got] = run(env, model=model)
+    finally:
+        env.close()
+    assert got.episode.end == "done" and got.episode.env_reward == 1.0, got.episode.error
+    assert got.episode.turns == 2 and got.response_ids == ref.response_ids and got.prompt_ids == ref.prompt_ids
+    assert answers["retry"][0] == answers["again"][0] == 200 and answers["retry"][1] == answers["again"][1]
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "BrokenPipe" not in err and "ConnectionReset" not in err, err
+
+
+def test_a_request_after_the_episode_ended_stays_409_however_often_it_is_retried():
+    """The key of an ended episode is still recognised: its requests get 409 "is over" every time (the openai
+    SDK retries a 409), another key 401."""
+    seen = {}
+
+    def agent(client, row):
+        seen["url"], seen["key"] = client.base_url + "/chat/completions", client.api_key
+        return lookup_agent(client, row)
+
+    env = AgentEnv(agent, serve=True)
+    try:
+        [s] = run(env)
+        body = {"messages": [{"role": "user", "content": "again"}], "tools": TOOLS}
+        late = [_post(seen["url"], body, seen["key"]) for _ in range(4)]
+        wrong = _post(seen["url"], body, "sk-not-the-key")
+    finally:
+        env.close()
+    assert s.episode.end == "done" and env.sessions == {}
+    assert [status for status, _ in late] == [409] * 4, late
+    assert all("is over" in b["error"]["message"] for _, b in late), late
+    assert wrong[0] == 401

@@ -73,6 +73,10 @@ def test_tiny_job_with_two_turn_episodes(two_turns_run):
         assert r["episode_turns_mean"] == 2.0 and r["episode_end_done"] == 1.0, r
         assert r["episode_tool_calls_mean"] == 1.0 and r["episode_env_tokens_mean"] > 0
         assert r["episode_policy_tokens_mean"] > 0 and r["loss"] == r["loss"]  # finite
+    # every episode's end, one line each (gspo_mcore/trainer/episode_log.py)
+    episodes = [json.loads(line) for line in (two_turns_run / "episodes.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in episodes] == [0] * 16 + [1] * 16
+    assert all(e["end"] == "done" and e["cause"] is None and e["turns"] == 2 for e in episodes)
 
 
 @pytest.mark.distributed
