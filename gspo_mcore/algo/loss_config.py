@@ -34,7 +34,7 @@ class OffPolicyConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class LossConfig:
-    """The policy loss. (Its temperature is the rollout's sampling temperature: ``train_step(temperature=)``.)"""
+    """The policy loss. (Its temperature is the rollout's sampling temperature: ``StepSettings.temperature``.)"""
 
     REMOVED_KEYS: ClassVar[dict[str, str]] = {
         "temperature": "the policy's temperature is defined once, by rollout.sampling.temperature",

@@ -22,6 +22,7 @@ from typing import Literal
 
 import torch
 
+from gspo_mcore.algo import LOSS_VARIANTS
 from gspo_mcore.algo.distill import distill_advantages, distill_kl
 from gspo_mcore.config import check_literals
 from gspo_mcore.learner.step import BatchConfig
@@ -29,7 +30,8 @@ from gspo_mcore.rollout.sglang_server import SGLangServers
 
 logger = logging.getLogger(__name__)
 
-TOKEN_ADVANTAGE_VARIANTS = ("gspo_token",)
+TOKEN_ADVANTAGE_VARIANTS = tuple(name for name, row in LOSS_VARIANTS.items() if row.token_advantages)
+"""The loss variants that take per-token advantages (the loss table says which)."""
 """The ``loss.variant`` values that train on per-token advantages (the others refuse them)."""
 
 
