@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -137,7 +138,10 @@ def run_turns(engine, prompts, n_new: int, turns: int, env_tokens: int) -> float
 
     total = max(len(p) for p in prompts) + per_turn * turns + env_tokens * (turns - 1) + 1
     t0 = time.perf_counter()
-    engine.generate_turns(prompts, params, keys=list(range(len(prompts))), max_total_tokens=total, on_turns=on_turns)
+    turns_run = engine.generate_turns(
+        prompts, params, keys=list(range(len(prompts))), max_total_tokens=total, on_turns=on_turns
+    )
+    asyncio.run(turns_run)  # the engine's turn loop is a coroutine (the RolloutEngine contract)
     dt = time.perf_counter() - t0
     if done != [turns] * len(prompts):
         raise RuntimeError("generate_turns: an episode did not run all its turns")
