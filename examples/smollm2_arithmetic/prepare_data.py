@@ -1,23 +1,23 @@
-"""Write the arithmetic example's prompts: procedural training prompts and held-out BIG-bench items.
+"""Write the arithmetic example's prompts: procedural training prompts and held-out items in BIG-bench's format.
 
-    pip install reasoning-gym==0.1.25
     python -m examples.smollm2_arithmetic.prepare_data [--out DIR] [--train-size 4096]
 
 Output (default ``$GSPO_CACHE/smollm2/data``, else ``runs/smollm2/data``; outside the tracked files):
 
 - ``train.jsonl``: up to ``--train-size`` distinct ``reasoning-gym`` ``basic_arithmetic`` problems, two
   terms of ``--train-digits`` digits (reasoning-gym's own ranges: 1 gives 0-10, 2 gives 0-100), ``+`` or
-  ``-``, no negation or parentheses ("Calculate 7 - 8."), each with the answer its own verifier accepts;
-- ``eval_2_digit_{addition,subtraction}.jsonl``: the BIG-bench ``arithmetic`` task items ("What is 80
-  plus 29?"), taken from the ``bigbench==1.0.0`` source distribution (``pip download --no-deps``; only the
-  ``task.json`` files are read out of it, and the 358 MB archive is deleted afterwards unless
-  ``--keep-download``).
+  ``-``, no negation or parentheses ("Calculate 7 - 8."), each with the answer its own verifier accepts
+  (``reasoning-gym`` is pinned in the project's requirements.txt);
+- ``eval_2_digit_{addition,subtraction}.jsonl``: the items shipped in ``examples/smollm2_arithmetic/data``
+  ("What is 80 plus 29?"), in the wording and format of BIG-bench's ``arithmetic`` tasks but **generated for
+  this project** (``make_items.py``, a fixed seed; ``data/README.md`` says why), each file checked against
+  its recorded SHA-256 (``ITEMS_SHA256``). Nothing is downloaded. :func:`write_eval` writes only these (the
+  agent example's data step uses it; it needs no extra package).
 
 Why 1-digit training and 2-digit evaluation: the dequantized SmolLM2-135M-Instruct answers a 2-term
 problem of 0-100 correctly in about 3% of its samples at temperature 1 (measured on 64 samples), so
 groups of 4 almost never hold a reward spread and GSPO gets no signal; on 1-digit operands it is right
-often enough to learn from. BIG-bench's 1-digit tasks are the 100 pairs of 0-9 operands each, so they cannot be held out
-from 1-digit training and are not written; the 2-digit items are held out and measure what transfers.
+often enough to learn from. The 2-digit items are held out and measure what transfers.
 
 Every row is in the project's prompt format (``gspo_mcore.data.dataset``): a one-turn chat under
 ``messages`` asking for the number only, the reference ``answer`` (for the ``math`` reward), and where it
@@ -30,22 +30,27 @@ settings is left as it is.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import logging
 import os
 import re
-import subprocess
 import sys
-import tarfile
 
 logger = logging.getLogger("smollm2.prepare_data")
 
 INSTRUCTION = "Answer with the number only."
-BIGBENCH = "bigbench==1.0.0"
 REASONING_GYM = "reasoning-gym==0.1.25"
 TASKS = ("2_digit_addition", "2_digit_subtraction")
-_TASK_MEMBER = re.compile(r"^bigbench-1\.0\.0/bigbench/benchmark_tasks/arithmetic/(\w+)/task\.json$")
+ITEMS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+ITEMS_SHA256 = {
+    "2_digit_addition": "60fec6329951d5a05e06aed40a65c0a9cf1b9135fa35e718724f0a535b3ab748",
+    "2_digit_subtraction": "bdfa96e1d8a1f6d999cf83c23b51d9d88c343604d13e5d93768957e7556c4a52",
+}
+"""SHA-256 of the shipped item files ``ITEMS_DIR/<task>.jsonl``, as ``make_items.py`` writes them."""
+SOURCE = "generated/bigbench-format/{task}"
+"""The rows' ``source``: generated in BIG-bench's format, not BIG-bench's items."""
 _BB_INPUT = re.compile(r"^What is (-?\d+) (plus|minus) (-?\d+)\?$")
 _RG_EXPR = re.compile(r"^(-?\d+) ([+-]) (-?\d+)$")
 
@@ -68,73 +73,46 @@ def row(question: str, answer: str, *, source: str, index: int, expression: str)
     }
 
 
-# ------------------------------------------------------------------------------------------ BIG-bench
+# ------------------------------------------------------------------------------------------ held-out items
 
 
-def _pip_download(python: str, download_dir: str) -> subprocess.CompletedProcess:
-    cmd = [python, "-m", "pip", "download", "--no-deps", "-d", download_dir, BIGBENCH]
-    logger.info("downloading %s (358 MB; pip then unpacks it to read its metadata): %s", BIGBENCH, " ".join(cmd))
-    return subprocess.run(cmd, capture_output=True, text=True)
+def read_items(task: str, items_dir: str = ITEMS_DIR) -> list[dict]:
+    """The shipped items of ``task`` (``{"input", "target"}`` a line), refused unless the file's SHA-256 is the
+    recorded one."""
+    if task not in ITEMS_SHA256:
+        raise DataError(f"unknown task {task!r}; known: {', '.join(ITEMS_SHA256)}")
+    path = os.path.join(items_dir, f"{task}.jsonl")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read the shipped items ({exc.strerror})") from exc
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != ITEMS_SHA256[task]:
+        raise DataError(
+            f"{path}: SHA-256 {digest} is not the recorded {ITEMS_SHA256[task]}; "
+            "rewrite it with python -m examples.smollm2_arithmetic.make_items"
+        )
+    return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
 
 
-def fetch_bigbench(download_dir: str) -> str:
-    """The ``bigbench`` sdist in ``download_dir`` (``pip download --no-deps`` when it is not there yet).
-
-    pip >= 26 refuses it after the download (its metadata declares a direct-URL dependency, ``bleurt @
-    file://...``); pip then is run again from a throwaway virtual environment (in ``download_dir``) with
-    pip < 26, which only downloads.
-    """
-    sdist = os.path.join(download_dir, "bigbench-1.0.0.tar.gz")
-    if os.path.isfile(sdist):
-        return sdist
-    os.makedirs(download_dir, exist_ok=True)
-    proc = _pip_download(sys.executable, download_dir)
-    if not os.path.isfile(sdist) and "cannot declare direct URL dependencies" in proc.stderr:
-        venv = os.path.join(download_dir, ".pip-lt-26")
-        logger.info("this pip refuses %s's metadata; retrying with pip<26 in %s", BIGBENCH, venv)
-        python = os.path.join(venv, "bin", "python")
-        if not os.path.isfile(python):
-            subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-        subprocess.run([python, "-m", "pip", "install", "-q", "pip<26"], check=True)
-        proc = _pip_download(python, download_dir)
-    if not os.path.isfile(sdist):
-        raise DataError(f"pip download {BIGBENCH} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return sdist
-
-
-def read_tasks(sdist: str) -> dict[str, dict]:
-    """The four arithmetic ``task.json`` files of the sdist, parsed (the archive is read once, in order)."""
-    tasks = {}
-    with tarfile.open(sdist, "r:gz") as tar:
-        for member in tar:
-            m = _TASK_MEMBER.match(member.name)
-            if m and m.group(1) in TASKS:
-                tasks[m.group(1)] = json.load(tar.extractfile(member))
-                if len(tasks) == len(TASKS):
-                    break
-    missing = [t for t in TASKS if t not in tasks]
-    if missing:
-        raise DataError(f"{sdist}: no benchmark_tasks/arithmetic/{{{','.join(missing)}}}/task.json")
-    return tasks
-
-
-def bigbench_rows(task: str, data: dict) -> list[dict]:
+def item_rows(task: str, items: list[dict]) -> list[dict]:
+    """``{"input": "What is 80 plus 29?", "target": "109"}`` items -> prompt rows; another form is refused, naming
+    the task and the item's index."""
     rows = []
-    for i, ex in enumerate(data.get("examples", [])):
+    for i, ex in enumerate(items):
         question = str(ex.get("input", "")).strip()
         target = ex.get("target")
         target = target[0] if isinstance(target, list) and target else target
         m = _BB_INPUT.match(question)
         if not m or target is None or not re.fullmatch(r"-?\d+", str(target).strip()):
-            raise DataError(f"bigbench {task} example {i}: unexpected item {ex!r}")
+            raise DataError(f"{task} item {i}: unexpected item {ex!r}")
         a, op, b = int(m.group(1)), "+" if m.group(2) == "plus" else "-", int(m.group(3))
         rows.append(
-            row(
-                question, str(target).strip(), source=f"bigbench/arithmetic/{task}", index=i, expression=f"{a} {op} {b}"
-            )
+            row(question, str(target).strip(), source=SOURCE.format(task=task), index=i, expression=f"{a} {op} {b}")
         )
     if not rows:
-        raise DataError(f"bigbench {task}: no examples")
+        raise DataError(f"{task}: no items")
     return rows
 
 
@@ -152,7 +130,10 @@ def training_rows(
     if digits not in (1, 2):
         raise DataError(f"--train-digits must be 1 or 2, got {digits}")
     if importlib.util.find_spec("reasoning_gym") is None:
-        raise DataError(f"the reasoning_gym package is not installed; run: pip install {REASONING_GYM}")
+        raise DataError(
+            f"the reasoning_gym package is not installed; run: pip install {REASONING_GYM} "
+            "(the project's requirements.txt pins it: make install)"
+        )
     import reasoning_gym
 
     drawn = 4 * size
@@ -204,6 +185,20 @@ def write_jsonl(path: str, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
+def write_eval(out: str, items_dir: str = ITEMS_DIR) -> tuple[dict[str, int], frozenset[str]]:
+    """Write ``eval_<task>.jsonl`` for each of :data:`TASKS` into ``out``; returns the files' row counts and every
+    item's expression."""
+    os.makedirs(out, exist_ok=True)
+    files, expressions = {}, set()
+    for task in TASKS:
+        rows = item_rows(task, read_items(task, items_dir))
+        expressions.update(r["expression"] for r in rows)
+        name = f"eval_{task}.jsonl"
+        write_jsonl(os.path.join(out, name), rows)
+        files[name] = len(rows)
+    return files, frozenset(expressions)
+
+
 def prepare_data(
     out: str | None = None,
     *,
@@ -211,8 +206,6 @@ def prepare_data(
     train_digits: int = 1,
     seed: int = 0,
     keep_overlap: bool = False,
-    download_dir: str | None = None,
-    keep_download: bool = False,
 ) -> dict:
     """Write the JSONL files (or keep them when up to date); returns the manifest."""
     out = os.path.abspath(out or default_out())
@@ -222,7 +215,7 @@ def prepare_data(
         seed=seed,
         keep_overlap=keep_overlap,
         reasoning_gym=REASONING_GYM,
-        bigbench=BIGBENCH,
+        items_sha256=ITEMS_SHA256,
         instruction=INSTRUCTION,
     )
     manifest_path = os.path.join(out, "manifest.json")
@@ -234,17 +227,7 @@ def prepare_data(
         ):
             logger.info("%s is up to date; nothing to do", out)
             return manifest
-    os.makedirs(out, exist_ok=True)
-    download_dir = download_dir or os.path.join(os.path.dirname(out), "downloads")
-    sdist = fetch_bigbench(download_dir)
-    tasks = read_tasks(sdist)
-    files, held_out = {}, set()
-    for task in TASKS:
-        rows = bigbench_rows(task, tasks[task])
-        held_out.update(r["expression"] for r in rows)
-        name = f"eval_{task}.jsonl"
-        write_jsonl(os.path.join(out, name), rows)
-        files[name] = len(rows)
+    files, held_out = write_eval(out)
     train, counts = training_rows(
         train_size, seed, digits=train_digits, exclude=frozenset() if keep_overlap else frozenset(held_out)
     )
@@ -259,8 +242,6 @@ def prepare_data(
     with open(manifest_path, "w") as f:
         json.dump(manifest, f, indent=2)
         f.write("\n")
-    if not keep_download:
-        os.remove(sdist)
     return manifest
 
 
@@ -273,10 +254,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep-overlap", action="store_true", help="keep training problems equal to a held-out item")
-    parser.add_argument(
-        "--download-dir", default=None, help="where the bigbench sdist goes (default: OUT/../downloads)"
-    )
-    parser.add_argument("--keep-download", action="store_true", help="keep the 358 MB bigbench sdist")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.train_size <= 0:
@@ -288,8 +265,6 @@ def main(argv: list[str] | None = None) -> int:
             train_digits=args.train_digits,
             seed=args.seed,
             keep_overlap=args.keep_overlap,
-            download_dir=args.download_dir,
-            keep_download=args.keep_download,
         )
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -82,26 +82,25 @@ def test_learner_logits_match_transformers(tmp_path):
     assert logits["greedy_agree"], logits
 
 
-def test_bigbench_items_become_prompt_rows(tmp_path):
-    """BIG-bench's ``{"input", "target"}`` -> a one-turn chat and the answer, readable by PromptDataset and
-    scored by the example's reward; an item of another form is refused naming the task and index."""
+def test_items_become_prompt_rows(tmp_path):
+    """An item in BIG-bench's ``{"input", "target"}`` format -> a one-turn chat and the answer, readable by
+    PromptDataset and scored by the example's reward; an item of another form is refused naming the task and
+    index."""
     from examples.smollm2_arithmetic import prepare_data
     from examples.smollm2_arithmetic.reward import equation_only, last_integer, number_only
     from gspo_mcore.data.dataset import DataConfig, PromptDataset
 
-    task = {
-        "examples": [
-            {"input": "What is 80 plus 29?", "target": "109"},
-            {"input": "What is 3 minus 7?", "target": ["-4"]},
-        ]
-    }
-    rows = prepare_data.bigbench_rows("2_digit_addition", task)
+    items = [
+        {"input": "What is 80 plus 29?", "target": "109"},
+        {"input": "What is 3 minus 7?", "target": ["-4"]},
+    ]
+    rows = prepare_data.item_rows("2_digit_addition", items)
     assert [r["expression"] for r in rows] == ["80 + 29", "3 - 7"] and [r["answer"] for r in rows] == ["109", "-4"]
     path = str(tmp_path / "eval.jsonl")
     prepare_data.write_jsonl(path, rows)
     ds = PromptDataset(DataConfig(paths=(path,)))
     assert ds[0].messages[0]["content"] == "What is 80 plus 29? Answer with the number only."
-    assert ds[1].metadata["source"] == "bigbench/arithmetic/2_digit_addition"
+    assert ds[1].metadata["source"] == "generated/bigbench-format/2_digit_addition"
     assert last_integer("80 plus 29 is 109.", ds[0].metadata) == 1.0
     assert last_integer("It is -4", ds[1].metadata) == 1.0
     assert last_integer("4", ds[1].metadata) == 0.0 and last_integer("-4.5", ds[1].metadata) == 0.0
@@ -113,5 +112,5 @@ def test_bigbench_items_become_prompt_rows(tmp_path):
         0.0,
         0.0,
     ]
-    with pytest.raises(prepare_data.DataError, match="bigbench 2_digit_addition example 1: unexpected item"):
-        prepare_data.bigbench_rows("2_digit_addition", {"examples": task["examples"][:1] + [{"input": "Hi?"}]})
+    with pytest.raises(prepare_data.DataError, match="2_digit_addition item 1: unexpected item"):
+        prepare_data.item_rows("2_digit_addition", items[:1] + [{"input": "Hi?"}])
