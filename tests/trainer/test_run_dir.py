@@ -242,6 +242,19 @@ def test_a_second_run_in_the_same_folder_is_refused_while_the_first_holds_it(tmp
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.yaml"]
 
 
+def _save_state(checkpoint_dir, save):
+    """The least of a run's state that ``loop._save_checkpoint`` reads, with the learner's ``save`` given."""
+    import types
+
+    return types.SimpleNamespace(
+        cfg=types.SimpleNamespace(checkpoint=types.SimpleNamespace(dir=str(checkpoint_dir))),
+        learner=types.SimpleNamespace(save=save),
+        loader=types.SimpleNamespace(state_dict=lambda: {}),
+        prefetch=None,
+        data_files=None,
+    )
+
+
 @pytest.mark.parametrize(
     "error",
     ["enospc", "torch-writer"],
@@ -261,13 +274,7 @@ def test_a_full_disk_is_named_at_the_save(tmp_path, monkeypatch, error):
         raise RuntimeError("[enforce fail at inline_container.cc:858] . unexpected pos 704 vs 598")
 
     monkeypatch.setattr(shutil, "disk_usage", lambda path: types.SimpleNamespace(total=10, used=10, free=0))
-    state = types.SimpleNamespace(
-        cfg=types.SimpleNamespace(checkpoint=types.SimpleNamespace(dir=str(tmp_path))),
-        learner=types.SimpleNamespace(save=save),
-        loader=types.SimpleNamespace(state_dict=lambda: {}),
-        prefetch=None,
-        data_files=None,
-    )
+    state = _save_state(tmp_path, save)
     with pytest.raises(OSError) as exc:
         loop._save_checkpoint(state, None, 3)
     assert exc.value.errno == errno.ENOSPC
@@ -277,19 +284,11 @@ def test_a_full_disk_is_named_at_the_save(tmp_path, monkeypatch, error):
 
 
 def test_other_save_errors_pass_through(tmp_path):
-    import types
-
     from gspo_mcore.trainer import loop
 
     def save(checkpoints, step, *, extra=None):
         raise RuntimeError("a bug")
 
-    state = types.SimpleNamespace(
-        cfg=types.SimpleNamespace(checkpoint=types.SimpleNamespace(dir=str(tmp_path))),
-        learner=types.SimpleNamespace(save=save),
-        loader=types.SimpleNamespace(state_dict=lambda: {}),
-        prefetch=None,
-        data_files=None,
-    )
+    state = _save_state(tmp_path, save)
     with pytest.raises(RuntimeError, match="^a bug$"):
         loop._save_checkpoint(state, None, 3)
