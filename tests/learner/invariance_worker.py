@@ -155,6 +155,7 @@ def run_case(case, args):
     from gspo_mcore.learner.model_config import load_hf_config
     from gspo_mcore.learner.optimizer import OptimConfig, build_optimizer, zero_grads
     from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
+    from gspo_mcore.learner.routing import RoutingConfig
     from gspo_mcore.learner.step import BatchConfig, StepSettings, forward_backward, train_step
 
     t0 = time.time()
@@ -257,6 +258,7 @@ def run_case(case, args):
                 batch=BatchConfig(
                     num_minibatches=2, max_tokens_per_microbatch=max_tokens, packing=packing, share_prompt=share
                 ),
+                routing=RoutingConfig(replay=case.get("replay", "off")),
             ),
             reference=reference,
         )

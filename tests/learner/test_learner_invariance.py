@@ -101,6 +101,8 @@ SHARED_REFERENCE = (
     [shared_case(f"ref-dense-{v}-grp", v, save=True) for v in LOSS_VARIANTS]
     + [shared_case(f"ref-dense-{v}-grp-mt", v, tag="grp-mt", env_spans=True, save=True) for v in LOSS_VARIANTS]
     + [shared_case("ref-moe-gspo-grp", model="moe", save=True)]
+    # Routing Replay (R2): the experts recorded in the (shared) old-log-prob forward, replayed in training
+    + [shared_case("ref-moe-gspo-grp-r2", model="moe", tag="grp-r2", replay="learner", save=True)]
     + [
         shared_case(
             f"ref-dense-{LOSS_OPTIONS[t][0]}-{t}-grp",
@@ -117,6 +119,7 @@ SHARED_ONE_RANK = (
     + [shared_case(f"1rank-share-{v}-mt", v, tag="grp-mt", env_spans=True, share=True) for v in LOSS_VARIANTS]
     + [
         shared_case("1rank-share-moe", model="moe", share=True),
+        shared_case("1rank-share-moe-r2", model="moe", tag="grp-r2", replay="learner", share=True),
         shared_case("1rank-share-mb30", max_tokens=30, share=True),  # units cut to the budget, several micro-batches
         shared_case("1rank-share-bd", packing="block_diagonal", share=True),
     ]
@@ -140,6 +143,7 @@ SHARED_TWO_RANKS = [
     shared_case("pp2-share-mb30", pp=2, max_tokens=30, share=True),
     shared_case("pp2-share-sapo-mt", "sapo", tag="grp-mt", env_spans=True, pp=2, share=True),
     shared_case("ep2-share-moe", model="moe", ep=2, share=True),
+    shared_case("ep2-share-moe-r2", model="moe", tag="grp-r2", replay="learner", ep=2, share=True),
 ]
 
 REFERENCE = (
