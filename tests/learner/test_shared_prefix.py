@@ -51,9 +51,7 @@ def _forward(p, tokens, positions, mask):
     x = p["emb"][tokens].transpose(0, 1)  # (S, R, D)
     S, R = x.shape[:2]
     for layer in range(2):
-        q, k, v = (
-            (x @ p[f"{n}{layer}"]).view(S, R, H, HD) for n in ("q", "k", "v")
-        )  # (S, R, H, HD)
+        q, k, v = ((x @ p[f"{n}{layer}"]).view(S, R, H, HD) for n in ("q", "k", "v"))  # (S, R, H, HD)
         q, k = _rope(q, emb), _rope(k, emb)
         scores = torch.einsum("srhd,trhd->rhst", q, k) / HD**0.5
         scores = scores.masked_fill(mask, -1e4)
@@ -102,9 +100,7 @@ def _shared(p, samples, units, coef, packing, *, break_positions=False, break_fa
 def _samples(env_spans=False):
     return [
         TrainSample(tokens=s.tokens % V, loss_mask=s.loss_mask, advantage=s.advantage)
-        for s in toy.toy_samples(
-            vocab=V, num_samples=11, prompt_only=(3,), shared_prompts=True, env_spans=env_spans
-        )
+        for s in toy.toy_samples(vocab=V, num_samples=11, prompt_only=(3,), shared_prompts=True, env_spans=env_spans)
     ]
 
 
