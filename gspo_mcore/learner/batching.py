@@ -201,10 +201,19 @@ class MicroBatch:
     its local order (see :mod:`gspo_mcore.learner.context_parallel`); ``None`` when not split."""
     unsplit_cu_seqlens: torch.Tensor | None = None
     """Context parallelism: the unsplit micro-batch's ``cu_seqlens``."""
+    score_index: torch.Tensor | None = None
+    """Shared prompts (:mod:`gspo_mcore.learner.shared_prefix`): ``(T,)`` int64, the physical position (into the
+    flattened ``R*S`` rows) of each of the ``T`` scored positions; ``None``: the first ``T`` row positions."""
+    score_starts: list[int] | None = None
+    """Shared prompts: per sample, the sample position its segment starts at (``P-1`` for a unit's samples after
+    the first, 0 otherwise)."""
+    prompt_sources: list[int] | None = None
+    """Shared prompts: per sample, the sample (its order in the micro-batch) whose segment holds its prompt."""
 
     @property
     def num_tokens(self) -> int:
-        """``T``: the flattened positions the loss sees (the first ``T`` of the ``R*S`` row positions)."""
+        """``T``: the flattened positions the loss sees (the first ``T`` of the ``R*S`` row positions, or those
+        ``score_index`` names)."""
         return int(self.targets.shape[0])
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from gspo_mcore import ops
-from gspo_mcore.learner import context_parallel, lm_head, routing
+from gspo_mcore.learner import context_parallel, lm_head, routing, shared_prefix
 from gspo_mcore.learner.batching import MicroBatch, TrainSample
 from gspo_mcore.learner.parallel import Layout
 from gspo_mcore.learner.schedule import microbatches_for_rank, run_schedule
@@ -25,7 +25,9 @@ def microbatch_logprobs(
     mb: MicroBatch, logits: torch.Tensor, layout: Layout, temperature: float, entropy: bool, head=None
 ):
     """Log-probs of ``mb.targets`` (and the entropy when ``entropy``) from the last stage's output."""
-    logits = logits.reshape(-1, logits.shape[-1])[: mb.num_tokens]  # (R, S, V/TP) -> (T, V/TP)
+    logits = logits.reshape(-1, logits.shape[-1])  # (R, S, V/TP) -> (R*S, V/TP)
+    # (T, V/TP): the first T positions, or (shared prompts) the scored ones: a prompt's last fans out
+    logits = logits[: mb.num_tokens] if mb.score_index is None else logits[mb.score_index]
     tp = layout.tp_group if layout.tp_size > 1 else None
     if head is not None:  # the "logits" are the hidden states (T, H)
         return ops.linear_token_logprobs(
@@ -64,6 +66,7 @@ def forward_logprobs(
     temperature: float = 1.0,
     loss_cfg=None,
     replay_routing: bool = False,
+    share_prompt: bool = False,
 ) -> list[torch.Tensor]:
     """Log-probs of ``tokens[1:]`` for every sample (``[L-1]`` float32 each, on the CPU, on every rank).
 
@@ -71,13 +74,22 @@ def forward_logprobs(
     log-probs). ``samples`` is the same list on every rank. ``loss_cfg`` (a
     :class:`~gspo_mcore.algo.LossConfig`): only its fused-LM-head keys are used (default: the logits path).
     ``replay_routing``: force every token through the experts in its sample's ``routed_experts`` (MoE; R3
-    replays the rollout engine's routing here too).
+    replays the rollout engine's routing here too). ``share_prompt``: a group's shared prompt computed once
+    (:mod:`.shared_prefix`).
     """
     if replay_routing and any(s.routed_experts is None for s in samples):
         raise ValueError("forward_logprobs(replay_routing=True) needs routed_experts on every sample")
     tape = routing.tape(model, layout, replay=replay_routing)
     return _forward_logprobs(
-        model, samples, layout, tape, max_tokens=max_tokens, packing=packing, temperature=temperature, loss_cfg=loss_cfg
+        model,
+        samples,
+        layout,
+        tape,
+        max_tokens=max_tokens,
+        packing=packing,
+        temperature=temperature,
+        loss_cfg=loss_cfg,
+        share_prompt=share_prompt,
     )
 
 
@@ -96,8 +108,10 @@ def forward_logprobs_with_routing(
     return logps, tape.scatter_to_samples(samples, layout, num_layers=num_layers, topk=topk)
 
 
-def _forward_logprobs(model, samples, layout, tape, *, max_tokens, packing="padded", temperature=1.0, loss_cfg=None):
-    mbs = microbatches_for_rank(samples, layout, max_tokens, model=model, packing=packing)
+def _forward_logprobs(
+    model, samples, layout, tape, *, max_tokens, packing="padded", temperature=1.0, loss_cfg=None, share_prompt=False
+):
+    mbs = microbatches_for_rank(samples, layout, max_tokens, model=model, packing=packing, share_prompt=share_prompt)
     head = lm_head.fused_head(model, loss_cfg) if loss_cfg is not None else None
     store = run_schedule(
         model,
@@ -117,7 +131,10 @@ def _forward_logprobs(model, samples, layout, tape, *, max_tokens, packing="padd
         logp, cu = context_parallel.unsplit(item["logp"], mb)  # this CP rank's positions; 0 elsewhere
         cu = cu.tolist()
         for k, i in enumerate(mb.sample_indices):
-            flat[offsets[i] : offsets[i + 1]] = logp[cu[k] : cu[k] + sizes[i]]
+            if mb.score_starts is None:
+                flat[offsets[i] : offsets[i + 1]] = logp[cu[k] : cu[k] + sizes[i]]
+            else:  # a shared prompt's positions come from its unit's first sample
+                flat[offsets[i] : offsets[i + 1]] = logp[shared_prefix.sample_positions(mb, k, sizes[i])]
     groups = ((layout.pp_group, layout.pp_size), (layout.dp_group, layout.dp_size), (layout.cp_group, layout.cp_size))
     for group, size in groups:
         if size > 1:

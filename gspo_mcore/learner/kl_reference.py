@@ -22,11 +22,25 @@ class ReferencePolicy:
     micro-batching, temperature and LM-head keys: ``StepSettings.forward_options()``)."""
 
     def __init__(
-        self, model, layout, *, max_tokens: int, packing: str = "padded", temperature: float = 1.0, loss_cfg=None
+        self,
+        model,
+        layout,
+        *,
+        max_tokens: int,
+        packing: str = "padded",
+        temperature: float = 1.0,
+        loss_cfg=None,
+        share_prompt: bool = False,
     ):
         self.model = model
         self.layout = layout
-        self.options = dict(max_tokens=max_tokens, packing=packing, temperature=temperature, loss_cfg=loss_cfg)
+        self.options = dict(
+            max_tokens=max_tokens,
+            packing=packing,
+            temperature=temperature,
+            loss_cfg=loss_cfg,
+            share_prompt=share_prompt,
+        )
         self._state = [p.detach().to("cpu", copy=True) for p in _params(model)]
 
     @property

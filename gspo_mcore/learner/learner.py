@@ -19,11 +19,12 @@ Every rank calls every verb with the same arguments (the verbs run collectives).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import torch
 
 from gspo_mcore.algo.loss_config import LossConfig
-from gspo_mcore.learner import lm_head
+from gspo_mcore.learner import lm_head, shared_prefix
 from gspo_mcore.learner.forward import forward_logprobs
 from gspo_mcore.learner.kl_reference import ReferencePolicy
 from gspo_mcore.learner.model import ModelOptions, build_model
@@ -85,14 +86,8 @@ class Learner:
         policy: built before any checkpoint is restored). ``seed``: the run's seed for Megatron's RNG set-up.
         ``loss``, ``batch``, ``routing``, ``temperature`` and ``recompute_old_logprobs`` make the
         :class:`~gspo_mcore.learner.step.StepSettings`. A fused LM head the model cannot serve is refused here,
-        naming ``loss.fused_lm_head``."""
-        settings = StepSettings(
-            loss=loss,
-            batch=batch,
-            routing=routing,
-            temperature=temperature,
-            recompute_old_logprobs=recompute_old_logprobs,
-        )
+        naming ``loss.fused_lm_head``; ``batch.share_prompt`` is resolved (see
+        :func:`~gspo_mcore.learner.shared_prefix.resolve`)."""
         layout = init_parallel(parallel, arch, seed=seed)
         model = build_model(
             arch,
@@ -100,6 +95,15 @@ class Learner:
             options,
             seed=None if hf_weights else init_seed,
             use_distributed_optimizer=optim.use_distributed_optimizer,
+        )
+        # batch.share_prompt: None (on where supported) resolved, true refused where not supported
+        share = shared_prefix.resolve(batch.share_prompt, model=model, layout=layout, arch=arch)
+        settings = StepSettings(
+            loss=loss,
+            batch=replace(batch, share_prompt=share),
+            routing=routing,
+            temperature=temperature,
+            recompute_old_logprobs=recompute_old_logprobs,
         )
         if hf_weights:
             from gspo_mcore.learner.hf.load import load_hf_weights

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from gspo_mcore.learner.shared_prefix import sample_positions
+
 REPLAY_MODES = ("off", "learner", "rollout")
 
 
@@ -197,7 +199,11 @@ class RoutingTape:
                 if not contributes:
                     continue
                 for k, i in enumerate(mb.sample_indices):
-                    flat[offsets[i] : offsets[i + 1], layer] = positions[cu[k] : cu[k] + lengths[i]].to(flat.device)
+                    if mb.score_index is None:
+                        own = positions[cu[k] : cu[k] + lengths[i]]
+                    else:  # shared prompts: each token's physical position (the prompt's: the unit's first sample's)
+                        own = positions[mb.score_index[sample_positions(mb, k, lengths[i])]]
+                    flat[offsets[i] : offsets[i + 1], layer] = own.to(flat.device)
         for group, size in (
             (layout.pp_group, layout.pp_size),
             (layout.tp_group, layout.tp_size),

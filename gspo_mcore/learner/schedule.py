@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from functools import partial
 
-from gspo_mcore.learner import context_parallel, lm_head
+from gspo_mcore.learner import context_parallel, lm_head, shared_prefix
 from gspo_mcore.learner.batching import MicroBatch, build_microbatch, plan_microbatches
 from gspo_mcore.learner.parallel import Layout
 
@@ -30,18 +30,21 @@ def uses_transformer_engine(model) -> bool:
 
 
 def microbatches_for_rank(
-    samples, layout: Layout, max_tokens: int, *, model, packing: str = "padded"
+    samples, layout: Layout, max_tokens: int, *, model, packing: str = "padded", share_prompt: bool = False
 ) -> list[MicroBatch]:
     """This DP rank's micro-batches of ``samples`` (the same list on every rank).
 
     ``packing`` (``"padded"`` or ``"block_diagonal"``) applies without Transformer Engine; with it the
-    micro-batches are THD packed sequences.
+    micro-batches are THD packed sequences. ``share_prompt``: samples sharing a prompt are laid out as one unit
+    (never split over ranks or micro-batches) that computes the prompt once (:mod:`.shared_prefix`).
     """
     if packing not in CPU_PACKINGS:
         raise ValueError(f"packing must be one of {CPU_PACKINGS}, got {packing!r}")
     if uses_transformer_engine(model):
         packing = "thd"
     config = model[0].config
+    if share_prompt:
+        return _shared_microbatches(samples, layout, max_tokens, config, packing)
     plans = plan_microbatches(
         [s.length for s in samples], dp_size=layout.dp_size, max_tokens=max_tokens, padded=packing == "padded"
     )
@@ -66,11 +69,38 @@ def microbatches_for_rank(
     return mbs
 
 
+def _shared_microbatches(samples, layout, max_tokens, config, packing) -> list[MicroBatch]:
+    if packing == "thd" or layout.cp_size > 1:
+        raise ValueError(
+            "batch.share_prompt needs the local layer spec without context parallelism (not Transformer Engine's "
+            f"THD packing, not parallel.context > 1; got packing {packing!r}, context {layout.cp_size})"
+        )
+    units = shared_prefix.find_units(samples, max_tokens)
+    plans = plan_microbatches(
+        [u.length for u in units], dp_size=layout.dp_size, max_tokens=max_tokens, padded=packing == "padded"
+    )
+    return [
+        shared_prefix.build_shared_microbatch(
+            samples,
+            [units[j] for j in idx],
+            packing=packing,
+            pad_multiple=layout.tp_size if config.sequence_parallel else 1,
+            device=layout.device,
+            num_experts=getattr(config, "num_moe_experts", None) or None,
+        )
+        for idx in plans[layout.dp_rank]
+    ]
+
+
 def _forward_step(loss_func, tape, fused_head, data_iterator, model):
     mb: MicroBatch = next(data_iterator)
     if tape is not None:
         tape.before(mb, model)
-    with lm_head.hidden_states_out(model) if fused_head else contextlib.nullcontext():
+    with contextlib.ExitStack() as stack:
+        if fused_head:
+            stack.enter_context(lm_head.hidden_states_out(model))
+        if mb.score_index is not None:  # shared prompts: RoPE at the continued positions
+            stack.enter_context(shared_prefix.explicit_positions(model, mb.position_ids))
         output = model(mb.tokens, mb.position_ids, mb.attention_mask, packed_seq_params=mb.packed_seq_params)
     if tape is not None:
         tape.after(mb, model)

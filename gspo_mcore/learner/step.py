@@ -38,6 +38,13 @@ class BatchConfig:
     packing: Literal["padded", "block_diagonal"] = "padded"
     """Without Transformer Engine: ``"padded"`` (a row per sample) or ``"block_diagonal"`` (samples back
     to back, block-diagonal mask). With Transformer Engine micro-batches are always THD packed."""
+    share_prompt: bool | None = None
+    """Compute a group's shared prompt once per micro-batch: samples of a mini-batch whose tokens before the
+    first counted token are identical run as one unit (the prompt, then each sample's own tokens attending to it
+    and causally to themselves), with the same log-probs, loss and gradients as unshared (docs/guide.md,
+    "Shared-prompt training"). ``None``: on wherever supported (Megatron-Core's local layer spec, no context
+    parallelism, no MoE auxiliary loss), decided when the learner is built; ``true`` is refused where not
+    supported; ``false``: every sample runs its prompt. Not combined with LoRA (the learner has none yet)."""
 
     def __post_init__(self):
         if self.num_minibatches < 1:
@@ -74,6 +81,7 @@ class StepSettings:
             packing=self.batch.packing,
             temperature=self.temperature,
             loss_cfg=self.loss,
+            share_prompt=bool(self.batch.share_prompt),
         )
 
 
@@ -89,6 +97,7 @@ def forward_backward(
     num_tokens: int | None = None,
     temperature: float = 1.0,
     replay_routing: bool = False,
+    share_prompt: bool = False,
 ) -> dict[str, float]:
     """Accumulate the policy-loss gradient of ``samples`` into the model's gradient buffers (no step).
 
@@ -97,6 +106,7 @@ def forward_backward(
     ``num_tokens``: CISPO's normaliser ``M`` (default: the counted tokens of ``samples``).
     ``temperature``: the policy is ``softmax(logits / temperature)``, the rollout's sampling temperature.
     ``replay_routing``: force every token through the experts in its sample's ``routed_experts`` (MoE).
+    ``share_prompt``: samples sharing a prompt compute it once (:mod:`.shared_prefix`).
     Returns the metrics of :func:`train_minibatch` except the optimizer's.
     """
     if replay_routing and any(s.routed_experts is None for s in samples):
@@ -121,7 +131,7 @@ def forward_backward(
     if loss_cfg.kl_coef > 0 and any(s.ref_logprobs is None for s in samples):
         raise ValueError("loss.kl_coef > 0 needs ref_logprobs on every sample (train_step with a ReferencePolicy)")
     n = count_sequences(samples) if num_sequences is None else num_sequences
-    mbs = microbatches_for_rank(samples, layout, max_tokens, model=model, packing=packing)
+    mbs = microbatches_for_rank(samples, layout, max_tokens, model=model, packing=packing, share_prompt=share_prompt)
     scale = float(len(mbs) * layout.dp_size)
     head = lm_head.fused_head(model, loss_cfg)
     m_tok = sum(s.num_response_tokens for s in samples) if num_tokens is None else num_tokens
@@ -166,6 +176,7 @@ def train_minibatch(
     packing: str = "padded",
     temperature: float = 1.0,
     replay_routing: bool = False,
+    share_prompt: bool = False,
 ) -> dict[str, float]:
     """One optimizer step on one mini-batch (``samples``: the whole mini-batch, identical on all ranks).
 
@@ -184,6 +195,7 @@ def train_minibatch(
         packing=packing,
         temperature=temperature,
         replay_routing=replay_routing,
+        share_prompt=share_prompt,
     )
     lr = current_lr(optimizer)
     ok, grad_norm = optimizer_step(optimizer, scheduler)
@@ -291,6 +303,7 @@ def train_step(
                     packing=batch_cfg.packing,
                     temperature=settings.temperature,
                     replay_routing=plan.replay_training,
+                    share_prompt=bool(batch_cfg.share_prompt),
                 ),
                 **extra,
             )

@@ -68,6 +68,7 @@ def toy_samples(
     group_size: int = 4,
     prompt_only: tuple[int, ...] = (),
     env_spans: bool = False,
+    shared_prompts: bool = False,
 ):
     """A rollout batch: prompt + response of varied lengths, group-relative advantages.
 
@@ -75,6 +76,8 @@ def toy_samples(
     and are not counted in the normaliser ``N``).
     ``env_spans``: multi-turn episodes: every response of 5 or more tokens gets environment (tool) spans inside
     it (:func:`env_holes`), loss mask 0 between policy spans; the tokens drawn are the same.
+    ``shared_prompts``: every sample of a group gets its group's first prompt (as a rollout group has); the
+    responses are drawn as without it.
     ``num_samples`` need not be a multiple of ``group_size`` (the last group is cut short); the defaults
     draw the same batch as before these options existed.
     """
@@ -89,6 +92,11 @@ def toy_samples(
         prompt = int(torch.randint(3, 9, (1,), generator=g))
         response = int(torch.randint(2, 17, (1,), generator=g))
         tokens = torch.randint(0, vocab, (prompt + response,), generator=g)
+        if shared_prompts:
+            if i % group_size == 0:
+                group_prompt = tokens[:prompt]
+            prompt = group_prompt.shape[0]
+            tokens = torch.cat([group_prompt, tokens[-response:]])
         mask = torch.zeros(prompt + response, dtype=torch.int64)
         if i not in prompt_only:
             mask[prompt:] = 1

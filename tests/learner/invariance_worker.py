@@ -78,6 +78,18 @@ def plan_figures(parts, batch, dp_size, max_tokens, packing):
     return dict(dp_shares=shares, empty_microbatches=empty, no_token_microbatches=no_token)
 
 
+def token_figures(parts, batch, max_tokens, share):
+    """Tokens the layout computes per mini-batch (a shared prompt once per unit) against the samples' own
+    (padding aside)."""
+    from gspo_mcore.learner.shared_prefix import find_units
+
+    own = [sum(batch[i].length for i in part) for part in parts]
+    if not share:
+        return dict(sample_tokens=own, computed_tokens=own)
+    units = [find_units([batch[i] for i in part], max_tokens) for part in parts]
+    return dict(sample_tokens=own, computed_tokens=[sum(u.length for u in us) for us in units])
+
+
 class WrongNormaliser:
     """Test-only fault (case key ``wrong_n``: ``{"dp_rank": r, "extra": k}``): on DP rank ``r`` (every rank
     if ``r`` is None) the learner counts ``k`` sequences too many, i.e. that rank's loss uses a wrong ``N``."""
@@ -143,6 +155,7 @@ def run_case(case, args):
     from gspo_mcore.learner.model_config import load_hf_config
     from gspo_mcore.learner.optimizer import OptimConfig, build_optimizer, zero_grads
     from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
+    from gspo_mcore.learner.routing import RoutingConfig
     from gspo_mcore.learner.step import BatchConfig, StepSettings, forward_backward, train_step
 
     t0 = time.time()
@@ -164,11 +177,19 @@ def run_case(case, args):
     max_tokens = case.get("max_tokens", MAX_TOKENS)
     packing = case.get("packing", "padded")
     initial = toy.local_shards(model)
-    samples = toy.toy_samples(vocab=arch.vocab_size, env_spans=case.get("env_spans", False), **BATCH)
+    samples = toy.toy_samples(
+        vocab=arch.vocab_size,
+        env_spans=case.get("env_spans", False),
+        shared_prompts=case.get("groups", False),
+        **BATCH,
+    )
+    share = case.get("share", False)  # batch.share_prompt (its reference: the same grouped batch, unshared)
 
     # a fused-LM-head case compares with the logits path's reference (chunks of 48 < the toy vocabulary's 128)
     head = dict(fused_lm_head=True, fused_lm_head_chunk=case.get("chunk", 48)) if case.get("fused") else {}
-    logp = forward_logprobs(model, samples, layout, max_tokens=max_tokens, packing=packing, loss_cfg=LossConfig(**head))
+    logp = forward_logprobs(
+        model, samples, layout, max_tokens=max_tokens, packing=packing, loss_cfg=LossConfig(**head), share_prompt=share
+    )
     # Forward-only log-probs vs the training forward: with old = forward-only log-probs, GRPO's token
     # ratios exp(logp_train - logp_fwd) are 1 up to rounding; their min/max bound every counted token.
     check = forward_backward(
@@ -178,6 +199,7 @@ def run_case(case, args):
         LossConfig(variant="grpo", **head),
         max_tokens=max_tokens,
         packing=packing,
+        share_prompt=share,
     )
     zero_grads(model, optimizer)
     fwd_vs_train = max(abs(math.log(check["ratio_min"])), abs(math.log(check["ratio_max"])))
@@ -194,7 +216,9 @@ def run_case(case, args):
         # the initial weights (no update yet); the first mini-batch's reference log-probs equal logp, so the
         # KL gradient there is k1's (kl_coef * grad logp per sequence mean), and after the first step both
         before = toy.local_shards(model)
-        reference = ReferencePolicy(model, layout, max_tokens=max_tokens, packing=packing, loss_cfg=loss_cfg)
+        reference = ReferencePolicy(
+            model, layout, max_tokens=max_tokens, packing=packing, loss_cfg=loss_cfg, share_prompt=share
+        )
         ref_lp = reference.logprobs(batch)
         swap_restored = all(torch.equal(a[3], b[3]) for a, b in zip(before, toy.local_shards(model)))
         batch = [replace(s, ref_logprobs=lp) for s, lp in zip(batch, ref_lp)]
@@ -202,7 +226,7 @@ def run_case(case, args):
     first = [batch[i] for i in parts[0]]
     with WrongNormaliser(case.get("wrong_n"), layout), NoCpReduce(case.get("break_cp_reduce", False)):
         # the first mini-batch's gradient, before any optimizer step (clipping and Adam would hide its scale)
-        forward_backward(model, first, layout, loss_cfg, max_tokens=max_tokens, packing=packing)
+        forward_backward(model, first, layout, loss_cfg, max_tokens=max_tokens, packing=packing, share_prompt=share)
         grads = None if distopt else toy.local_grad_shards(model)
         zero_grads(model, optimizer)
         if case.get("save"):
@@ -231,7 +255,10 @@ def run_case(case, args):
             layout,
             StepSettings(
                 loss=loss_cfg,
-                batch=BatchConfig(num_minibatches=2, max_tokens_per_microbatch=max_tokens, packing=packing),
+                batch=BatchConfig(
+                    num_minibatches=2, max_tokens_per_microbatch=max_tokens, packing=packing, share_prompt=share
+                ),
+                routing=RoutingConfig(replay=case.get("replay", "off")),
             ),
             reference=reference,
         )
@@ -265,6 +292,7 @@ def run_case(case, args):
             for m in metrics
         ],
         **plan_figures(parts, batch, layout.dp_size, max_tokens, packing),
+        **token_figures(parts, batch, max_tokens, share),
         seconds=0.0,
     )
     final = toy.local_shards(model)

@@ -86,6 +86,66 @@ def mt_case(prefix, variant, **kw):
     return case(f"{prefix}-{variant}-mt", variant=variant, tag="mt", env_spans=True, **kw)
 
 
+# Shared-prompt training (batch.share_prompt, gspo_mcore/learner/shared_prefix.py): the same batch with every
+# group's samples on their group's prompt (learner_toy.toy_samples(shared_prompts=True); groups of 4 over the
+# mini-batches 0-6 and 7-12: one group is cut by the mini-batch boundary, the prompt-only samples share with
+# nobody), each loss variant single- and multi-turn, with a 1-rank reference run unshared on that batch.
+LOSS_VARIANTS = ("gspo", "gspo_token", "grpo", "sapo", "cispo", "gmpo")  # gspo_mcore.algo.variants (checked below)
+
+
+def shared_case(name, variant="gspo", tag="grp", **kw):
+    return case(name, variant=variant, tag=tag, groups=True, **kw)
+
+
+SHARED_REFERENCE = (
+    [shared_case(f"ref-dense-{v}-grp", v, save=True) for v in LOSS_VARIANTS]
+    + [shared_case(f"ref-dense-{v}-grp-mt", v, tag="grp-mt", env_spans=True, save=True) for v in LOSS_VARIANTS]
+    + [shared_case("ref-moe-gspo-grp", model="moe", save=True)]
+    # Routing Replay (R2): the experts recorded in the (shared) old-log-prob forward, replayed in training
+    + [shared_case("ref-moe-gspo-grp-r2", model="moe", tag="grp-r2", replay="learner", save=True)]
+    + [
+        shared_case(
+            f"ref-dense-{LOSS_OPTIONS[t][0]}-{t}-grp",
+            LOSS_OPTIONS[t][0],
+            tag=f"{t}-grp",
+            save=True,
+            **LOSS_OPTIONS[t][1],
+        )
+        for t in LOSS_OPTIONS
+    ]
+)
+SHARED_ONE_RANK = (
+    [shared_case(f"1rank-share-{v}", v, share=True) for v in LOSS_VARIANTS]
+    + [shared_case(f"1rank-share-{v}-mt", v, tag="grp-mt", env_spans=True, share=True) for v in LOSS_VARIANTS]
+    + [
+        shared_case("1rank-share-moe", model="moe", share=True),
+        shared_case("1rank-share-moe-r2", model="moe", tag="grp-r2", replay="learner", share=True),
+        shared_case("1rank-share-mb30", max_tokens=30, share=True),  # units cut to the budget, several micro-batches
+        shared_case("1rank-share-bd", packing="block_diagonal", share=True),
+    ]
+    + [
+        shared_case(
+            f"1rank-share-{LOSS_OPTIONS[t][0]}-{t}",
+            LOSS_OPTIONS[t][0],
+            tag=f"{t}-grp",
+            share=True,
+            **LOSS_OPTIONS[t][1],
+        )
+        for t in LOSS_OPTIONS
+    ]
+)
+SHARED_TWO_RANKS = [
+    shared_case("dp2-share", share=True),
+    shared_case("dp2-share-mt", tag="grp-mt", env_spans=True, share=True),
+    shared_case("dp2-share-bd-mb30", packing="block_diagonal", max_tokens=30, share=True),
+    shared_case("tp2-share", tp=2, share=True),
+    shared_case("tp2-share-grpo-mt", "grpo", tag="grp-mt", env_spans=True, tp=2, share=True),
+    shared_case("pp2-share-mb30", pp=2, max_tokens=30, share=True),
+    shared_case("pp2-share-sapo-mt", "sapo", tag="grp-mt", env_spans=True, pp=2, share=True),
+    shared_case("ep2-share-moe", model="moe", ep=2, share=True),
+    shared_case("ep2-share-moe-r2", model="moe", tag="grp-r2", replay="learner", ep=2, share=True),
+]
+
 REFERENCE = (
     [
         case(f"ref-{m}-{v}", m, v, save=True)
@@ -100,6 +160,7 @@ REFERENCE = (
     ]
     + [option_case("ref-dense", tag, save=True) for tag in LOSS_OPTIONS]
     + [mt_case("ref-dense", v, save=True) for v in MULTI_TURN]
+    + SHARED_REFERENCE
 )
 BD = "block_diagonal"  # the default packing on CPU is "padded" (a row per sample)
 ONE_RANK = [
@@ -122,7 +183,7 @@ FUSED_TWO_RANKS = [
     case("tp2-fused-tied", "dense_tied", tp=2, fused=True),
     case("pp2-fused-tied-bd", "dense_tied", pp=2, packing=BD, fused=True),
 ]
-ONE_RANK += FUSED_ONE_RANK
+ONE_RANK += FUSED_ONE_RANK + SHARED_ONE_RANK
 TWO_RANKS = (
     [case(f"dp2-{v}", variant=v) for v in ("gspo", "gspo_token", "grpo")]
     + [case(f"tp2-{v}", variant=v, tp=2) for v in ("gspo", "gspo_token", "grpo")]
@@ -148,6 +209,7 @@ TWO_RANKS = (
     + [mt_case("dp2", v) for v in MULTI_TURN]
     + [mt_case("tp2", v, tp=2) for v in MULTI_TURN]
     + [mt_case("pp2-mb30", v, pp=2, max_tokens=30) for v in MULTI_TURN]
+    + SHARED_TWO_RANKS
 )
 # Test-only faults, each must be caught: N + 1 on DP rank 0 only; 2N on both ranks (every gradient halved)
 WRONG_N = [
@@ -388,3 +450,18 @@ def test_context_parallel_without_its_reduction_fails(cp_two_ranks, request):
     _record(result, request)
     with pytest.raises(AssertionError, match="gradient differs"):
         _check_grads(result)
+
+
+def test_shared_prompt_cases_cover_every_variant_and_compute_fewer_tokens(reference, two_ranks):
+    """The shared-prompt cases: every loss variant of the algorithm, and each computes fewer tokens than its
+    samples hold (the prompts once per unit); the unshared references compute them all."""
+    from gspo_mcore.algo.variants import LOSS_VARIANTS as VARIANTS
+
+    assert set(LOSS_VARIANTS) == set(VARIANTS)
+    results = {**reference[1], **two_ranks}
+    for c in SHARED_ONE_RANK + SHARED_TWO_RANKS:
+        r = results[c["name"]]
+        assert all(a < b for a, b in zip(r["computed_tokens"], r["sample_tokens"])), (c["name"], r)
+    for c in SHARED_REFERENCE:
+        r = results[c["name"]]
+        assert r["computed_tokens"] == r["sample_tokens"]
