@@ -107,7 +107,6 @@ def logp_gap(a, b) -> float:
 def run_case(case, args):
     from gspo_mcore.learner.checkpoint import CheckpointConfig, Checkpointer
     from gspo_mcore.learner.model_config import load_hf_config
-    from gspo_mcore.learner.parallel import destroy_parallel
 
     arch = load_hf_config(toy.MODELS[case["model"]])
     samples = toy.toy_samples(vocab=arch.vocab_size, **BATCH)
@@ -124,7 +123,6 @@ def run_case(case, args):
     with GradCapture(ref) as cap:
         m32 = ref.train(batch)[0]
     g32 = cap.grads
-    destroy_parallel()
 
     # Megatron's bf16 mixed precision from the same initial weights
     learner = build(arch, bf16=True)
