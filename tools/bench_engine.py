@@ -1,8 +1,8 @@
 """Throughput of the in-process rollout engine against its recompute baseline and transformers' ``generate``.
 
-One process, one Megatron rank, fp32 on the CPU. A small Qwen3-style model is built from a ``config.json``
-written on the fly; the learner's ``GPTModel`` is initialised from a seed, exported to Hugging Face
-safetensors (``gspo_mcore.learner.hf``) and loaded by transformers, so all three sample from the SAME
+One process, one Megatron rank, fp32 on the CPU (bf16 with ``--cpu-bf16``). A small Qwen3-style model is
+built from a ``config.json`` written on the fly; the learner's ``GPTModel`` is initialised from a seed, exported
+to Hugging Face safetensors (``gspo_mcore.learner.hf``) and loaded by transformers, so all three sample from the SAME
 weights and the SAME left-padded prompts (lengths drawn in ``--prompt-len``):
 
   kv            InProcessEngine over the learner's model with a KV cache (``learner.inference.decode_model``)
@@ -213,6 +213,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="a tiny model and batch, lengths 4 and 8 (tests)")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument(
+        "--cpu-bf16",
+        action="store_true",
+        help="the learner's model (and so the engines' decode) in bf16 (model.options.cpu_bf16; needs "
+        "AVX512_BF16 or AMX-BF16); transformers still runs fp32 from the same (bf16-rounded) weights",
+    )
     parser.add_argument("--turns", type=int, default=1, help="K > 1: also K-turn episodes vs one turn (KV engine)")
     parser.add_argument("--env-tokens", type=int, default=16, help="environment tokens between turns (--turns)")
     args = parser.parse_args(argv)
@@ -228,7 +234,7 @@ def main(argv=None) -> int:
     import transformers
 
     from gspo_mcore.learner.inference import decode_model
-    from gspo_mcore.learner.model import build_model
+    from gspo_mcore.learner.model import ModelOptions, build_model
     from gspo_mcore.learner.model_config import load_hf_config
     from gspo_mcore.learner.parallel import ParallelConfig, destroy_parallel, init_parallel
     from gspo_mcore.rollout import InProcessEngine
@@ -251,7 +257,8 @@ def main(argv=None) -> int:
         arch = load_hf_config(tmp)
         parallel = ParallelConfig()
         layout = init_parallel(parallel, arch, seed=0)
-        model = build_model(arch, parallel, seed=0, wrap_ddp=False)
+        options = ModelOptions(cpu_bf16=True) if args.cpu_bf16 else ModelOptions()
+        model = build_model(arch, parallel, options, seed=0, wrap_ddp=False)
         export_hf(model, arch, cfg, tmp)
         hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
     engines = {
@@ -289,7 +296,7 @@ def main(argv=None) -> int:
         | {"parameters": n_params},
         "batch": args.batch,
         "prompt_len": [min(lengths), max(lengths)],
-        "dtype": "float32",
+        "dtype": "bfloat16" if args.cpu_bf16 else "float32",
         "repeat": args.repeat,
     }
     for name, e in engines.items():  # warm-up, untimed
@@ -362,7 +369,7 @@ def main(argv=None) -> int:
     print(
         f"model: qwen3 vocab {m['vocab_size']}, hidden {m['hidden_size']}, {m['num_hidden_layers']} layers, "
         f"{m['num_attention_heads']}/{m['num_key_value_heads']} heads, ffn {m['intermediate_size']}, "
-        f"{m['parameters'] / 1e6:.2f} M parameters, fp32; batch {args.batch}, prompts of "
+        f"{m['parameters'] / 1e6:.2f} M parameters, {header['dtype']}; batch {args.batch}, prompts of "
         f"{header['prompt_len'][0]}-{header['prompt_len'][1]} tokens (left-padded)"
     )
     print(

@@ -64,7 +64,7 @@ def worker(args):
 
     from gspo_mcore.algo.loss_config import LossConfig
     from gspo_mcore.learner.batching import TrainSample
-    from gspo_mcore.learner.model import build_model, have_transformer_engine
+    from gspo_mcore.learner.model import ModelOptions, build_model, have_transformer_engine
     from gspo_mcore.learner.model_config import load_hf_config
     from gspo_mcore.learner.parallel import ParallelConfig, destroy_parallel, init_parallel
     from gspo_mcore.learner.schedule import uses_transformer_engine
@@ -75,7 +75,7 @@ def worker(args):
     arch = load_hf_config(args.model if args.model else TINY[model_name])
     pc = ParallelConfig(tensor=tp, pipeline=pp, expert=ep)
     layout = init_parallel(pc, arch, seed=1)
-    model = build_model(arch, pc, seed=1)
+    model = build_model(arch, pc, ModelOptions(cpu_bf16=True) if args.cpu_bf16 else ModelOptions(), seed=1)
     g = torch.Generator().manual_seed(0)
     samples = []
     for i in range(args.samples):
@@ -146,6 +146,8 @@ def launch(args, name, out):
         value = getattr(args, key)
         if value is not None:
             cmd += [f"--{key.replace('_', '-')}", str(value)]
+    if args.cpu_bf16:
+        cmd.append("--cpu-bf16")
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS=str(args.threads))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode != 0:
@@ -168,6 +170,11 @@ def main():
         help="CPU micro-batch layout (with Transformer Engine: always THD)",
     )
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per rank (OMP_NUM_THREADS)")
+    parser.add_argument(
+        "--cpu-bf16",
+        action="store_true",
+        help="on a CPU, the model in bf16 (model.options.cpu_bf16; needs AVX512_BF16 or AMX-BF16)",
+    )
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--layout", help=argparse.SUPPRESS)

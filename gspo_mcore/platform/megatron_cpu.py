@@ -27,6 +27,14 @@ host without a usable GPU, :func:`apply` redirects exactly those calls, once, an
    ``KeyError: 'step'``. Also, the restored ``step`` was ONE tensor shared by every parameter, which
    torch's Adam then increments once per parameter per step. The per-parameter copy now leaves ``step``
    as restored, and each parameter gets its own copy.
+7. bf16 (the learner's ``model.options.cpu_bf16``): Megatron's mixed-precision optimizer
+   (``Float16OptimizerWithFloat16Params``: fp32 master copies of the bf16 parameters, fp32 Adam state)
+   sorts parameters by their CUDA type names, so its constructor runs under the mode of 3. The local layer
+   spec's torch norms (``WrappedTorchNorm``) ignore ``params_dtype`` and are built in fp32 (Transformer
+   Engine's norms, the GPU path, honour it): the optimizer then holds fp32 and bf16 parameters in one group,
+   and its ``sharded_state_dict`` numbers the optimizer's parameters over the bf16 ones only, so a checkpoint
+   save failed (``Param id ... does not match any model sharded param``). The norms are built in
+   ``params_dtype``, so every parameter is bf16 with an fp32 master copy, as with Transformer Engine.
 
 :func:`apply` is idempotent, a no-op when ``torch.cuda.is_available()``, and warns on a megatron-core
 version other than those it was checked on (:data:`CHECKED_VERSIONS`). Everything else the CPU needs
@@ -122,6 +130,7 @@ def apply() -> bool:
         _patch_moe()
         _patch_distributed_optimizer_load()
         _patch_context_parallel()
+        _patch_norm_dtype()
         _applied = True
     return True
 
@@ -329,6 +338,10 @@ def _patch_cuda_type_checks():
 
     cls = distrib_optimizer.DistributedOptimizer
     cls.__init__ = _with_cuda_type_names(cls.__init__)
+    # bf16 on the CPU (the learner's model.options.cpu_bf16): the mixed-precision optimizer sorts the
+    # parameters into bf16 ones (given fp32 master copies) and fp32 ones by their CUDA type names
+    cls = moptimizer.Float16OptimizerWithFloat16Params
+    cls.__init__ = _with_cuda_type_names(cls.__init__)
     wrapped = _with_cuda_type_names(clip_grads.clip_grad_by_total_norm_fp32)
     clip_grads.clip_grad_by_total_norm_fp32 = wrapped
     moptimizer.clip_grad_by_total_norm_fp32 = wrapped
@@ -403,3 +416,22 @@ def _patch_distributed_optimizer_load():
                 state["step"] = state["step"].clone()
 
     cls.load_state_dict = load_state_dict
+
+
+# --------------------------------------------------------------------------------------------------
+# 7. bf16: the torch norms in params_dtype
+
+
+def _patch_norm_dtype():
+    from megatron.core.transformer import torch_norm
+
+    cls = torch_norm.WrappedTorchNorm
+    original = cls.__new__
+
+    @functools.wraps(original)
+    def new(cls_, config, *args, **kwargs):
+        norm = original(cls_, config, *args, **kwargs)
+        dtype = getattr(config, "params_dtype", torch.float32)
+        return norm.to(dtype) if dtype != torch.float32 else norm
+
+    cls.__new__ = staticmethod(new)
