@@ -56,10 +56,28 @@ class ModelOptions:
     """Full activation recomputation (saves memory on big models)."""
     grad_reduce_in_fp32: bool = True
     """Accumulate and all-reduce gradients in fp32 (Megatron DDP buffers) even for bf16 parameters."""
+    cpu_bf16: bool = False
+    """On a CPU host, run the model in bf16 as on a GPU (Megatron-Core's mixed precision): bf16 parameters and
+    matmuls, fp32 master weights, gradients and Adam state, log-probs computed in fp32 from the bf16 logits;
+    the in-process engine then decodes in bf16 too. Needs a CPU with native bf16 (AVX512_BF16 or AMX-BF16),
+    refused on any other (emulated bf16 is many times slower than fp32). No effect on a GPU (always bf16)."""
 
     def __post_init__(self):
         if self.use_te and not have_transformer_engine():
             raise ValueError("use_te=True needs a GPU and an importable transformer_engine")
+        if self.cpu_bf16 and not torch.cuda.is_available():
+            from gspo_mcore.platform.cpu_features import BF16_FLAGS, native_bf16
+
+            if not native_bf16():
+                raise ValueError(
+                    f"model.options.cpu_bf16=true needs a CPU with native bf16 ({' or '.join(BF16_FLAGS)} in "
+                    "/proc/cpuinfo); this one has neither, and emulated bf16 is many times slower than fp32: "
+                    "set model.options.cpu_bf16: false"
+                )
+
+    def bf16(self) -> bool:
+        """Whether the model runs in bf16 on this host (always on a GPU; on a CPU with ``cpu_bf16``)."""
+        return torch.cuda.is_available() or self.cpu_bf16
 
 
 def build_model(
@@ -95,6 +113,7 @@ def build_model(
         context=parallel.context,
         sequence_parallel=parallel.use_sequence_parallel(arch),
         on_gpu=on_gpu,
+        bf16=options.bf16(),
         recompute=options.recompute,
     )
     spec = get_gpt_decoder_block_spec(config, use_transformer_engine=use_te)

@@ -242,15 +242,18 @@ def transformer_config(
     context: int = 1,
     sequence_parallel: bool = False,
     on_gpu: bool,
+    bf16: bool | None = None,
     recompute: bool = False,
 ):
     """The Megatron-Core ``TransformerConfig`` for ``arch`` under a parallel layout.
 
-    ``on_gpu``: bf16 parameters (and the bias-dropout fusion); otherwise fp32 with every CUDA-only fusion off.
+    ``on_gpu``: the bias-dropout fusion; otherwise every CUDA-only fusion off. ``bf16``: bf16 parameters
+    (Megatron's mixed precision; ``None``: on a GPU only), otherwise fp32.
     """
     from megatron.core.transformer import TransformerConfig
 
-    dtype = torch.bfloat16 if on_gpu else torch.float32
+    bf16 = on_gpu if bf16 is None else bf16
+    dtype = torch.bfloat16 if bf16 else torch.float32
     kwargs = dict(
         num_layers=arch.num_hidden_layers,
         hidden_size=arch.hidden_size,
@@ -276,7 +279,7 @@ def transformer_config(
         sequence_parallel=sequence_parallel,
         pipeline_dtype=dtype,
         params_dtype=dtype,
-        bf16=on_gpu,
+        bf16=bf16,
         use_cpu_initialization=not on_gpu,
         variable_seq_lengths=True,  # packed micro-batches differ in length
         moe_token_dispatcher_type="alltoall",  # the only dispatcher that allows variable lengths
