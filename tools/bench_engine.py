@@ -1,6 +1,6 @@
 """Throughput of the in-process rollout engine against its recompute baseline and transformers' ``generate``.
 
-One process, one Megatron rank, fp32 on the CPU (bf16 with ``--cpu-bf16``). A small Qwen3-style model is
+One process, one Megatron rank, fp32 on the CPU (bf16 with ``--dtype bf16``). A small Qwen3-style model is
 built from a ``config.json`` written on the fly; the learner's ``GPTModel`` is initialised from a seed, exported
 to Hugging Face safetensors (``gspo_mcore.learner.hf``) and loaded by transformers, so all three sample from the SAME
 weights and the SAME left-padded prompts (lengths drawn in ``--prompt-len``):
@@ -9,6 +9,14 @@ weights and the SAME left-padded prompts (lengths drawn in ``--prompt-len``):
   recompute     InProcessEngine recomputing every sequence at every step (``kv_cache=False``); quadratic
                 in the length, so it runs only up to ``--recompute-max-new`` new tokens
   transformers  ``model.generate`` with its KV cache (``do_sample``, no top-k / top-p)
+  kv-megatron   the KV engine with the cache in Megatron's ``StaticInferenceContext`` (the path Transformer
+                Engine's attention takes; ``MegatronDecodeModel(megatron_cache=True)``)
+
+Shared prefill: ``--group-size G`` samples per prompt (``batch x G`` rows); ``--share-prefill both`` also runs
+every in-process engine with ``share_prefill=False`` (one prefill row per sample, the ``-unshared`` twin), so
+that the table compares one prefill per distinct prompt (the default) with one per sample. ``--model
+config.json`` (a Qwen3 or Llama ``config.json``, e.g. SmolLM2's) replaces the small model's architecture (the
+weights are still drawn from the seed). The header names the CPU and ``gspo_mcore._C.cpu_isa()``.
 
 Every run samples at temperature 1 and ignores EOS, so each row gets exactly N new tokens; tokens/s is
 ``batch * N / seconds`` (the prefill included; with ``--repeat R``, the fastest of R runs, the engines
@@ -44,7 +52,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-ENGINES = ("kv", "recompute", "transformers")
+ENGINES = ("kv", "recompute", "transformers", "kv-megatron")
+DEFAULT_ENGINES = ("kv", "recompute", "transformers")
 
 
 def model_config(
@@ -107,14 +116,14 @@ def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
-def run_engine(engine, prompts, n_new: int) -> float:
+def run_engine(engine, prompts, n_new: int, group_size: int = 1) -> float:
     from gspo_mcore.rollout import SamplingParams
 
     params = SamplingParams(temperature=1.0, max_new_tokens=n_new, ignore_eos=True, seed=0)
     t0 = time.perf_counter()
-    out = engine.generate_sync(prompts, 1, params)
+    out = engine.generate_sync(prompts, group_size, params)
     dt = time.perf_counter() - t0
-    bad = [g[0].prompt_index for g in out if len(g[0].response_ids) != n_new]
+    bad = [s.prompt_index for g in out for s in g if len(s.response_ids) != n_new]
     if bad:
         raise RuntimeError(f"engine returned responses of the wrong length for prompts {bad[:5]}")
     return dt
@@ -204,7 +213,17 @@ def main(argv=None) -> int:
         default=128,
         help="run the recompute engine only up to this many new tokens (its cost is quadratic)",
     )
-    parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(DEFAULT_ENGINES))
+    parser.add_argument("--group-size", type=int, default=1, help="samples per prompt (rows: batch x group size)")
+    parser.add_argument(
+        "--share-prefill",
+        choices=("on", "off", "both"),
+        default="on",
+        help="in-process engines: one prefill per distinct prompt (on), per sample (off), or both side by side",
+    )
+    parser.add_argument(
+        "--model", default=None, help="a Qwen3 / Llama config.json for the architecture (weights drawn from the seed)"
+    )
     parser.add_argument(
         "--repeat",
         type=int,
@@ -214,9 +233,10 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="a tiny model and batch, lengths 4 and 8 (tests)")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument(
-        "--cpu-bf16",
-        action="store_true",
-        help="the learner's model (and so the engines' decode) in bf16 (model.options.cpu_bf16; needs "
+        "--dtype",
+        default="fp32",
+        choices=("fp32", "bf16"),
+        help="bf16: the learner's model (and so the engines' decode) in bf16 (model.options.cpu_bf16; needs "
         "AVX512_BF16 or AMX-BF16); transformers still runs fp32 from the same (bf16-rounded) weights",
     )
     parser.add_argument("--turns", type=int, default=1, help="K > 1: also K-turn episodes vs one turn (KV engine)")
@@ -224,6 +244,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
+    if args.group_size < 1:
+        parser.error(f"--group-size must be >= 1, got {args.group_size}")
     if args.quick:
         args.new_tokens, args.batch, args.prompt_len = [4, 8], 8, [3, 9]
         args.vocab, args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate = 128, 64, 2, 4, 2, 128
@@ -233,21 +255,26 @@ def main(argv=None) -> int:
     import megatron.core
     import transformers
 
-    from gspo_mcore.learner.inference import decode_model
-    from gspo_mcore.learner.model import ModelOptions, build_model
+    from gspo_mcore.learner.inference import MegatronDecodeModel, decode_model
+    from gspo_mcore.learner.model import ModelOptions, build_model, unwrap
     from gspo_mcore.learner.model_config import load_hf_config
     from gspo_mcore.learner.parallel import ParallelConfig, destroy_parallel, init_parallel
     from gspo_mcore.rollout import InProcessEngine
 
-    cfg = model_config(
-        vocab=args.vocab,
-        hidden=args.hidden,
-        layers=args.layers,
-        heads=args.heads,
-        kv_heads=args.kv_heads,
-        intermediate=args.intermediate,
-        max_positions=max(1024, args.prompt_len[1] + max(args.new_tokens)),
-    )
+    if args.model:
+        with open(args.model) as f:
+            cfg = json.load(f)
+        args.vocab = cfg["vocab_size"]
+    else:
+        cfg = model_config(
+            vocab=args.vocab,
+            hidden=args.hidden,
+            layers=args.layers,
+            heads=args.heads,
+            kv_heads=args.kv_heads,
+            intermediate=args.intermediate,
+            max_positions=max(1024, args.prompt_len[1] + max(args.new_tokens)),
+        )
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(args.prompt_len[0], args.prompt_len[1] + 1, (args.batch,), generator=g).tolist()
     prompts = [torch.randint(3, args.vocab, (n,), generator=g).tolist() for n in lengths]
@@ -257,25 +284,38 @@ def main(argv=None) -> int:
         arch = load_hf_config(tmp)
         parallel = ParallelConfig()
         layout = init_parallel(parallel, arch, seed=0)
-        options = ModelOptions(cpu_bf16=True) if args.cpu_bf16 else ModelOptions()
+        options = ModelOptions(cpu_bf16=True) if args.dtype == "bf16" else ModelOptions()
         model = build_model(arch, parallel, options, seed=0, wrap_ddp=False)
         export_hf(model, arch, cfg, tmp)
         hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
-    engines = {
-        "kv": InProcessEngine(
-            decode_model(model, layout), eos_token_id=2, vocab_size=args.vocab, max_batch_size=args.batch
-        ),
-        "recompute": InProcessEngine(
-            decode_model(model, layout, kv_cache=False),
-            eos_token_id=2,
-            vocab_size=args.vocab,
-            max_batch_size=args.batch,
-        ),
+    decode_models = {
+        "kv": decode_model(model, layout),
+        "recompute": decode_model(model, layout, kv_cache=False),
+        "kv-megatron": MegatronDecodeModel(unwrap(model[0]), layout, megatron_cache=True),
     }
-    ids, mask = left_padded(prompts, 0)
+    rows = args.batch * args.group_size
+    engines = {}
+    for name, dm in decode_models.items():
+        for shared in {"on": [True], "off": [False], "both": [True, False]}[args.share_prefill]:
+            engine = InProcessEngine(
+                dm, eos_token_id=2, vocab_size=args.vocab, max_batch_size=rows, share_prefill=shared
+            )
+            engines[name if shared else f"{name}-unshared"] = engine
+    if args.share_prefill == "off":  # the engines' names say what they run
+        args.engines = [e if e == "transformers" else f"{e}-unshared" for e in args.engines]
+    elif args.share_prefill == "both":
+        args.engines = [x for e in args.engines for x in ([e] if e == "transformers" else [e, f"{e}-unshared"])]
+    ids, mask = left_padded([p for p in prompts for _ in range(args.group_size)], 0)
     n_params = sum(p.numel() for p in hf.parameters())
+    try:
+        from gspo_mcore import _C
+
+        cpu_isa = _C.cpu_isa()
+    except ImportError as e:
+        cpu_isa = f"unavailable ({e})"
     header = {
         "cpu": cpu_name(),
+        "cpu_isa": cpu_isa,
         "isa": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
         "load_avg": [round(x, 2) for x in os.getloadavg()],
@@ -295,28 +335,31 @@ def main(argv=None) -> int:
         }
         | {"parameters": n_params},
         "batch": args.batch,
+        "group_size": args.group_size,
+        "share_prefill": args.share_prefill,
         "prompt_len": [min(lengths), max(lengths)],
-        "dtype": "bfloat16" if args.cpu_bf16 else "float32",
+        "dtype": "bfloat16" if args.dtype == "bf16" else "float32",
         "repeat": args.repeat,
     }
     for name, e in engines.items():  # warm-up, untimed
         if name in args.engines:
-            run_engine(e, prompts, 2)
+            run_engine(e, prompts, 2, args.group_size)
     if "transformers" in args.engines:
         run_transformers(hf, ids, mask, 2)
-    header["kv_vs_transformers_max_abs_logprob_diff"] = logprob_check(engines["kv"], hf, prompts[:8], 8)
+    kv = engines.get("kv") or engines["kv-unshared"]
+    header["kv_vs_transformers_max_abs_logprob_diff"] = logprob_check(kv, hf, prompts[:8], 8)
 
     results = []
     for n_new in args.new_tokens:
         times: dict[str, list[float]] = {}
         for _ in range(args.repeat):  # the engines alternate, so that a change of load hits them alike
             for name in args.engines:
-                if name == "recompute" and n_new > args.recompute_max_new:
+                if name.startswith("recompute") and n_new > args.recompute_max_new:
                     continue
                 dt = (
                     run_transformers(hf, ids, mask, n_new)
                     if name == "transformers"
-                    else run_engine(engines[name], prompts, n_new)
+                    else run_engine(engines[name], prompts, n_new, args.group_size)
                 )
                 times.setdefault(name, []).append(dt)
                 print(f"  {name} x {n_new} new tokens: {dt:.2f} s", file=sys.stderr, flush=True)
@@ -331,20 +374,20 @@ def main(argv=None) -> int:
                     "new_tokens": n_new,
                     "seconds": dt,
                     "seconds_all": times[name],
-                    "tokens_per_s": args.batch * n_new / dt,
+                    "tokens_per_s": rows * n_new / dt,
                     "ms_per_step": 1e3 * dt / n_new,
                 }
             )
     if args.turns > 1:
         K, E = args.turns, args.env_tokens
-        run_turns(engines["kv"], prompts, 2 * K, K, 2)  # warm-up, untimed
+        run_turns(kv, prompts, 2 * K, K, 2)  # warm-up, untimed
         for n_new in args.new_tokens:
             n_new = n_new - n_new % K
             same_total = n_new + (K - 1) * E
             times = {"turns": [], "single": []}
             for _ in range(args.repeat):
-                times["turns"].append(run_turns(engines["kv"], prompts, n_new, K, E))
-                times["single"].append(run_engine(engines["kv"], prompts, same_total))
+                times["turns"].append(run_turns(kv, prompts, n_new, K, E))
+                times["single"].append(run_engine(kv, prompts, same_total))
             results.append(
                 {
                     "engine": "kv-turns",
@@ -362,14 +405,17 @@ def main(argv=None) -> int:
 
     m = header["model"]
     print(
-        f"bench_engine: {header['cpu']} ({header['isa']}), {header['threads']} threads, load avg "
+        f"bench_engine: {header['cpu']} (cpu_isa {header['cpu_isa']}, torch {header['isa']}), "
+        f"{header['threads']} threads, load avg "
         f"{header['load_avg']} -> {header['load_avg_end']}; torch {header['torch']}, megatron-core "
         f"{header['megatron_core']}, transformers {header['transformers']}"
     )
     print(
-        f"model: qwen3 vocab {m['vocab_size']}, hidden {m['hidden_size']}, {m['num_hidden_layers']} layers, "
+        f"model: {cfg['model_type']} vocab {m['vocab_size']}, hidden {m['hidden_size']}, "
+        f"{m['num_hidden_layers']} layers, "
         f"{m['num_attention_heads']}/{m['num_key_value_heads']} heads, ffn {m['intermediate_size']}, "
-        f"{m['parameters'] / 1e6:.2f} M parameters, {header['dtype']}; batch {args.batch}, prompts of "
+        f"{m['parameters'] / 1e6:.2f} M parameters, {header['dtype']}; batch {args.batch} x {args.group_size} samples, "
+        f"prompts of "
         f"{header['prompt_len'][0]}-{header['prompt_len'][1]} tokens (left-padded)"
     )
     print(

@@ -9,11 +9,28 @@ mini-batch of ``--samples`` samples (lengths uniform in [max_len/2, max_len]) th
 (no optimizer step); tokens/s counts every packed token of the mini-batch over the whole world, timed
 over ``--steps`` steps after ``--warmup``. Micro-batches hold up to ``--max-tokens`` tokens per DP rank.
 CPU ranks use ``--threads`` threads each (default 1: a layout with R ranks uses R cores).
+
+Workload: by default every sample is its own random sequence (a quarter of it prompt, no loss on it). With
+``--prompt-len P --response-len R --group-size G`` the samples come in groups of G that share a P-token prompt,
+each followed by its own R tokens (the agent example: ``--group-size 4 --prompt-len 257 --response-len 61``).
+
+Learner options, passed through to the installed learner (refused with a message naming the key when it lacks
+them): ``--share-prompt on|off`` (``batch.share_prompt``: ``forward_backward(share_prompt=...)``) and
+``--dtype bf16`` (``model.options.cpu_bf16``: ``ModelOptions(cpu_bf16=True)``).
+
+Efficiency: the learner's FLOP/s counts the matmuls of the tokens it computes (QKV, attention output
+projection, MLP fc1 and fc2, LM head; forward + backward = 3x the forward's 2*M*K*N; attention scores,
+norms and the loss not counted; a shared prompt counted once per group). In the same run, on rank 0 with the
+same threads, plain GEMMs of those shapes (M = the tokens of one micro-batch; the forward product and the two
+of its backward) are timed in fp32 and bf16, and the learner's FLOP/s per rank is given as a fraction of the
+GEMM rate of its own dtype. The header prints the CPU model and ``gspo_mcore._C.cpu_isa()``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import json
 import os
 import subprocess
@@ -58,12 +75,136 @@ LAYOUTS = {
 DEFAULT_LAYOUTS = "1,dp2,tp2,pp2,moe-1,moe-ep2"
 
 
+def learner_options(args) -> tuple[dict, dict]:
+    """The keywords for ``ModelOptions`` and ``forward_backward`` that ``--dtype`` and ``--share-prompt`` ask
+    for; a ``SystemExit`` naming the key when the installed learner lacks it."""
+    from gspo_mcore.learner.model import ModelOptions
+    from gspo_mcore.learner.step import forward_backward
+
+    model_kw, step_kw = {}, {}
+    if args.dtype == "bf16":
+        if "cpu_bf16" not in {f.name for f in dataclasses.fields(ModelOptions)}:
+            raise SystemExit(
+                "--dtype bf16: the installed learner has no model.options.cpu_bf16 "
+                "(gspo_mcore.learner.model.ModelOptions); use --dtype fp32 or a learner with CPU bf16"
+            )
+        model_kw["cpu_bf16"] = True
+    if args.share_prompt is not None:
+        if "share_prompt" not in inspect.signature(forward_backward).parameters:
+            raise SystemExit(
+                f"--share-prompt {args.share_prompt}: the installed learner has no batch.share_prompt "
+                "(gspo_mcore.learner.step.forward_backward(share_prompt=...)); leave --share-prompt out"
+            )
+        step_kw["share_prompt"] = args.share_prompt == "on"
+    return model_kw, step_kw
+
+
+def make_samples(args, vocab_size: int, generator):
+    """The mini-batch: ``(samples, computed tokens)``, the second counting a prompt shared by a group once when
+    ``--share-prompt on`` (what the learner computes, micro-batch padding and split groups aside)."""
+    import torch
+
+    from gspo_mcore.learner.batching import TrainSample
+
+    samples, computed = [], 0
+    shared = args.prompt_len is not None
+    for i in range(args.samples):
+        if shared:
+            if i % args.group_size == 0:
+                prompt = torch.randint(0, vocab_size, (args.prompt_len,), generator=generator)
+                computed += args.prompt_len if args.share_prompt == "on" else 0
+            tokens = torch.cat([prompt, torch.randint(0, vocab_size, (args.response_len,), generator=generator)])
+            n_prompt = args.prompt_len
+            computed += args.response_len + (0 if args.share_prompt == "on" else args.prompt_len)
+        else:
+            length = int(torch.randint(args.max_len // 2, args.max_len + 1, (1,), generator=generator))
+            tokens = torch.randint(0, vocab_size, (length,), generator=generator)
+            n_prompt = length // 4
+            computed += length
+        length = len(tokens)
+        mask = torch.ones(length, dtype=torch.int64)
+        mask[:n_prompt] = 0
+        advantage = float(torch.randn(1, generator=generator))
+        samples.append(
+            TrainSample(
+                tokens=tokens, loss_mask=mask, advantage=advantage, old_logprobs=torch.full((length - 1,), -5.0)
+            )
+        )
+    return samples, computed
+
+
+def matmul_shapes(arch) -> list[tuple[str, int, int, int]]:
+    """``(name, K, N, count)`` of the model's matmuls per token: ``count`` of them, each ``[M, K] @ [K, N]``."""
+    H, L = arch.hidden_size, arch.num_hidden_layers
+    q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
+    gated = arch.hidden_act == "silu"
+    if arch.num_experts:
+        F, per_token = arch.moe_intermediate_size, arch.num_experts_per_tok
+    else:
+        F, per_token = arch.intermediate_size, 1
+    return [
+        ("qkv", H, q + 2 * kv, L),
+        ("proj", q, H, L),
+        ("fc1", H, (2 if gated else 1) * F, L * per_token),
+        ("fc2", F, H, L * per_token),
+        ("lm_head", H, arch.vocab_size, 1),
+    ]
+
+
+def model_flops(arch, tokens: int) -> float:
+    """Forward + backward matmul FLOPs of ``tokens`` tokens: 3 x 2 x tokens x sum(K x N x count)."""
+    return 6.0 * tokens * sum(k * n * c for _, k, n, c in matmul_shapes(arch))
+
+
+def gemm_rate(arch, M: int, dtype, repeat: int = 3) -> float:
+    """FLOP/s of plain ``torch.matmul`` at the model's shapes for ``M`` tokens: per shape the forward product
+    ``[M, K] @ [K, N]`` and its backward's two (``dY @ W^T``, ``X^T @ dY``), the fastest of ``repeat``; all
+    shapes weighted by their count per token."""
+    import torch
+
+    flops = seconds = 0.0
+    g = torch.Generator().manual_seed(0)
+    for _, K, N, count in matmul_shapes(arch):
+        x, w = torch.randn(M, K, generator=g).to(dtype), torch.randn(K, N, generator=g).to(dtype)
+        dy = torch.randn(M, N, generator=g).to(dtype)
+        best = float("inf")
+        for r in range(repeat + 1):  # the first is a warm-up
+            t0 = time.perf_counter()
+            x @ w
+            dy @ w.T
+            x.T @ dy
+            dt = time.perf_counter() - t0
+            if r:
+                best = min(best, dt)
+        flops += count * 6.0 * M * K * N
+        seconds += count * best
+    return flops / seconds
+
+
+def cpu_header() -> dict:
+    """The CPU model and the kernels' instruction set (``gspo_mcore._C.cpu_isa()``)."""
+    import platform
+
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    try:
+        from gspo_mcore import _C
+
+        isa = _C.cpu_isa()
+    except ImportError as e:
+        isa = f"unavailable ({e})"
+    return {"cpu": cpu, "cpu_isa": isa}
+
+
 def worker(args):
     import torch
     import torch.distributed as dist
 
     from gspo_mcore.algo.loss_config import LossConfig
-    from gspo_mcore.learner.batching import TrainSample
     from gspo_mcore.learner.model import ModelOptions, build_model, have_transformer_engine
     from gspo_mcore.learner.model_config import load_hf_config
     from gspo_mcore.learner.parallel import ParallelConfig, destroy_parallel, init_parallel
@@ -75,22 +216,9 @@ def worker(args):
     arch = load_hf_config(args.model if args.model else TINY[model_name])
     pc = ParallelConfig(tensor=tp, pipeline=pp, expert=ep)
     layout = init_parallel(pc, arch, seed=1)
-    model = build_model(arch, pc, ModelOptions(cpu_bf16=True) if args.cpu_bf16 else ModelOptions(), seed=1)
-    g = torch.Generator().manual_seed(0)
-    samples = []
-    for i in range(args.samples):
-        length = int(torch.randint(args.max_len // 2, args.max_len + 1, (1,), generator=g))
-        tokens = torch.randint(0, arch.vocab_size, (length,), generator=g)
-        mask = torch.ones(length, dtype=torch.int64)
-        mask[: length // 4] = 0
-        samples.append(
-            TrainSample(
-                tokens=tokens,
-                loss_mask=mask,
-                advantage=float(torch.randn(1, generator=g)),
-                old_logprobs=torch.full((length - 1,), -5.0),
-            )
-        )
+    model_kw, step_kw = learner_options(args)
+    model = build_model(arch, pc, ModelOptions(**model_kw), seed=1)
+    samples, computed_tokens = make_samples(args, arch.vocab_size, torch.Generator().manual_seed(0))
     total_tokens = sum(s.length for s in samples)
     loss_cfg = LossConfig(variant="gspo")
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
@@ -101,13 +229,23 @@ def worker(args):
         dist.barrier()
         sync()
         t0 = time.perf_counter()
-        metrics = forward_backward(model, samples, layout, loss_cfg, max_tokens=args.max_tokens, packing=args.packing)
+        metrics = forward_backward(
+            model, samples, layout, loss_cfg, max_tokens=args.max_tokens, packing=args.packing, **step_kw
+        )
         sync()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
     t = torch.tensor([sum(times) / len(times)])
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    gemm = {}
+    if dist.get_rank() == 0 and not torch.cuda.is_available():  # the GEMM rates, this rank's threads
+        M = min(args.max_tokens, computed_tokens)
+        gemm = {name: gemm_rate(arch, M, dtype) for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+    dist.barrier()
     if dist.get_rank() == 0:
+        dtype = str(model[0].config.params_dtype).removeprefix("torch.")
+        flops_per_rank = model_flops(arch, computed_tokens) / float(t) / layout.world_size
+        own = gemm.get({"float32": "fp32", "bfloat16": "bf16"}.get(dtype, ""))
         peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
         row = dict(
             layout=args.layout,
@@ -115,13 +253,19 @@ def worker(args):
             model=args.model or model_name,
             device="cuda" if torch.cuda.is_available() else "cpu",
             te=have_transformer_engine(),
-            dtype=str(model[0].config.params_dtype).removeprefix("torch."),
+            dtype=dtype,
+            share_prompt=args.share_prompt,
             samples=args.samples,
             packing="thd" if uses_transformer_engine(model) else args.packing,
             tokens=total_tokens,
             microbatches=int(metrics["num_microbatches"]),
             step_s=float(t),
             tokens_per_s=total_tokens / float(t),
+            computed_tokens=computed_tokens,
+            computed_tokens_per_s=computed_tokens / float(t),
+            gflops_per_rank=flops_per_rank / 1e9,
+            gemm_gflops={k: v / 1e9 for k, v in gemm.items()},
+            gemm_fraction=flops_per_rank / own if own else None,
             peak_gib=peak,
         )
         with open(args.out, "a") as f:
@@ -142,12 +286,11 @@ def launch(args, name, out):
         "--out",
         out,
     ]
-    for key in ("model", "samples", "max_len", "max_tokens", "steps", "warmup", "threads", "packing"):
+    keys = ("model", "samples", "max_len", "max_tokens", "steps", "warmup", "threads", "packing", "dtype")
+    for key in keys + ("share_prompt", "group_size", "prompt_len", "response_len"):
         value = getattr(args, key)
         if value is not None:
             cmd += [f"--{key.replace('_', '-')}", str(value)]
-    if args.cpu_bf16:
-        cmd.append("--cpu-bf16")
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS=str(args.threads))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode != 0:
@@ -171,10 +314,21 @@ def main():
     )
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per rank (OMP_NUM_THREADS)")
     parser.add_argument(
-        "--cpu-bf16",
-        action="store_true",
-        help="on a CPU, the model in bf16 (model.options.cpu_bf16; needs AVX512_BF16 or AMX-BF16)",
+        "--dtype",
+        default="fp32",
+        choices=("fp32", "bf16"),
+        help="on a CPU, the learner's model dtype: bf16 is model.options.cpu_bf16 (refused when the learner lacks it)",
     )
+    parser.add_argument(
+        "--share-prompt",
+        default=None,
+        choices=("on", "off"),
+        help="batch.share_prompt passed to forward_backward (default: leave it to the learner; refused when the "
+        "learner lacks it)",
+    )
+    parser.add_argument("--group-size", type=int, default=1, help="samples per shared prompt (with --prompt-len)")
+    parser.add_argument("--prompt-len", type=int, default=None, help="groups share a prompt of this many tokens")
+    parser.add_argument("--response-len", type=int, default=None, help="tokens after the prompt (with --prompt-len)")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--layout", help=argparse.SUPPRESS)
@@ -182,6 +336,13 @@ def main():
     args = parser.parse_args()
     if args.worker:
         return worker(args)
+    if (args.prompt_len is None) != (args.response_len is None):
+        parser.error("--prompt-len and --response-len go together")
+    if args.prompt_len is not None and (args.prompt_len < 1 or args.response_len < 1 or args.group_size < 1):
+        parser.error("--prompt-len, --response-len and --group-size must be >= 1")
+    if args.prompt_len is None and args.group_size != 1:
+        parser.error("--group-size needs --prompt-len and --response-len")
+    learner_options(args)  # refuse what the installed learner lacks before any launch
     names = args.layouts.split(",")
     unknown = [n for n in names if n not in LAYOUTS]
     if unknown:
@@ -193,16 +354,24 @@ def main():
             launch(args, name, out)
         with open(out) as f:
             rows = [json.loads(line) for line in f]
+    header = cpu_header() | {"threads": args.threads, "load_avg": [round(x, 2) for x in os.getloadavg()]}
+    print(f"bench_learner: {header['cpu']}, cpu_isa {header['cpu_isa']}, {args.threads} threads per rank")
     print(
-        f"{'layout':<9} {'ranks':>5} {'device':>6} {'dtype':>8} {'packing':>14} {'tokens':>7} {'mb/rank':>7} "
-        f"{'step ms':>9} {'tokens/s':>10}"
+        f"{'layout':<9} {'ranks':>5} {'device':>6} {'dtype':>8} {'share':>5} {'packing':>14} {'tokens':>7} "
+        f"{'computed':>8} {'mb/rank':>7} {'step ms':>9} {'tokens/s':>10} {'comp tok/s':>10} {'GFLOP/s/rank':>12} "
+        f"{'GEMM fp32':>9} {'GEMM bf16':>9} {'of GEMM':>7}"
     )
     for r in rows:
+        gemm = r["gemm_gflops"]
+        frac = "-" if r["gemm_fraction"] is None else f"{100 * r['gemm_fraction']:.0f}%"
         print(
-            f"{r['layout']:<9} {r['world']:>5} {r['device']:>6} {r['dtype']:>8} {r['packing']:>14} {r['tokens']:>7} "
-            f"{r['microbatches']:>7} {1000 * r['step_s']:>9.1f} {r['tokens_per_s']:>10.0f}"
+            f"{r['layout']:<9} {r['world']:>5} {r['device']:>6} {r['dtype']:>8} {r['share_prompt'] or '-':>5} "
+            f"{r['packing']:>14} {r['tokens']:>7} {r['computed_tokens']:>8} {r['microbatches']:>7} "
+            f"{1000 * r['step_s']:>9.1f} {r['tokens_per_s']:>10.0f} {r['computed_tokens_per_s']:>10.0f} "
+            f"{r['gflops_per_rank']:>12.1f} {gemm.get('fp32', float('nan')):>9.1f} "
+            f"{gemm.get('bf16', float('nan')):>9.1f} {frac:>7}"
         )
-    print(json.dumps(rows))
+    print(json.dumps({"header": header, "rows": rows}))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,11 @@ by about 1e-7, which can flip a draw that lands that close to a CDF boundary).
 
 Log-probs follow the convention in :mod:`gspo_mcore.rollout.types`: ``log softmax(logits / tau)`` of the
 drawn token over the untruncated vocabulary, ``tau = 1`` when greedy.
+
+Shared prefill: the rows of a batch that hold the same prompt (the samples of a group, the episodes of a group)
+start from one prefill of it: the model prefills each distinct prompt once and the session's ``select`` copies
+its cache to every row of that prompt before the first token is drawn (``share_prefill=False``: one prefill row
+per sample, the reference for the tests and the benchmark).
 """
 
 from __future__ import annotations
@@ -51,7 +56,9 @@ class DecodeSession(Protocol):
         """Append one token to every row: ``tokens [B] int64 -> next-token logits [B, V]``."""
 
     def select(self, rows: torch.Tensor) -> None:
-        """Keep only ``rows`` (increasing indices into the current batch, int64); later calls see fewer rows."""
+        """Keep only ``rows`` (indices into the current batch, int64); later calls see ``len(rows)`` rows. An index
+        may repeat: the new rows are copies of that row (the engine gives a prompt's prefill to each of its
+        samples so); dropping finished rows passes increasing indices."""
 
     def extend(self, tokens: Sequence[Sequence[int]]) -> torch.Tensor:
         """Multi-turn episodes (optional): append ``tokens[b]`` (any number, 0 included) to row ``b``, after what
@@ -142,6 +149,8 @@ class InProcessEngine(RolloutEngine):
         max_batch_size: rows per pass (prompts x samples are chunked, whole groups together).
         compact_below: once the unfinished rows of a batch fall to this fraction of the session's rows,
             the finished ones are dropped from the cache (``DecodeSession.select``); 0 never drops them.
+        share_prefill: prefill each distinct prompt of a batch once and copy its cache to the rows that hold it
+            (``DecodeSession.select`` with repeated rows); ``False``: one prefill row per sample.
     """
 
     def __init__(
@@ -154,6 +163,7 @@ class InProcessEngine(RolloutEngine):
         max_batch_size: int = 512,
         version: int = 0,
         compact_below: float = 0.75,
+        share_prefill: bool = True,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -165,6 +175,7 @@ class InProcessEngine(RolloutEngine):
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
         self.compact_below = compact_below
+        self.share_prefill = share_prefill
         self._version = version
         self._paused = False
         self._calls = 0
@@ -212,18 +223,37 @@ class InProcessEngine(RolloutEngine):
                 )
         return out  # type: ignore[return-value]
 
+    def _start(self, prompts: Sequence[tuple[int, ...]], max_new_tokens: int) -> tuple[DecodeSession, torch.Tensor]:
+        """A session over one row per prompt and the first next-token logits ``[B, V]``. With ``share_prefill``
+        the model prefills each distinct prompt once (left-padded) and ``select`` copies its cache to the rows
+        that hold it."""
+        distinct: dict[tuple[int, ...], int] = {}
+        inverse = [distinct.setdefault(p, len(distinct)) for p in prompts]  # each row's distinct prompt
+        first = list(distinct) if self.share_prefill else list(prompts)
+        lengths = torch.tensor([len(p) for p in first])  # (U,)
+        P = int(lengths.max())
+        tokens = torch.full((len(first), P), self.pad_token_id, dtype=torch.long)  # (U, P), left padding
+        for u, p in enumerate(first):
+            tokens[u, P - len(p) :] = torch.tensor(p)
+        session, logits = self.model.start(tokens, lengths, max_new_tokens)
+        if len(first) < len(prompts):
+            if logits.dim() != 2 or logits.shape[0] != len(first):
+                raise RolloutError(
+                    f"in-process engine: the model's prefill returned logits of shape {tuple(logits.shape)}, "
+                    f"expected ({len(first)}, V)"
+                )
+            rows = torch.tensor(inverse, dtype=torch.long)  # (B,)
+            session.select(rows)
+            logits = logits[rows]
+        return session, logits
+
     @torch.no_grad()
     def _decode(self, prompts: list[tuple[int, ...]], params: SamplingParams, keys: np.ndarray):
         B = len(prompts)
-        lengths = torch.tensor([len(p) for p in prompts])  # (B,)
-        P = int(lengths.max())
-        tokens = torch.full((B, P), self.pad_token_id, dtype=torch.long)  # (B, P), left padding
-        for b, p in enumerate(prompts):
-            tokens[b, P - len(p) :] = torch.tensor(p)
         stop_ids = torch.tensor(
             sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else {self.eos_token_id})), dtype=torch.long
         )
-        session, logits = self.model.start(tokens, lengths, params.max_new_tokens)
+        session, logits = self._start(prompts, params.max_new_tokens)
         out_ids = torch.full((B, params.max_new_tokens), -1, dtype=torch.long)  # (B, N)
         out_lps = torch.zeros((B, params.max_new_tokens), dtype=torch.float32)  # (B, N)
         finished = torch.zeros(B, dtype=torch.bool)
@@ -303,13 +333,8 @@ class InProcessEngine(RolloutEngine):
     @torch.no_grad()
     def _decode_turns(self, prompts, params: SamplingParams, keys: np.ndarray, max_total: int, on_turns) -> None:
         B = len(prompts)
-        lengths = torch.tensor([len(p) for p in prompts])  # (B,)
-        P = int(lengths.max())
-        tokens = torch.full((B, P), self.pad_token_id, dtype=torch.long)  # (B, P), left padding
-        for b, p in enumerate(prompts):
-            tokens[b, P - len(p) :] = torch.tensor(p)
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else {self.eos_token_id})
-        session, logits = self.model.start(tokens, lengths, max_total - int(lengths.min()) + 1)
+        session, logits = self._start(prompts, max_total - min(len(p) for p in prompts) + 1)
         if not hasattr(session, "extend"):
             raise RolloutError(f"in-process engine: the decode model {type(self.model).__name__} cannot extend rows")
         total = [len(p) for p in prompts]  # tokens each row holds, its pending sampled token included

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gspo_mcore.rollout import InProcessEngine, RolloutError, SamplingParams
-from gspo_mcore.rollout.inprocess import _uniforms, draw_tokens, truncated_logits
+from gspo_mcore.rollout.inprocess import RecomputeModel, _uniforms, draw_tokens, truncated_logits
 
 V = 40
 TABLE = torch.randn(V, V, generator=torch.Generator().manual_seed(0)) * 2  # (V, V) bigram logits
@@ -259,3 +259,96 @@ def test_kv_cache_protocol_matches_recompute_with_mixed_lengths_and_finished_row
             ref = logp.gather(1, torch.tensor(x.response_ids)[:, None]).squeeze(1)
             torch.testing.assert_close(torch.tensor(x.response_logprobs), ref, rtol=0, atol=2e-5)
             torch.testing.assert_close(torch.tensor(y.response_logprobs), ref, rtol=0, atol=2e-5)
+
+
+class PrefillLog:
+    """A :class:`DecodeModel` that records the prompts of every prefill and hands it to ``inner``."""
+
+    def __init__(self, inner):
+        self.inner, self.prefills = inner, []
+        self.own_cache = True
+
+    def start(self, tokens, lengths, max_new_tokens):
+        self.prefills.append([tuple(row[len(row) - n :].tolist()) for row, n in zip(tokens, lengths.tolist())])
+        return self.inner.start(tokens, lengths, max_new_tokens)
+
+
+# prompts 0 and 3 are the same, so a batch of them shares one prefill across groups too
+SHARED_PROMPTS = [[5, 6, 7, 8, 9], [9], [11, 12, 13], [5, 6, 7, 8, 9], [20, 21, 22, 23, 24, 25, 26]]
+
+
+@pytest.mark.parametrize("kind", ["kv", "recompute"])
+@pytest.mark.parametrize("compact_below", [0.0, 0.75])
+def test_shared_prefill_prefills_each_distinct_prompt_once_and_samples_as_unshared(kind, compact_below):
+    m = TinyAttention()
+    params = SamplingParams(temperature=1.0, max_new_tokens=14, seed=4, stop_token_ids=tuple(range(30, 40)))
+    runs = {}
+    for share in (True, False):
+        log = PrefillLog(m if kind == "kv" else RecomputeModel(m.logits_fn))
+        e = InProcessEngine(log, eos_token_id=2, compact_below=compact_below, max_batch_size=7, share_prefill=share)
+        runs[share] = (e.generate_sync(SHARED_PROMPTS, 3, params), log.prefills)
+    (shared, shared_prefills), (unshared, unshared_prefills) = runs[True], runs[False]
+    # 15 rows in chunks of 7: prompt rows 0 0 0 1 1 1 2 | 2 2 3 3 3 4 4 | 4, prompts 0 and 3 the same
+    p = [tuple(x) for x in SHARED_PROMPTS]
+    assert shared_prefills == [[p[0], p[1], p[2]], [p[2], p[0], p[4]], [p[4]]]
+    assert unshared_prefills == [[p[i] for i in rows] for rows in ([0, 0, 0, 1, 1, 1, 2], [2, 2, 3, 3, 3, 4, 4], [4])]
+    assert ids_of(shared) == ids_of(unshared)
+    reasons = [s.finish_reason for g in shared for s in g]
+    assert "stop" in reasons and "length" in reasons
+    worst = max(
+        max((abs(a - b) for a, b in zip(x.response_logprobs, y.response_logprobs)), default=0.0)
+        for g, h in zip(shared, unshared)
+        for x, y in zip(g, h)
+    )
+    # the same rows' logits from a prefill of 1 row or of n identical rows: equal here (measured 0.0); a real
+    # model's rounding may differ with the batch's row count by about 1e-7
+    assert worst <= 1e-6, worst
+    # the groups still differ from one another: each row decodes its own prompt
+    assert ids_of(shared)[0] != ids_of(shared)[1]
+
+
+def _turns(model, prompts, share, max_batch_size=16):
+    """3-turn episodes: each turn answered with tokens that depend on the row, the turn and the last action."""
+    params = SamplingParams(temperature=1.0, max_new_tokens=5, seed=0, stop_token_ids=(30, 31, 32))
+    done, ends = [0] * len(prompts), []
+
+    def on_turns(turn_ends):
+        ends.extend(turn_ends)
+        out = []
+        for e in turn_ends:
+            done[e.row] += 1
+            out.append(None if done[e.row] == 3 else [3 + (e.row + done[e.row] + e.ids[-1]) % 20] * (1 + e.row % 3))
+        return out
+
+    log = PrefillLog(model)
+    e = InProcessEngine(log, eos_token_id=2, max_batch_size=max_batch_size, share_prefill=share)
+    keys = [100 + i for i in range(len(prompts))]
+    asyncio.run(e.generate_turns(prompts, params, keys=keys, max_total_tokens=40, on_turns=on_turns))
+    return sorted(ends, key=lambda t: (t.row, len(t.ids))), log.prefills
+
+
+def test_shared_prefill_of_multi_turn_episodes_gives_the_unshared_episodes():
+    m = TinyAttention()
+    group = [[5, 6, 7], [9, 10], [5, 6, 7]]  # episodes of 3 groups of 2: each group's episodes share its prompt
+    prompts = [p for p in group for _ in range(2)]
+    shared, shared_prefills = _turns(RecomputeModel(m.logits_fn), prompts, True)
+    unshared, unshared_prefills = _turns(RecomputeModel(m.logits_fn), prompts, False)
+    assert shared_prefills == [[(5, 6, 7), (9, 10)]]
+    assert unshared_prefills == [[tuple(p) for p in prompts]]
+    assert [(t.row, t.ids, t.finish_reason) for t in shared] == [(t.row, t.ids, t.finish_reason) for t in unshared]
+    for a, b in zip(shared, unshared):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-6)
+    assert len(shared) == 3 * len(prompts)  # every episode ran its 3 turns
+    episodes = [sum((t.ids for t in shared if t.row == r), ()) for r in range(len(prompts))]
+    assert len(set(episodes)) == len(prompts)  # every row decodes its own prompt and key
+
+
+def test_a_prefill_that_returns_the_wrong_rows_is_refused():
+    class Short(PrefillLog):
+        def start(self, tokens, lengths, max_new_tokens):
+            session, logits = self.inner.start(tokens, lengths, max_new_tokens)
+            return session, logits[:1]
+
+    e = InProcessEngine(Short(TinyAttention()), eos_token_id=2)
+    with pytest.raises(RolloutError, match=r"prefill returned logits of shape \(1, 40\), expected \(2, V\)"):
+        e.generate_sync([[5], [6]], 2, SamplingParams(max_new_tokens=2))

@@ -71,3 +71,26 @@ def test_bench_engine_turns_writes_the_episode_rows(tmp_path):
         assert (
             r["seconds"] > 0 and r["single_turn_seconds"] > 0 and r["ratio"] == r["seconds"] / r["single_turn_seconds"]
         )
+
+
+def test_bench_engine_shared_and_unshared_prefill_side_by_side(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "tools/bench_engine.py", "--quick", "--threads", "1", "--engines", "kv", "kv-megatron"]
+        + ["--group-size", "3", "--share-prefill", "both", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"),
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "cpu_isa" in proc.stdout and "batch 8 x 3 samples" in proc.stdout
+    data = json.loads(out.read_text())
+    header = data["header"]
+    assert header["group_size"] == 3 and header["share_prefill"] == "both" and header["cpu_isa"]
+    engines = ("kv", "kv-unshared", "kv-megatron", "kv-megatron-unshared")
+    assert {(r["engine"], r["new_tokens"]) for r in data["results"]} == {(e, n) for e in engines for n in (4, 8)}
+    for r in data["results"]:
+        assert r["tokens_per_s"] == pytest.approx(8 * 3 * r["new_tokens"] / r["seconds"])  # every sample's tokens

@@ -5,8 +5,9 @@ Usage: episode_worker.py LAYOUT TEMPERATURE   (LAYOUT: 1 or tp2). Prints one JSO
 Episodes at different turns decode together over the session's own KV cache: every environment span is
 prefilled onto the row's cache with the turn's last sampled token. The engine's log-prob of every policy
 token must equal the learner's forward over the whole episode, and the KV engine must draw the same tokens
-as the engine that recomputes every sequence at every step. With TP2 only rank 0 runs the environment and
-broadcasts what it answers (the driver's ``share``).
+as the engine that recomputes every sequence at every step, and the same tokens and log-probs as the engine that
+prefills each episode's prompt on its own row (``share_prefill=False``; by default a group's episodes share one).
+With TP2 only rank 0 runs the environment and broadcasts what it answers (the driver's ``share``).
 """
 
 import json
@@ -74,6 +75,7 @@ def main():
     params = SamplingParams(temperature=tau, max_new_tokens=6, seed=5, stop_token_ids=tuple(range(20, 32)))
     groups = driver.run(engine, rows, 3, params, seed=5)
     baseline = driver.run(recompute, rows, 3, params, seed=5)
+    unshared = driver.run(InProcessEngine(kv_model, share_prefill=False, **kw), rows, 3, params, seed=5)
     samples, engine_lp, masks = [], [], []
     for s in (s for g in groups for s in g):
         p = len(s.prompt_ids)
@@ -94,6 +96,8 @@ def main():
             "max_abs_diff": diff,
             "ids": [list(s.response_ids) for s in flat],
             "same_as_recompute": [s.response_ids for s in flat] == [s.response_ids for g in baseline for s in g],
+            "same_as_unshared": [(s.response_ids, s.response_logprobs) for s in flat]
+            == [(s.response_ids, s.response_logprobs) for g in unshared for s in g],
             "turns": [s.episode.turns for s in flat],
             "ends": [s.episode.end for s in flat],
             "policy_tokens": sum(int(m.sum()) for m in masks),

@@ -6,7 +6,8 @@ JSON line per rank.
 
 The engine runs on a KV cache (prompts of different lengths, left-padded in one batch; stop
 tokens end rows at different steps, so finished rows are dropped from the cache mid-batch) and, for
-comparison, through full recompute of every sequence at every step.
+comparison, through full recompute of every sequence at every step, and with one prefill row per sample
+(``share_prefill=False``) instead of one per distinct prompt copied to its samples by ``select``.
 """
 
 import json
@@ -47,6 +48,8 @@ def main():
     groups = engine.generate_sync(prompts, 3, params)
     again = engine.generate_sync(prompts, 3, params)
     engine_prefills = list(prefills)
+    # one prefill row per sample: its session is never given repeated rows by select
+    unshared = InProcessEngine(kv_model, share_prefill=False, **kw).generate_sync(prompts, 3, params)
     baseline = recompute.generate_sync(prompts, 3, params)
     samples, engine_lp = [], []
     for g in groups:
@@ -70,6 +73,13 @@ def main():
                 "ids": ids,
                 "reproducible": ids == [list(s.response_ids) for g in again for s in g],
                 "same_as_recompute": ids == [list(s.response_ids) for g in baseline for s in g],
+                "same_as_unshared": ids == [list(s.response_ids) for g in unshared for s in g],
+                "unshared_max_abs_diff": max(
+                    abs(a - b)
+                    for g, h in zip(groups, unshared)
+                    for x, y in zip(g, h)
+                    for a, b in zip(x.response_logprobs, y.response_logprobs)
+                ),
                 "num_stop": reasons.count("stop"),
                 "num_length": reasons.count("length"),
                 "num_tokens": sum(len(e) for e in engine_lp),

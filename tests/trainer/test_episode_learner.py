@@ -20,6 +20,7 @@ def test_episode_logprobs_equal_learner_forward(nproc, layout, tau):
     for r in rows:
         assert r["max_abs_diff"] < 2e-5, r
         assert r["same_as_recompute"], "the KV-cache engine drew other tokens than the recompute engine"
+        assert r["same_as_unshared"], "a group's episodes drew other tokens or log-probs from a shared prefill"
         assert r["env_tokens"] > 0 and r["policy_tokens"] > 0
         assert set(r["turns"]) == {3} and set(r["ends"]) == {"max_turns"}, r
         # turns of different lengths: episodes were at different turns in the same passes
