@@ -14,8 +14,6 @@ using F = __m512;
 constexpr int W = 16;
 
 struct Vec {
-  static constexpr bool kI16Max = true;
-  static constexpr bool kLog2Sums = true;  // the forward sums in log2 units (vexp2), see logprobs_isa_impl.h
   static F set1(float v) { return _mm512_set1_ps(v); }
   static F load(const float* p) { return _mm512_loadu_ps(p); }
   static F load(const F16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }

@@ -62,8 +62,6 @@ constexpr int W = 4;
 using F = __m128;
 
 struct Vec {
-  static constexpr bool kI16Max = true;
-  static constexpr bool kLog2Sums = true;  // the forward sums in log2 units (vexp2), see logprobs_isa_impl.h
   static F set1(float v) { return _mm_set1_ps(v); }
   static F load(const float* p) { return _mm_loadu_ps(p); }
   static F load(const F16* p) {
@@ -140,8 +138,6 @@ struct F {
 };
 
 struct Vec {
-  static constexpr bool kI16Max = true;
-  static constexpr bool kLog2Sums = true;  // the forward sums in log2 units (vexp2), see logprobs_isa_impl.h
   static F set1(float x) { return {{x, x, x, x}}; }
   static F load(const float* p) { return {{p[0], p[1], p[2], p[3]}}; }
   static F load(const Bf16* p) {

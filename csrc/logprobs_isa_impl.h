@@ -141,7 +141,6 @@ static inline __attribute__((always_inline)) float chunk_max(const T* x, int64_t
 // Only NaN breaks the order (+NaN is above +inf; -NaN above every other negative, so never the smallest):
 // when the chosen value is NaN, the float max above is taken instead, which ignores NaN.
 static inline float chunk_max(const Bf16* x, int64_t n) {
-  if (!Vec::kI16Max) return chunk_max<Bf16>(x, n);
   Vec::I16 hi = Vec::i16_set1(-32768), lo = Vec::i16_set1(32767);
   int64_t i = 0;
   for (; i + 2 * W <= n; i += 2 * W) {
@@ -164,13 +163,15 @@ static inline float chunk_max(const Bf16* x, int64_t n) {
   return m == m ? m : chunk_max<Bf16>(x, n);
 }
 
-// sum 2^d and (kEnt) sum 2^d d over x[0..n), d = x * c - mc (log2 units: c = it * log2(e), mc = max x * c),
-// in float lanes. d is clamped below at -127, where 2^d is exactly 0 (so -inf padding adds 0, and 0 * d is
-// never 0 * -inf).
-template <bool kEnt>
-static inline __attribute__((always_inline)) void sums_step(F a, F b, F c, F neg_mc, F& s0, F& s1, F& w0, F& w1) {
+// sum 2^d and (kEnt) sum 2^d d over x[0..n), in float lanes, with d = x c - mc (log2 units: c = it log2(e),
+// mc = fl(mx c), mx = max x; `off` = -mc), or with kSub d = (x - mx) c (`off` = mx: one more operation, for
+// rows whose |mx c| is so large that mc's rounding is not small, see row_stats). d is clamped below at -127,
+// where 2^d is exactly 0 (so -inf padding adds 0, and 0 * d is never 0 * -inf).
+template <bool kEnt, bool kSub>
+static inline __attribute__((always_inline)) void sums_step(F a, F b, F c, F off, F& s0, F& s1, F& w0, F& w1) {
   const F lo = Vec::set1(-127.0f);
-  const F d0 = Vec::max(lo, Vec::fmadd(a, c, neg_mc)), d1 = Vec::max(lo, Vec::fmadd(b, c, neg_mc));
+  const F d0 = Vec::max(lo, kSub ? Vec::mul(Vec::sub(a, off), c) : Vec::fmadd(a, c, off));
+  const F d1 = Vec::max(lo, kSub ? Vec::mul(Vec::sub(b, off), c) : Vec::fmadd(b, c, off));
   F p0, p1, k0, k1;
   vexp2(d0, p0, k0);
   vexp2(d1, p1, k1);
@@ -186,46 +187,21 @@ static inline __attribute__((always_inline)) void sums_step(F a, F b, F c, F neg
   }
 }
 
-// The same sums in natural units, for ISAs where vexp is the faster exponential (Vec::kLog2Sums false:
-// AVX-512, whose scalef does vexp's scaling in one instruction): d = z - m, and e * max(-100, d) for the second
-// sum (exp is 0 there, and 0 * -inf would be NaN).
-template <bool kEnt>
-static inline __attribute__((always_inline)) void sums_step_natural(F a, F b, F it, F neg_m, F& s0, F& s1, F& w0,
-                                                                    F& w1) {
-  const F d0 = Vec::fmadd(a, it, neg_m), d1 = Vec::fmadd(b, it, neg_m);
-  const F e0 = vexp(d0), e1 = vexp(d1);
-  s0 = Vec::add(s0, e0);
-  s1 = Vec::add(s1, e1);
-  if (kEnt) {
-    const F lo = Vec::set1(-100.0f);
-    w0 = Vec::fmadd(e0, Vec::max(lo, d0), w0);
-    w1 = Vec::fmadd(e1, Vec::max(lo, d1), w1);
-  }
-}
-
-template <bool kEnt>
-static inline __attribute__((always_inline)) void sums_any(F a, F b, F c, F neg_mc, F& s0, F& s1, F& w0, F& w1) {
-  if constexpr (Vec::kLog2Sums)
-    sums_step<kEnt>(a, b, c, neg_mc, s0, s1, w0, w1);
-  else
-    sums_step_natural<kEnt>(a, b, c, neg_mc, s0, s1, w0, w1);
-}
-
-template <typename T, bool kEnt>
-static inline __attribute__((always_inline)) void chunk_sums(const T* x, int64_t n, F c, F neg_mc, float* s_out,
+template <typename T, bool kEnt, bool kSub>
+static inline __attribute__((always_inline)) void chunk_sums(const T* x, int64_t n, F c, F off, float* s_out,
                                                              float* w_out) {
   F s0 = Vec::set1(0.0f), s1 = s0, w0 = s0, w1 = s0;
   int64_t i = 0;
   for (; i + 2 * W <= n; i += 2 * W) {
     F a, b;
     load2(x + i, a, b);
-    sums_any<kEnt>(a, b, c, neg_mc, s0, s1, w0, w1);
+    sums_step<kEnt, kSub>(a, b, c, off, s0, s1, w0, w1);
   }
   if (i < n) {
     T pad[2 * W];
     F a, b;
     load2_tail(x + i, n - i, pad, a, b);
-    sums_any<kEnt>(a, b, c, neg_mc, s0, s1, w0, w1);
+    sums_step<kEnt, kSub>(a, b, c, off, s0, s1, w0, w1);
   }
   *s_out = Vec::hsum(Vec::add(s0, s1));
   *w_out = kEnt ? Vec::hsum(Vec::add(w0, w1)) : 0.0f;
@@ -238,26 +214,28 @@ static inline __attribute__((always_inline)) void chunk_sums(const T* x, int64_t
 //   sum exp(z - m)         = K S2,                              K = 2^-e e^rho,
 //   sum exp(z - m) (z - m) = K ((it / c) (W2 - e S2) + rho S2)   (z - m = (d - e) it / c + rho).
 // it / c = ln 2 up to c's rounding (relative 6e-8 of d, which changes no sum by more than 3e-8).
+// Where |mc| >= 2^20, e (up to half an ulp of mc) is no longer small: 2^d of the max itself would be 2^e, which
+// can overflow (logits of -1e30 as a mask, say). Such rows take the kSub loop, d = (x - mx) c, with e = 0.
 struct Log2Shift {
-  float neg_mc;  // -mc, the vector loop's offset (0 while mx = -inf: every value is then -inf or NaN)
+  float off;  // the vector loop's offset: -mc, or mx with sub (0 while mx = -inf: every value is -inf or NaN)
+  bool sub;
   double e, rho, k;
 };
 
 static inline Log2Shift log2_shift(float mx, float m, float c, float it) {
-  if (mx == -__builtin_inff()) return {0.0f, 0.0, 0.0, 1.0};
-  if (!Vec::kLog2Sums) return {-m, 0.0, 0.0, 1.0};  // natural units: the loop computes exp(x it - m) itself
+  if (mx == -__builtin_inff()) return {0.0f, false, 0.0, 0.0, 1.0};
   const float mc = mx * c;
-  const double e = static_cast<double>(mx) * c - mc;
   const double rho = static_cast<double>(mx) * it - m;
-  return {-mc, e, rho, exp_double(rho - e * 0.69314718055994531)};  // NaN when mx = +inf: so are the sums
+  if (!(mc > -1048576.0f && mc < 1048576.0f)) return {mx, true, 0.0, rho, exp_double(rho)};  // NaN at +inf
+  const double e = static_cast<double>(mx) * c - mc;
+  return {-mc, false, e, rho, exp_double(rho - e * 0.69314718055994531)};
 }
 
 template <typename T, bool kEnt>
 static void row_stats(const T* x, int64_t n, float it, float* out) {
   const float ninf = -__builtin_inff();
-  // the vector loop's scale of the logits: it log2(e) (log2 units), or it itself (natural units)
-  const float c = Vec::kLog2Sums ? static_cast<float>(static_cast<double>(it) * 1.4426950408889634) : it;
-  const double it_over_c = Vec::kLog2Sums ? static_cast<double>(it) / c : 1.0;
+  const float c = static_cast<float>(static_cast<double>(it) * 1.4426950408889634);  // it log2(e)
+  const double it_over_c = static_cast<double>(it) / c;
   float mx = ninf;          // running max of the raw logits (NaN ignored: the sums carry it)
   float m = ninf;           // running max of z = x * it: fl(mx * it), as the output reports it
   double s = 0.0, w = 0.0;  // sums relative to m (relative to 0 while m == -inf)
@@ -283,7 +261,10 @@ static void row_stats(const T* x, int64_t n, float it, float* out) {
       sh = log2_shift(mx, m, c, it);
     }
     float s2, w2;
-    chunk_sums<T, kEnt>(p, len, cv, Vec::set1(sh.neg_mc), &s2, &w2);
+    if (sh.sub)
+      chunk_sums<T, kEnt, true>(p, len, cv, Vec::set1(sh.off), &s2, &w2);
+    else
+      chunk_sums<T, kEnt, false>(p, len, cv, Vec::set1(sh.off), &s2, &w2);
     s += sh.k * s2;
     if (kEnt) w += sh.k * (it_over_c * (w2 - sh.e * s2) + sh.rho * s2);
   }
