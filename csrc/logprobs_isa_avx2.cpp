@@ -41,6 +41,7 @@ struct Vec {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static F max(F a, F b) { return _mm256_max_ps(a, b); }
@@ -51,6 +52,25 @@ struct Vec {
   }
   static F and_not_lt(F x, F c, F y) { return _mm256_andnot_ps(_mm256_cmp_ps(x, c, _CMP_LT_OQ), y); }
   static F ldexp_unless_below(F y, F n, F x, F c) { return and_not_lt(x, c, mul(y, exp2i(n))); }
+  static F pow2_shifted(F t) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t), 23)); }
+  // 2W bfloat16 values as signed 16-bit integers (their bits)
+  using I16 = __m256i;
+  static I16 i16_set1(int16_t v) { return _mm256_set1_epi16(v); }
+  static I16 i16_load(const Bf16* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static int16_t h128(__m128i v, bool mx) {  // the max (mx) or min of 8 signed 16-bit lanes
+    v = mx ? _mm_max_epi16(v, _mm_srli_si128(v, 8)) : _mm_min_epi16(v, _mm_srli_si128(v, 8));
+    v = mx ? _mm_max_epi16(v, _mm_srli_si128(v, 4)) : _mm_min_epi16(v, _mm_srli_si128(v, 4));
+    v = mx ? _mm_max_epi16(v, _mm_srli_si128(v, 2)) : _mm_min_epi16(v, _mm_srli_si128(v, 2));
+    return static_cast<int16_t>(_mm_extract_epi16(v, 0));
+  }
+  static int16_t i16_hmax(I16 v) {
+    return h128(_mm_max_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)), true);
+  }
+  static int16_t i16_hmin(I16 v) {
+    return h128(_mm_min_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)), false);
+  }
+  static I16 i16_max(I16 a, I16 b) { return _mm256_max_epi16(a, b); }
+  static I16 i16_min(I16 a, I16 b) { return _mm256_min_epi16(a, b); }
   static float hsum(F a) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

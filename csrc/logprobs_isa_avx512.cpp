@@ -40,6 +40,7 @@ struct Vec {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F max(F a, F b) { return _mm512_max_ps(a, b); }
@@ -48,6 +49,27 @@ struct Vec {
   static F ldexp_unless_below(F y, F n, F x, F c) {
     return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, c, _CMP_NLT_UQ), y, n);
   }
+  static F pow2_shifted(F t) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(t), 23)); }
+  // 2W bfloat16 values as signed 16-bit integers (their bits)
+  using I16 = __m512i;
+  static I16 i16_set1(int16_t v) { return _mm512_set1_epi16(v); }
+  static I16 i16_load(const Bf16* p) { return _mm512_loadu_si512(p); }
+  static int16_t h128(__m128i v, bool mx) {  // the max (mx) or min of 8 signed 16-bit lanes
+    v = mx ? _mm_max_epi16(v, _mm_srli_si128(v, 8)) : _mm_min_epi16(v, _mm_srli_si128(v, 8));
+    v = mx ? _mm_max_epi16(v, _mm_srli_si128(v, 4)) : _mm_min_epi16(v, _mm_srli_si128(v, 4));
+    v = mx ? _mm_max_epi16(v, _mm_srli_si128(v, 2)) : _mm_min_epi16(v, _mm_srli_si128(v, 2));
+    return static_cast<int16_t>(_mm_extract_epi16(v, 0));
+  }
+  static int16_t i16_hmax(I16 v) {
+    const __m256i h = _mm256_max_epi16(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    return h128(_mm_max_epi16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)), true);
+  }
+  static int16_t i16_hmin(I16 v) {
+    const __m256i h = _mm256_min_epi16(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    return h128(_mm_min_epi16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)), false);
+  }
+  static I16 i16_max(I16 a, I16 b) { return _mm512_max_epi16(a, b); }
+  static I16 i16_min(I16 a, I16 b) { return _mm512_min_epi16(a, b); }
   static float hsum(F a) {
     const __m256 lo = _mm512_castps512_ps256(a);
     const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));

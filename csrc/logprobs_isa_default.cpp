@@ -95,6 +95,7 @@ struct Vec {
     for (int k = 0; k < 4; ++k) p[k].bits = float_to_half(t[k]);
   }
   static F add(F a, F b) { return _mm_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm_sub_ps(a, b); }
   static F mul(F a, F b) { return _mm_mul_ps(a, b); }
   static F fmadd(F a, F b, F c) { return _mm_add_ps(_mm_mul_ps(a, b), c); }
   static F max(F a, F b) { return _mm_max_ps(a, b); }
@@ -105,6 +106,21 @@ struct Vec {
   }
   static F and_not_lt(F x, F c, F y) { return _mm_andnot_ps(_mm_cmplt_ps(x, c), y); }
   static F ldexp_unless_below(F y, F n, F x, F c) { return and_not_lt(x, c, mul(y, exp2i(n))); }
+  static F pow2_shifted(F t) { return _mm_castsi128_ps(_mm_slli_epi32(_mm_castps_si128(t), 23)); }
+  // 2W bfloat16 values as signed 16-bit integers (their bits)
+  using I16 = __m128i;
+  static I16 i16_set1(int16_t v) { return _mm_set1_epi16(v); }
+  static I16 i16_load(const Bf16* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+  static int16_t h128(__m128i v, bool mx) {  // the max (mx) or min of 8 signed 16-bit lanes
+    v = mx ? _mm_max_epi16(v, _mm_srli_si128(v, 8)) : _mm_min_epi16(v, _mm_srli_si128(v, 8));
+    v = mx ? _mm_max_epi16(v, _mm_srli_si128(v, 4)) : _mm_min_epi16(v, _mm_srli_si128(v, 4));
+    v = mx ? _mm_max_epi16(v, _mm_srli_si128(v, 2)) : _mm_min_epi16(v, _mm_srli_si128(v, 2));
+    return static_cast<int16_t>(_mm_extract_epi16(v, 0));
+  }
+  static int16_t i16_hmax(I16 v) { return h128(v, true); }
+  static int16_t i16_hmin(I16 v) { return h128(v, false); }
+  static I16 i16_max(I16 a, I16 b) { return _mm_max_epi16(a, b); }
+  static I16 i16_min(I16 a, I16 b) { return _mm_min_epi16(a, b); }
   static float hsum(F a) {
     __m128 s = _mm_add_ps(a, _mm_movehl_ps(a, a));
     s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
@@ -160,6 +176,7 @@ struct Vec {
   for (int k = 0; k < 4; ++k) r.v[k] = (EXPR); \
   return r;
   static F add(F a, F b) { GSPO_LANES(a.v[k] + b.v[k]) }
+  static F sub(F a, F b) { GSPO_LANES(a.v[k] - b.v[k]) }
   static F mul(F a, F b) { GSPO_LANES(a.v[k] * b.v[k]) }
   static F fmadd(F a, F b, F c) { GSPO_LANES(a.v[k] * b.v[k] + c.v[k]) }
   static F max(F a, F b) { GSPO_LANES(a.v[k] > b.v[k] ? a.v[k] : b.v[k]) }
@@ -172,7 +189,39 @@ struct Vec {
         << 23))
   }
   static F and_not_lt(F x, F c, F y) { GSPO_LANES(x.v[k] < c.v[k] ? 0.0f : y.v[k]) }
+  static F pow2_shifted(F t) { GSPO_LANES(bits_to_float(float_to_bits(t.v[k]) << 23)) }
 #undef GSPO_LANES
+  struct I16 {
+    int16_t v[8];
+  };
+  static I16 i16_set1(int16_t x) {
+    I16 r;
+    for (int k = 0; k < 8; ++k) r.v[k] = x;
+    return r;
+  }
+  static I16 i16_load(const Bf16* p) {
+    I16 r;
+    for (int k = 0; k < 8; ++k) r.v[k] = static_cast<int16_t>(p[k].bits);
+    return r;
+  }
+  static int16_t i16_hmax(I16 a) {
+    int16_t m = a.v[0];
+    for (int k = 1; k < 8; ++k) m = a.v[k] > m ? a.v[k] : m;
+    return m;
+  }
+  static int16_t i16_hmin(I16 a) {
+    int16_t m = a.v[0];
+    for (int k = 1; k < 8; ++k) m = a.v[k] < m ? a.v[k] : m;
+    return m;
+  }
+  static I16 i16_max(I16 a, I16 b) {
+    for (int k = 0; k < 8; ++k) a.v[k] = a.v[k] > b.v[k] ? a.v[k] : b.v[k];
+    return a;
+  }
+  static I16 i16_min(I16 a, I16 b) {
+    for (int k = 0; k < 8; ++k) a.v[k] = a.v[k] < b.v[k] ? a.v[k] : b.v[k];
+    return a;
+  }
   static F ldexp_unless_below(F y, F n, F x, F c) { return and_not_lt(x, c, mul(y, exp2i(n))); }
   static float hsum(F a) { return (a.v[0] + a.v[2]) + (a.v[1] + a.v[3]); }
   static float hmax(F a) {

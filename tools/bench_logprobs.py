@@ -425,7 +425,9 @@ def check_accuracy(case: Case, modes) -> dict:
     return out
 
 
-def run_case(case: Case, names, reps: int, warmup: int, compile_timeout: float, measure_memory: bool):
+def run_case(
+    case: Case, names, reps: int, warmup: int, compile_timeout: float, measure_memory: bool, modes_wanted=MODES
+):
     results = {}  # (approach, mode) -> dict
     notes = []
     read = make_read(case)
@@ -440,7 +442,7 @@ def run_case(case: Case, names, reps: int, warmup: int, compile_timeout: float, 
             notes.append(f"{name}: skipped: {type(exc).__name__}: {exc}")
             continue
         for mode in MODES:
-            if mode not in modes:
+            if mode not in modes or mode not in modes_wanted:
                 continue
             prepare, fn = _split(modes[mode])
             try:  # warm-up (the first call compiles where there is something to compile)
@@ -609,6 +611,9 @@ def main(argv=None):
         default=300.0,
         help="seconds allowed for the first (compiling) call of torch.compile'd approaches",
     )
+    p.add_argument(
+        "--modes", nargs="+", default=list(MODES), choices=list(MODES), help="modes to time (default: all of them)"
+    )
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
     p.add_argument("--isa", default=None, help="force gspo_mcore's CPU ISA (avx512_bf16, avx512, avx2, default)")
     p.add_argument("--json", default=None, metavar="OUT", help="write all numbers to this JSON file")
@@ -663,7 +668,13 @@ def main(argv=None):
             for T in args.tokens:
                 case = Case(T, V, DTYPES[dname])
                 out = run_case(
-                    case, args.approaches, args.reps, max(1, args.warmup), args.compile_timeout, not args.no_memory
+                    case,
+                    args.approaches,
+                    args.reps,
+                    max(1, args.warmup),
+                    args.compile_timeout,
+                    not args.no_memory,
+                    args.modes,
                 )
                 print_case(case, out, dname)
                 sys.stdout.flush()

@@ -712,6 +712,84 @@ def test_vector_exp_accuracy_vs_float64(cpu_isa):
     assert torch.equal(e.flatten()[~normal], torch.zeros(int((~normal).sum())))
 
 
+def _forward_sums_case(dtype, V=5000):
+    """Rows of V = 2 chunks of 2048 + a tail of 904 (not a multiple of any vector width) that exercise the
+    forward's online sums: ordinary rows; a max that grows chunk by chunk (rescaled sums); values 80-140 below
+    the max (the exponential's underflow, including 2^d for d around -127 in log2 units); -inf entries; and
+    rows far from 0 (-30 / +40, where the shift by the max is rounded)."""
+    T = 12
+    x = torch.randn(T, V) * 3
+    x[1] += torch.linspace(0.0, 25.0, V)  # the max grows in every chunk
+    x[2, ::3] -= 80.0 + 60.0 * torch.rand(x[2, ::3].shape)  # underflow, across the clamp
+    x[3, 100] = 0.0
+    x[3, 101:] = -88.5 + torch.rand(V - 101)  # exp(-88.x): below float32's normal range
+    x[4, ::7] = -math.inf
+    x[5, -3:] = -math.inf  # in the tail
+    x[6] -= 30.0
+    x[7] += 40.0
+    x[8, 4500] = 30.0  # one dominant value, in the last chunk
+    x[9, :] = x[9, :].abs().neg()  # all negative
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("inv_temperature", [1.0, 1 / 0.7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dname)
+def test_forward_sums_accuracy_vs_float64(cpu_isa, dtype, inv_temperature):
+    """token_logprob_stats' sums S = sum exp(z - m) and W = sum exp(z - m) (z - m), against float64 sums over
+    the same logits, the same float32 1/tau and the same max m, per row: |err S| <= 2 eps (1 + |m|) S and
+    |err W| <= 2 eps (1 + |m|) (S + sum exp(z - m) |z - m|). The |m| term is the rounding of z - m (an ulp of
+    |z|, as in value_floor); on the rows near 0 (all negative, or max 0) the bound is 2-3 epsilons, which a
+    polynomial off by 1e-6 fails. The max itself is exact."""
+    x = _forward_sums_case(dtype)
+    T = x.shape[0]
+    targets = torch.zeros(T, dtype=torch.long)
+    got = torch.ops.gspo_mcore.token_logprob_stats(x, targets, 0, inv_temperature, True)
+    it32 = float(torch.tensor(inv_temperature, dtype=torch.float32))  # the kernels scale by 1/tau in float32
+    z = x.double() * it32
+    m = got[:, MAX].double()
+    assert torch.equal(got[:, MAX], (x.float() * it32).amax(dim=1))
+    d = z - m[:, None]
+    e = d.exp()
+    s64 = e.sum(1)
+    w64 = torch.where(e > 0, e * d, 0.0).sum(1)
+    wabs = torch.where(e > 0, e * d.abs(), 0.0).sum(1)
+    floor = 2 * EPS32 * (1 + m.abs())
+    use_s = ((got[:, SUMEXP].double() - s64).abs() / (floor * s64)).max()
+    assert float(use_s) <= 1.0, float(use_s)
+    use_w = ((got[:, XSUM].double() - w64).abs() / (floor * (s64 + wabs))).max()
+    assert float(use_w) <= 1.0, float(use_w)
+
+
+def test_bfloat16_max_orders_signs_and_nonfinite(cpu_isa):
+    """The bfloat16 forward finds each chunk's max from the bits read as 16-bit integers (logprobs_isa_impl.h);
+    the order of signs, zeros and infinities must come out as torch's max: all-negative rows (the value of least
+    magnitude), -0 beside +0, -inf, +inf, extremes in the vector part and in the tail. NaN is ignored by the max
+    (the sums carry it into the result instead)."""
+    V = 3000  # one chunk of 2048 (vector loop) and one of 952 (vector loop and a tail of 24 / 8 / 0 values)
+    T = 10
+    x = -(torch.rand(T, V) * 50 + 1)
+    x[1, 2047] = -0.5  # all negative, extreme at the end of a chunk
+    x[2, V - 1] = -0.25  # all negative, extreme in the tail
+    x[3, :] = -0.0
+    x[3, 17] = 0.0
+    x[4, :] = -math.inf
+    x[5, :] = -math.inf
+    x[5, V - 2] = -1e30  # a finite value among -inf, in the tail
+    x[6, 5] = math.inf
+    x[7, V - 1] = 3.0  # the only positive value, in the tail
+    x[8, :] = torch.randn(V) * 3
+    x[9, 100] = math.nan
+    x[9, 200] = 7.0
+    x = x.to(torch.bfloat16)
+    got = torch.ops.gspo_mcore.token_logprob_stats(x, torch.zeros(T, dtype=torch.long), 0, 1.0, False)
+    xf = x.float()
+    want = torch.where(xf.isnan(), -math.inf, xf).amax(dim=1)
+    assert torch.equal(got[:, MAX], want), (got[:, MAX], want)  # (-0 == +0: either zero is the max of row 3)
+    # +inf (row 6) and NaN (row 9) make the sums NaN; the rest are exact here: each value is 0 or an exp of 0
+    assert torch.isnan(got[[6, 9], SUMEXP]).all() and not torch.isnan(got[[0, 1, 2, 3, 4, 5, 7, 8], SUMEXP]).any()
+    assert got[3, SUMEXP] == V and got[4, SUMEXP] == 0 and got[5, SUMEXP] == 1  # -1e30 among -inf: exp(0)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dname)
 def test_narrow_gradient_exp_accuracy_vs_float64(cpu_isa, dtype):
     """The cheaper exp of the bfloat16 / float16 gradient (vexp_narrow) is within 4e-6 relative of float64
