@@ -1,12 +1,18 @@
 """The SGLang rollout engine: a client for one or more SGLang servers (optionally behind sglang-router).
 
 Generation sends one ``/generate`` request per prompt (its ``n`` samples together, so they share the
-prompt's KV prefix on one server), many at a time. A request that fails in transport (connection
-refused or reset, timeout, truncated body) or with a 5xx status is retried on another server, up to
-``max_attempts`` tries per prompt; a server that failed in transport is taken out of rotation until a
-health probe passes. A request the server rejects (4xx) or a response without the documented shape
-fails the step at once. Either every prompt gets exactly its ``n`` samples, or ``generate`` raises
-:class:`RolloutError` naming the server URL and the request.
+prompt's KV prefix on one server), many at a time, each to the least busy server. A multi-turn episode
+(:meth:`SGLangEngine.generate_turns`) keeps to one server (episode affinity): every turn goes to the server
+that answered the episode's previous turn while that server is in rotation, so its radix cache still holds the
+conversation and only the new span is prefilled; if it fails, the turn goes to the least busy server, and the
+episode stays there. Behind a router, each turn carries the episode's key in the header sglang-router reads
+(:data:`~gspo_mcore.rollout.sglang_api.ROUTING_KEY_HEADER`; honoured by its ``manual`` policy).
+
+A request that fails in transport (connection refused or reset, timeout, truncated body) or with a 5xx status
+is retried on another server, up to ``max_attempts`` tries per prompt; a server that failed in transport is
+taken out of rotation until a health probe passes. A request the server rejects (4xx) or a response without
+the documented shape fails the step at once. Either every prompt gets exactly its ``n`` samples, or
+``generate`` raises :class:`RolloutError` naming the server URL and the request.
 
 Pause/resume and weight updates (pause -> flush -> [session] -> update -> continue, weight version =
 training step) are delegated to :class:`~gspo_mcore.rollout.sglang_control.SGLangControl`, which sends
@@ -68,6 +74,9 @@ class SGLangEngine(RolloutEngine):
         self.config = config or SGLangClientConfig()
         self._processes = list(processes)
         self._down: dict[str, str] = {}  # generate URL -> why it was taken out of rotation
+        self.episode_moves = 0
+        """Turns of multi-turn episodes that went to another server than the episode's previous turn (its server
+        failed or was out of rotation)."""
         self.control: SGLangControl = SGLangControl(self.worker_urls, self.config)
         """The control client (pause/resume, memory, cache, ``/server_info``, weight updates) of every worker."""
 
@@ -133,7 +142,8 @@ class SGLangEngine(RolloutEngine):
         urls = self.generate_urls
         return {u: asyncio.Semaphore(self.config.max_inflight_per_server) for u in urls}, dict.fromkeys(urls, 0)
 
-    async def _generate_group(self, index, prompt, n, params, slots, inflight) -> list[Sample]:
+    async def _generate_group(self, index, prompt, n, params, slots, inflight, *, home=None) -> list[Sample]:
+        """``n`` samples of ``prompt``; ``home``: the episode affinity of a turn (see :class:`_Home`)."""
         dims = self.config.routed_experts
         body = api.build_generate_request(prompt, n, params, prompt_index=index, routed_experts=dims is not None)
         what = f"prompt {index} ({len(prompt)} tokens, n={n})"
@@ -154,15 +164,18 @@ class SGLangEngine(RolloutEngine):
                 )
                 for j, item in enumerate(api.split_generate_outputs(answer, 1, n)[0])
             ],
+            home=home,
         )
 
-    async def _request(self, body, index: int, what: str, slots, inflight, parse):
+    async def _request(self, body, index: int, what: str, slots, inflight, parse, *, home: _Home | None = None):
         """POST ``body`` to ``/generate`` with the engine's retries (another server after a transport failure
-        or a 5xx); ``parse(decoded JSON)`` of the first good answer (a :class:`ProtocolError` there fails)."""
+        or a 5xx); ``parse(decoded JSON)`` of the first good answer (a :class:`ProtocolError` there fails).
+        ``home``: an episode's affinity: its server is tried first, and the server that answers becomes it."""
         failures: list[str] = []
         tried: set[str] = set()
+        headers = {api.ROUTING_KEY_HEADER: home.key} if home is not None and self.router_url else None
         while len(failures) < self.config.max_attempts:
-            url = self._pick_server(tried, inflight, index, what, failures)
+            url = self._pick_server(tried, inflight, index, what, failures, prefer=home.url if home else None)
             inflight[url] += 1
             try:
                 async with slots[url]:
@@ -174,6 +187,7 @@ class SGLangEngine(RolloutEngine):
                         body,
                         timeout_s=self.config.request_timeout_s,
                         connect_timeout_s=self.config.connect_timeout_s,
+                        headers=headers,
                     )
             except _http.TransportError as e:
                 failures.append(f"{url}: {e}")
@@ -191,12 +205,18 @@ class SGLangEngine(RolloutEngine):
                     f"{url}{api.GENERATE} rejected {what}: HTTP {resp.status}: {api.error_message(resp)}"
                 )
             try:
-                return parse(api.decode_json(resp))
+                result = parse(api.decode_json(resp))
             except api.ProtocolError as e:
                 raise RolloutError(
                     f"malformed response from {url}{api.GENERATE} to {what} (SGLang {api.SGLANG_VERSION} shape "
                     f"expected): {e}"
                 ) from None
+            if home is not None:
+                if home.url is not None and home.url != url:
+                    self.episode_moves += 1
+                    log.info("episode %s moved from %s to %s", home.key, home.url, url)
+                home.url = url
+            return result
         raise RolloutError(f"{what} failed after {len(failures)} attempts: " + "; ".join(failures))
 
     # ------------------------------------------------------------------------------ multi-turn episodes
@@ -234,13 +254,14 @@ class SGLangEngine(RolloutEngine):
         slots, inflight = self._slots()
         seqs = [list(p) for p in rows]
         turn = [0] * len(rows)
+        homes = [_Home(f"episode-{int(k)}") for k in keys]
 
         def start(b: int) -> asyncio.Task:
             budget = min(params.max_new_tokens, max_total_tokens - len(seqs[b]))
             turn_params = dataclasses.replace(
                 params, max_new_tokens=budget, seed=derive_sample_seed(int(keys[b]), 0, turn[b])
             )
-            return asyncio.create_task(self._turn(b, tuple(seqs[b]), turn[b], turn_params, slots, inflight))
+            return asyncio.create_task(self._turn(b, tuple(seqs[b]), turn[b], turn_params, slots, inflight, homes[b]))
 
         pending = {start(b) for b in range(len(rows))}
         try:
@@ -269,9 +290,10 @@ class SGLangEngine(RolloutEngine):
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
 
-    async def _turn(self, row: int, seq: tuple[int, ...], turn: int, params: SamplingParams, slots, inflight):
-        """One policy turn of ``row``: sample a continuation of ``seq`` (all of it sent as ``input_ids``)."""
-        sample = (await self._generate_group(row, seq, 1, params, slots, inflight))[0]
+    async def _turn(self, row: int, seq: tuple[int, ...], turn: int, params: SamplingParams, slots, inflight, home):
+        """One policy turn of ``row``: sample a continuation of ``seq`` (all of it sent as ``input_ids``) on the
+        episode's server (``home``)."""
+        sample = (await self._generate_group(row, seq, 1, params, slots, inflight, home=home))[0]
         if sample.finish_reason == "abort":
             raise RolloutError(
                 f"episode row {row}, turn {turn}: the SGLang request was aborted (a pause or weight update inside "
@@ -304,13 +326,17 @@ class SGLangEngine(RolloutEngine):
 
         return await _all_or_first_error([asyncio.create_task(one(i)) for i in range(len(seqs))])
 
-    def _pick_server(self, tried, inflight, index, what, failures) -> str:
+    def _pick_server(self, tried, inflight, index, what, failures, prefer: str | None = None) -> str:
+        """``prefer`` (an episode's server) while it is in rotation and not yet tried for this request, else the
+        least busy server in rotation (not yet tried, if there is one; ties broken by ``index``)."""
         up = [u for u in inflight if u not in self._down]
         fresh = [u for u in up if u not in tried] or up
         if not fresh:
             down = "; ".join(f"{u}: {why}" for u, why in self._down.items())
             history = f" (attempts: {'; '.join(failures)})" if failures else ""
             raise RolloutError(f"no SGLang server left for {what}; out of rotation: {down}{history}")
+        if prefer in fresh and prefer not in tried:
+            return prefer
         k = len(fresh)
         return min(fresh, key=lambda u: (inflight[u], (fresh.index(u) - index) % k))
 
@@ -382,6 +408,15 @@ class SGLangEngine(RolloutEngine):
                     "--enable-return-routed-experts (its /server_info has enable_return_routed_experts=false), "
                     "so it cannot return the experts it routed each token to"
                 )
+
+
+@dataclasses.dataclass
+class _Home:
+    """An episode's affinity: ``key`` (sent to a router as the routing key) and ``url``, the generate URL that
+    answered its last turn (``None`` before its first)."""
+
+    key: str
+    url: str | None = None
 
 
 async def _all_or_first_error(tasks: list[asyncio.Task]) -> list:
