@@ -8,6 +8,15 @@ conversation and only the new span is prefilled; if it fails, the turn goes to t
 episode stays there. Behind a router, each turn carries the episode's key in the header sglang-router reads
 (:data:`~gspo_mcore.rollout.sglang_api.ROUTING_KEY_HEADER`; honoured by its ``manual`` policy).
 
+Weight versions and restarts: before each generation every worker's reported weight version (``/model_info``) is
+checked against the version last synced (:attr:`SGLangControl.version`); a worker that reports an older one (it
+missed a sync while out of reach, or was restarted on other weights) is not sent a request until it holds the current
+weights: it loads them at once when the last sync came from disk (:meth:`SGLangControl.resync`), else it gets them
+with the next weight update (which goes to every reachable worker) and is checked again. A server this engine
+launched whose process died, or that failed its health probe for ``restart.after_s``, is restarted on its port (at
+most ``restart.attempts`` times, with back-off), then re-synced and checked the same way. Fewer than
+``restart.min_servers`` workers in rotation stops the step with the reasons (and a given-up server's last log lines).
+
 A request that fails in transport (connection refused or reset, timeout, truncated body) or with a 5xx status
 is retried on another server, up to ``max_attempts`` tries per prompt; a server that failed in transport is
 taken out of rotation until a health probe passes. A request the server rejects (4xx) or a response without
@@ -24,12 +33,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gspo_mcore.rollout import _http
 from gspo_mcore.rollout import sglang_api as api
 from gspo_mcore.rollout.sglang_control import SGLangClientConfig, SGLangControl
+from gspo_mcore.rollout.sglang_server import RestartPolicy
 from gspo_mcore.rollout.turns import OnTurns, TurnEnd
 from gspo_mcore.rollout.types import (
     NamedTensors,
@@ -64,7 +75,11 @@ class SGLangEngine(RolloutEngine):
         router_url: str | None = None,
         config: SGLangClientConfig | None = None,
         processes: Sequence[Any] = (),
+        launched: Sequence[tuple[Any, Any]] = (),
+        restart: RestartPolicy | None = None,
     ):
+        """``launched``: ``(ManagedProcess, SGLangServerConfig)`` of the servers this engine may restart (they are also
+        in ``processes``); ``restart``: how (default: never; ``min_servers`` 1)."""
         if not worker_urls:
             raise ValueError("at least one SGLang worker URL is needed")
         self.worker_urls = [u.rstrip("/") for u in worker_urls]
@@ -74,6 +89,14 @@ class SGLangEngine(RolloutEngine):
         self.config = config or SGLangClientConfig()
         self._processes = list(processes)
         self._down: dict[str, str] = {}  # generate URL -> why it was taken out of rotation
+        self._down_since: dict[str, float] = {}
+        self._stale: set[str] = set()  # workers out of rotation because of their weight version
+        self._given_up: dict[str, str] = {}  # launched workers that could not be restarted -> why (with log tail)
+        self._launched: dict[str, list] = {p.url: [p, c] for p, c in launched}
+        self._restarts: dict[str, int] = dict.fromkeys(self._launched, 0)
+        self.restart = restart or RestartPolicy()
+        self.restarted = 0
+        """Servers restarted so far."""
         self.episode_moves = 0
         """Turns of multi-turn episodes that went to another server than the episode's previous turn (its server
         failed or was out of rotation)."""
@@ -97,6 +120,7 @@ class SGLangEngine(RolloutEngine):
         router: Any = None,
         config: SGLangClientConfig | None = None,
         log_dir: str = ".",
+        restart: RestartPolicy | None = None,
     ) -> SGLangEngine:
         """Start SGLang servers (``SGLangServerConfig`` each) and optionally a router, wait until healthy,
         and return an engine that stops them on :meth:`close`. Blocking (call before the event loop)."""
@@ -116,13 +140,20 @@ class SGLangEngine(RolloutEngine):
             config = SGLangClientConfig(initial_weight_version=min(initial))
         owned = ([router_proc] if router_proc else []) + procs
         return cls(
-            [p.url for p in procs], router_url=router_proc.url if router_proc else None, config=config, processes=owned
+            [p.url for p in procs],
+            router_url=router_proc.url if router_proc else None,
+            config=config,
+            processes=owned,
+            launched=list(zip(procs, servers)),
+            restart=restart,
         )
 
     async def close(self) -> None:
+        """Stop the processes this engine launched and close this event loop's pooled connections."""
         procs, self._processes = self._processes, []
         for p in procs:
             await asyncio.to_thread(p.shutdown)
+        await _http.close_pool()
 
     # -------------------------------------------------------------------------------- generation
     async def generate(self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams) -> list[list[Sample]]:
@@ -130,7 +161,7 @@ class SGLangEngine(RolloutEngine):
         prompts = normalize_prompts(prompts)
         if not prompts:
             return []
-        await self._readmit_down_servers()
+        await self._maintain()
         slots, inflight = self._slots()
         tasks = [
             asyncio.create_task(self._generate_group(i, p, n, params, slots, inflight)) for i, p in enumerate(prompts)
@@ -250,7 +281,7 @@ class SGLangEngine(RolloutEngine):
             raise ValueError(f"generate_turns: prompt {too_long[0]} leaves no room under max_total_tokens")
         if not rows:
             return
-        await self._readmit_down_servers()
+        await self._maintain()
         slots, inflight = self._slots()
         seqs = [list(p) for p in rows]
         turn = [0] * len(rows)
@@ -314,7 +345,7 @@ class SGLangEngine(RolloutEngine):
         bodies = [api.build_score_request(ids, int(s)) for ids, s in zip(seqs, starts)]
         if not seqs:
             return []
-        await self._readmit_down_servers()
+        await self._maintain()
         slots, inflight = self._slots()
 
         async def one(i: int):
@@ -344,15 +375,129 @@ class SGLangEngine(RolloutEngine):
         if url not in self._down:
             log.warning("SGLang server %s taken out of rotation: %s", url, why)
             self._down[url] = why
+            self._down_since[url] = time.monotonic()
+        if url in self.worker_urls:
+            self.control.excluded.add(url)  # weight updates go to the others until it answers again
+
+    # ------------------------------------------------------------------ fleet: restarts, versions, rotation
+    async def _maintain(self) -> None:
+        """Before a generation: restart dead launched servers, probe the ones out of rotation, check every reachable
+        worker's weight version (re-syncing a returning one where possible), and refuse to go on below
+        ``min_servers``."""
+        await self._restart_dead()
+        await self._readmit_down_servers()
+        await self._check_versions()
+        up = [u for u in self.worker_urls if u not in self._down]
+        if len(up) < self.restart.min_servers:
+            why = "; ".join(f"{u}: {r}" for u, r in self._down.items())
+            given_up = "".join(f"\n--- {u} ---\n{r}" for u, r in self._given_up.items())
+            raise RolloutError(
+                f"only {len(up)} SGLang server(s) in rotation, min_servers is {self.restart.min_servers}; out of "
+                f"rotation: {why}{given_up}"
+            )
+
+    async def _restart_dead(self) -> None:
+        for url, entry in list(self._launched.items()):
+            proc, cfg = entry
+            if url in self._given_up:
+                continue
+            code = proc.popen.poll()
+            silent = url in self._down and url not in self._stale
+            stuck = silent and time.monotonic() - self._down_since.get(url, time.monotonic()) >= self.restart.after_s
+            if code is None and not stuck:
+                continue
+            why = f"its process exited with code {code}" if code is not None else "it failed its health probes"
+            if self._restarts[url] >= self.restart.attempts:
+                self._give_up(url, proc, f"{why}, and no restart attempts are left ({self.restart.attempts} allowed)")
+                continue
+            self._mark_down(url, why)
+            await self._restart(url, entry, why)
+
+    async def _restart(self, url: str, entry: list, why: str) -> None:
+        from gspo_mcore.rollout import sglang_server
+
+        proc, cfg = entry
+        port = int(url.rsplit(":", 1)[1])
+        while self._restarts[url] < self.restart.attempts:
+            self._restarts[url] += 1
+            k = self._restarts[url]
+            log.warning("restarting SGLang server %s (%s): attempt %d of %d", url, why, k, self.restart.attempts)
+            await asyncio.to_thread(proc.shutdown, 5.0)
+            await asyncio.sleep(k * self.restart.backoff_s)
+            new_cfg = dataclasses.replace(cfg, port=port, log_path=str(proc.log_path))
+            new = await asyncio.to_thread(sglang_server.start_server, new_cfg, name=proc.name)
+            try:
+                await asyncio.to_thread(new.wait_healthy, cfg.startup_timeout_s)
+            except sglang_server.ServerLaunchError as e:
+                log.warning("restart of %s failed: %s", url, e)
+                self._processes = [new if p is proc else p for p in self._processes]
+                entry[0] = proc = new  # so close() and the next attempt stop this one
+                why = str(e).split(";", 1)[0]
+                continue
+            self._processes = [new if p is entry[0] else p for p in self._processes]
+            entry[0] = new
+            self.restarted += 1
+            self._down[url] = f"restarted ({why}); its weights are checked before it serves"
+            return
+        self._give_up(url, proc, f"{why}; {self.restart.attempts} restart attempt(s) failed")
+
+    def _give_up(self, url: str, proc, why: str) -> None:
+        log.error("SGLang server %s given up: %s", url, why)
+        self._given_up[url] = f"{why}; last lines of {proc.log_path}:\n{proc.log_tail(20)}"
+        self._down[url] = f"given up: {why}"
+        self.control.excluded.add(url)
+
+    async def _check_versions(self) -> None:
+        """Every reachable worker must report the version last synced; a returning one is re-synced if the client
+        can do it alone (the last sync came from disk), else it waits out of rotation for the next weight update."""
+        want = self.control.version
+
+        async def check(url: str) -> None:
+            try:
+                have = await self.control.weight_version_of(url)
+                if have < want and await self.control.resync(url):
+                    log.info("SGLang server %s re-synced to weight version %d", url, want)
+                    have = want
+            except RolloutError as e:
+                self._stale.discard(url)
+                self._mark_down(url, str(e).removeprefix(f"{url}{api.MODEL_INFO} failed: "))
+                return
+            if have >= want:  # newer: an update is landing right now (asynchronous rollouts)
+                if url in self._down:
+                    log.info("SGLang server %s serves weight version %d; back in rotation", url, have)
+                self._stale.discard(url)
+                self._down.pop(url, None)
+                self._down_since.pop(url, None)
+            else:
+                self._stale.add(url)
+                self._down[url] = (
+                    f"serves weight version {have}, not {want} (out of rotation until it gets the current weights)"
+                )
+                self._down_since.setdefault(url, time.monotonic())
+
+        urls = [u for u in self.worker_urls if u not in self.control.excluded and u not in self._given_up]
+        await asyncio.gather(*(check(u) for u in urls))
+        if self.router_url:
+            stale = [u for u in self.worker_urls if u in self._stale]
+            if stale:
+                raise RolloutError(
+                    f"SGLang worker(s) {stale} behind the router {self.router_url} do not serve weight version {want} "
+                    f"({'; '.join(self._down[u] for u in stale)}): the router would send them requests"
+                )
 
     async def _readmit_down_servers(self) -> None:
-        if not self._down:
+        """Probe the servers out of rotation for a transport failure; one that answers is reachable again (its weight
+        version is checked next, before it is back in rotation)."""
+        probe = [u for u in self._down if u not in self._stale and u not in self._given_up]
+        if not probe:
             return
-        results = await asyncio.gather(*(self._probe(u) for u in list(self._down)))
+        results = await asyncio.gather(*(self._probe(u) for u in probe))
         for url, ok in results:
             if ok:
-                log.info("SGLang server %s passed %s; back in rotation", url, self.config.probe_path)
-                self._down.pop(url, None)
+                log.info("SGLang server %s passed %s", url, self.config.probe_path)
+                self.control.excluded.discard(url)
+                if url not in self.worker_urls:  # the router: no weights of its own
+                    self._down.pop(url, None)
 
     async def _probe(self, url: str) -> tuple[str, bool]:
         path = api.HEALTH if url == self.router_url else self.config.probe_path
@@ -372,8 +517,11 @@ class SGLangEngine(RolloutEngine):
         urls = list(dict.fromkeys(self.worker_urls + self.generate_urls))
         results = dict(await asyncio.gather(*(self._probe(u) for u in urls)))
         for url, ok in results.items():
-            if ok:
-                self._down.pop(url, None)
+            if ok and url not in self._given_up:
+                self.control.excluded.discard(url)
+                if url not in self.worker_urls:
+                    self._down.pop(url, None)
+        await self._check_versions()
         return results
 
     # ----------------------------------------------------------------- control (all workers)
@@ -386,16 +534,24 @@ class SGLangEngine(RolloutEngine):
         await self.control.resume()
 
     async def update_weights_from_disk(self, path: str, version: int) -> None:
+        await self._before_update()
         await self.control.update_from_disk(path, version)
 
     async def update_weights(self, buckets: Iterable[NamedTensors], version: int) -> None:
         """Through the weight-update group if ``control.init_group`` set one up with a ``broadcast`` callback,
         else as serialized tensors (colocated servers)."""
+        await self._before_update()
         group = self.control.group
         if group is not None and group.broadcast is not None:
             await self.control.update_from_distributed(buckets, version, broadcast=group.broadcast)
         else:
             await self.control.update_from_tensor(buckets, version)
+
+    async def _before_update(self) -> None:
+        """A weight update goes to every reachable worker: restart dead launched servers and probe the unreachable
+        ones first, so a returning server gets the weights with the others."""
+        await self._restart_dead()
+        await self._readmit_down_servers()
 
     async def check_routed_experts(self) -> None:
         """Refuse servers that cannot return routed experts when the client asks for them (R3)."""

@@ -74,6 +74,7 @@ GENERATE = "/generate"
 HEALTH = "/health"
 HEALTH_GENERATE = "/health_generate"
 SERVER_INFO = "/server_info"
+MODEL_INFO = "/model_info"
 PAUSE = "/pause_generation"
 CONTINUE = "/continue_generation"
 FLUSH_CACHE = "/flush_cache"
@@ -345,6 +346,14 @@ def parse_token_versions(
     if len(out) != num_tokens:
         raise ProtocolError(f"{where}: weight_versions {spans!r} do not tile the {num_tokens} output tokens")
     return tuple(out) if len(set(out)) > 1 else None
+
+
+def parse_model_info_version(body: Any, initial_version: int) -> int:
+    """The weight version a server reports in ``GET /model_info`` (``weight_version``; SGLang 0.5.23 has no
+    ``/get_weight_version``) as a training step (``"default"``, the start-up value, is ``initial_version``)."""
+    if not isinstance(body, dict) or "weight_version" not in body:
+        raise ProtocolError(f"/model_info has no 'weight_version': {str(body)[:200]}")
+    return _version_int(body["weight_version"], initial_version, "/model_info")
 
 
 def _plain_int(x: Any) -> bool:
