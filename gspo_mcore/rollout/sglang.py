@@ -97,6 +97,9 @@ class SGLangEngine(RolloutEngine):
         self.restart = restart or RestartPolicy()
         self.restarted = 0
         """Servers restarted so far."""
+        self.prompt_tokens = self.cached_tokens = 0
+        """Prompt tokens sent in ``/generate`` requests so far, and how many of them the servers' prefix caches served
+        (SGLang's ``meta_info.cached_tokens``): the prefix-cache hit rate is their ratio."""
         self.episode_moves = 0
         """Turns of multi-turn episodes that went to another server than the episode's previous turn (its server
         failed or was out of rotation)."""
@@ -193,10 +196,19 @@ class SGLangEngine(RolloutEngine):
                     initial_weight_version=self.config.initial_weight_version,
                     routing_dims=dims,
                 )
-                for j, item in enumerate(api.split_generate_outputs(answer, 1, n)[0])
+                for j, item in enumerate(self._count_cache(api.split_generate_outputs(answer, 1, n)[0]))
             ],
             home=home,
         )
+
+    def _count_cache(self, items: list[dict]) -> list[dict]:
+        """Add each output's prompt and cached tokens (``meta_info``) to the engine's totals."""
+        for item in items:
+            meta = item.get("meta_info") if isinstance(item, dict) else None
+            if isinstance(meta, dict):
+                self.prompt_tokens += int(meta.get("prompt_tokens") or 0)
+                self.cached_tokens += int(meta.get("cached_tokens") or 0)
+        return items
 
     async def _request(self, body, index: int, what: str, slots, inflight, parse, *, home: _Home | None = None):
         """POST ``body`` to ``/generate`` with the engine's retries (another server after a transport failure
@@ -285,7 +297,7 @@ class SGLangEngine(RolloutEngine):
         slots, inflight = self._slots()
         seqs = [list(p) for p in rows]
         turn = [0] * len(rows)
-        homes = [_Home(f"episode-{int(k)}") for k in keys]
+        homes = [_Home(f"episode-{int(k)}") if self.config.episode_affinity else None for k in keys]
 
         def start(b: int) -> asyncio.Task:
             budget = min(params.max_new_tokens, max_total_tokens - len(seqs[b]))

@@ -60,6 +60,9 @@ class SGLangClientConfig:
     """Health check used by ``SGLangEngine.health`` and to re-admit a failed server."""
     probe_timeout_s: float = 30.0
     """Limit for one health probe (SGLang's ``/health_generate`` gives up by itself after 20 s)."""
+    episode_affinity: bool = True
+    """Send every turn of a multi-turn episode to the server that answered its previous turn (its radix cache holds
+    the conversation), while that server is in rotation; False: each turn to the least busy server."""
     routed_experts: tuple[int, int] | None = None
     """``(num_layers, topk)`` of the served MoE model: ask every ``/generate`` for the experts each token was
     routed to and attach them to the samples (R3; the servers need ``--enable-return-routed-experts``).

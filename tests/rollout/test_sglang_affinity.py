@@ -93,3 +93,12 @@ def test_behind_a_router_each_turn_carries_its_episodes_routing_key(standins):
     # single-turn groups keep the router's own balancing: no key
     asyncio.run(engine.generate([[1, 2]], 2, PARAMS))
     assert api.ROUTING_KEY_HEADER.lower() not in router.headers[-1]
+
+
+def test_affinity_can_be_switched_off(standins):
+    slow, fast = standins(delay_s=0.2), standins()
+    engine = SGLangEngine([slow.url, fast.url], config=SGLangClientConfig(**FAST, episode_affinity=False))
+    run_episodes(engine)
+    rows = served([slow, fast])
+    assert any(len(set(v)) > 1 for v in rows.values()), "without affinity some episodes change server"
+    assert engine.prompt_tokens > 0  # the stand-in reports prompt_tokens (and cached_tokens 0)
