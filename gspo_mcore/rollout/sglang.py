@@ -1,12 +1,27 @@
 """The SGLang rollout engine: a client for one or more SGLang servers (optionally behind sglang-router).
 
 Generation sends one ``/generate`` request per prompt (its ``n`` samples together, so they share the
-prompt's KV prefix on one server), many at a time. A request that fails in transport (connection
-refused or reset, timeout, truncated body) or with a 5xx status is retried on another server, up to
-``max_attempts`` tries per prompt; a server that failed in transport is taken out of rotation until a
-health probe passes. A request the server rejects (4xx) or a response without the documented shape
-fails the step at once. Either every prompt gets exactly its ``n`` samples, or ``generate`` raises
-:class:`RolloutError` naming the server URL and the request.
+prompt's KV prefix on one server), many at a time, each to the least busy server. A multi-turn episode
+(:meth:`SGLangEngine.generate_turns`) keeps to one server (episode affinity): every turn goes to the server
+that answered the episode's previous turn while that server is in rotation, so its radix cache still holds the
+conversation and only the new span is prefilled; if it fails, the turn goes to the least busy server, and the
+episode stays there. Behind a router, each turn carries the episode's key in the header sglang-router reads
+(:data:`~gspo_mcore.rollout.sglang_api.ROUTING_KEY_HEADER`; honoured by its ``manual`` policy).
+
+Weight versions and restarts: before each generation every worker's reported weight version (``/model_info``) is
+checked against the version last synced (:attr:`SGLangControl.version`); a worker that reports an older one (it
+missed a sync while out of reach, or was restarted on other weights) is not sent a request until it holds the current
+weights: it loads them at once when the last sync came from disk (:meth:`SGLangControl.resync`), else it gets them
+with the next weight update (which goes to every reachable worker) and is checked again. A server this engine
+launched whose process died, or that failed its health probe for ``restart.after_s``, is restarted on its port (at
+most ``restart.attempts`` times, with back-off), then re-synced and checked the same way. Fewer than
+``restart.min_servers`` workers in rotation stops the step with the reasons (and a given-up server's last log lines).
+
+A request that fails in transport (connection refused or reset, timeout, truncated body) or with a 5xx status
+is retried on another server, up to ``max_attempts`` tries per prompt; a server that failed in transport is
+taken out of rotation until a health probe passes. A request the server rejects (4xx) or a response without
+the documented shape fails the step at once. Either every prompt gets exactly its ``n`` samples, or
+``generate`` raises :class:`RolloutError` naming the server URL and the request.
 
 Pause/resume and weight updates (pause -> flush -> [session] -> update -> continue, weight version =
 training step) are delegated to :class:`~gspo_mcore.rollout.sglang_control.SGLangControl`, which sends
@@ -18,12 +33,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gspo_mcore.rollout import _http
 from gspo_mcore.rollout import sglang_api as api
 from gspo_mcore.rollout.sglang_control import SGLangClientConfig, SGLangControl
+from gspo_mcore.rollout.sglang_server import RestartPolicy
 from gspo_mcore.rollout.turns import OnTurns, TurnEnd
 from gspo_mcore.rollout.types import (
     NamedTensors,
@@ -58,7 +75,11 @@ class SGLangEngine(RolloutEngine):
         router_url: str | None = None,
         config: SGLangClientConfig | None = None,
         processes: Sequence[Any] = (),
+        launched: Sequence[tuple[Any, Any]] = (),
+        restart: RestartPolicy | None = None,
     ):
+        """``launched``: ``(ManagedProcess, SGLangServerConfig)`` of the servers this engine may restart (they are also
+        in ``processes``); ``restart``: how (default: never; ``min_servers`` 1)."""
         if not worker_urls:
             raise ValueError("at least one SGLang worker URL is needed")
         self.worker_urls = [u.rstrip("/") for u in worker_urls]
@@ -68,6 +89,20 @@ class SGLangEngine(RolloutEngine):
         self.config = config or SGLangClientConfig()
         self._processes = list(processes)
         self._down: dict[str, str] = {}  # generate URL -> why it was taken out of rotation
+        self._down_since: dict[str, float] = {}
+        self._stale: set[str] = set()  # workers out of rotation because of their weight version
+        self._given_up: dict[str, str] = {}  # launched workers that could not be restarted -> why (with log tail)
+        self._launched: dict[str, list] = {p.url: [p, c] for p, c in launched}
+        self._restarts: dict[str, int] = dict.fromkeys(self._launched, 0)
+        self.restart = restart or RestartPolicy()
+        self.restarted = 0
+        """Servers restarted so far."""
+        self.prompt_tokens = self.cached_tokens = 0
+        """Prompt tokens sent in ``/generate`` requests so far, and how many of them the servers' prefix caches served
+        (SGLang's ``meta_info.cached_tokens``): the prefix-cache hit rate is their ratio."""
+        self.episode_moves = 0
+        """Turns of multi-turn episodes that went to another server than the episode's previous turn (its server
+        failed or was out of rotation)."""
         self.control: SGLangControl = SGLangControl(self.worker_urls, self.config)
         """The control client (pause/resume, memory, cache, ``/server_info``, weight updates) of every worker."""
 
@@ -88,6 +123,7 @@ class SGLangEngine(RolloutEngine):
         router: Any = None,
         config: SGLangClientConfig | None = None,
         log_dir: str = ".",
+        restart: RestartPolicy | None = None,
     ) -> SGLangEngine:
         """Start SGLang servers (``SGLangServerConfig`` each) and optionally a router, wait until healthy,
         and return an engine that stops them on :meth:`close`. Blocking (call before the event loop)."""
@@ -107,13 +143,20 @@ class SGLangEngine(RolloutEngine):
             config = SGLangClientConfig(initial_weight_version=min(initial))
         owned = ([router_proc] if router_proc else []) + procs
         return cls(
-            [p.url for p in procs], router_url=router_proc.url if router_proc else None, config=config, processes=owned
+            [p.url for p in procs],
+            router_url=router_proc.url if router_proc else None,
+            config=config,
+            processes=owned,
+            launched=list(zip(procs, servers)),
+            restart=restart,
         )
 
     async def close(self) -> None:
+        """Stop the processes this engine launched and close this event loop's pooled connections."""
         procs, self._processes = self._processes, []
         for p in procs:
             await asyncio.to_thread(p.shutdown)
+        await _http.close_pool()
 
     # -------------------------------------------------------------------------------- generation
     async def generate(self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams) -> list[list[Sample]]:
@@ -121,7 +164,7 @@ class SGLangEngine(RolloutEngine):
         prompts = normalize_prompts(prompts)
         if not prompts:
             return []
-        await self._readmit_down_servers()
+        await self._maintain()
         slots, inflight = self._slots()
         tasks = [
             asyncio.create_task(self._generate_group(i, p, n, params, slots, inflight)) for i, p in enumerate(prompts)
@@ -133,7 +176,8 @@ class SGLangEngine(RolloutEngine):
         urls = self.generate_urls
         return {u: asyncio.Semaphore(self.config.max_inflight_per_server) for u in urls}, dict.fromkeys(urls, 0)
 
-    async def _generate_group(self, index, prompt, n, params, slots, inflight) -> list[Sample]:
+    async def _generate_group(self, index, prompt, n, params, slots, inflight, *, home=None) -> list[Sample]:
+        """``n`` samples of ``prompt``; ``home``: the episode affinity of a turn (see :class:`_Home`)."""
         dims = self.config.routed_experts
         body = api.build_generate_request(prompt, n, params, prompt_index=index, routed_experts=dims is not None)
         what = f"prompt {index} ({len(prompt)} tokens, n={n})"
@@ -152,17 +196,29 @@ class SGLangEngine(RolloutEngine):
                     initial_weight_version=self.config.initial_weight_version,
                     routing_dims=dims,
                 )
-                for j, item in enumerate(api.split_generate_outputs(answer, 1, n)[0])
+                for j, item in enumerate(self._count_cache(api.split_generate_outputs(answer, 1, n)[0]))
             ],
+            home=home,
         )
 
-    async def _request(self, body, index: int, what: str, slots, inflight, parse):
+    def _count_cache(self, items: list[dict]) -> list[dict]:
+        """Add each output's prompt and cached tokens (``meta_info``) to the engine's totals."""
+        for item in items:
+            meta = item.get("meta_info") if isinstance(item, dict) else None
+            if isinstance(meta, dict):
+                self.prompt_tokens += int(meta.get("prompt_tokens") or 0)
+                self.cached_tokens += int(meta.get("cached_tokens") or 0)
+        return items
+
+    async def _request(self, body, index: int, what: str, slots, inflight, parse, *, home: _Home | None = None):
         """POST ``body`` to ``/generate`` with the engine's retries (another server after a transport failure
-        or a 5xx); ``parse(decoded JSON)`` of the first good answer (a :class:`ProtocolError` there fails)."""
+        or a 5xx); ``parse(decoded JSON)`` of the first good answer (a :class:`ProtocolError` there fails).
+        ``home``: an episode's affinity: its server is tried first, and the server that answers becomes it."""
         failures: list[str] = []
         tried: set[str] = set()
+        headers = {api.ROUTING_KEY_HEADER: home.key} if home is not None and self.router_url else None
         while len(failures) < self.config.max_attempts:
-            url = self._pick_server(tried, inflight, index, what, failures)
+            url = self._pick_server(tried, inflight, index, what, failures, prefer=home.url if home else None)
             inflight[url] += 1
             try:
                 async with slots[url]:
@@ -174,6 +230,7 @@ class SGLangEngine(RolloutEngine):
                         body,
                         timeout_s=self.config.request_timeout_s,
                         connect_timeout_s=self.config.connect_timeout_s,
+                        headers=headers,
                     )
             except _http.TransportError as e:
                 failures.append(f"{url}: {e}")
@@ -191,12 +248,18 @@ class SGLangEngine(RolloutEngine):
                     f"{url}{api.GENERATE} rejected {what}: HTTP {resp.status}: {api.error_message(resp)}"
                 )
             try:
-                return parse(api.decode_json(resp))
+                result = parse(api.decode_json(resp))
             except api.ProtocolError as e:
                 raise RolloutError(
                     f"malformed response from {url}{api.GENERATE} to {what} (SGLang {api.SGLANG_VERSION} shape "
                     f"expected): {e}"
                 ) from None
+            if home is not None:
+                if home.url is not None and home.url != url:
+                    self.episode_moves += 1
+                    log.info("episode %s moved from %s to %s", home.key, home.url, url)
+                home.url = url
+            return result
         raise RolloutError(f"{what} failed after {len(failures)} attempts: " + "; ".join(failures))
 
     # ------------------------------------------------------------------------------ multi-turn episodes
@@ -230,17 +293,18 @@ class SGLangEngine(RolloutEngine):
             raise ValueError(f"generate_turns: prompt {too_long[0]} leaves no room under max_total_tokens")
         if not rows:
             return
-        await self._readmit_down_servers()
+        await self._maintain()
         slots, inflight = self._slots()
         seqs = [list(p) for p in rows]
         turn = [0] * len(rows)
+        homes = [_Home(f"episode-{int(k)}") if self.config.episode_affinity else None for k in keys]
 
         def start(b: int) -> asyncio.Task:
             budget = min(params.max_new_tokens, max_total_tokens - len(seqs[b]))
             turn_params = dataclasses.replace(
                 params, max_new_tokens=budget, seed=derive_sample_seed(int(keys[b]), 0, turn[b])
             )
-            return asyncio.create_task(self._turn(b, tuple(seqs[b]), turn[b], turn_params, slots, inflight))
+            return asyncio.create_task(self._turn(b, tuple(seqs[b]), turn[b], turn_params, slots, inflight, homes[b]))
 
         pending = {start(b) for b in range(len(rows))}
         try:
@@ -269,9 +333,10 @@ class SGLangEngine(RolloutEngine):
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
 
-    async def _turn(self, row: int, seq: tuple[int, ...], turn: int, params: SamplingParams, slots, inflight):
-        """One policy turn of ``row``: sample a continuation of ``seq`` (all of it sent as ``input_ids``)."""
-        sample = (await self._generate_group(row, seq, 1, params, slots, inflight))[0]
+    async def _turn(self, row: int, seq: tuple[int, ...], turn: int, params: SamplingParams, slots, inflight, home):
+        """One policy turn of ``row``: sample a continuation of ``seq`` (all of it sent as ``input_ids``) on the
+        episode's server (``home``)."""
+        sample = (await self._generate_group(row, seq, 1, params, slots, inflight, home=home))[0]
         if sample.finish_reason == "abort":
             raise RolloutError(
                 f"episode row {row}, turn {turn}: the SGLang request was aborted (a pause or weight update inside "
@@ -292,7 +357,7 @@ class SGLangEngine(RolloutEngine):
         bodies = [api.build_score_request(ids, int(s)) for ids, s in zip(seqs, starts)]
         if not seqs:
             return []
-        await self._readmit_down_servers()
+        await self._maintain()
         slots, inflight = self._slots()
 
         async def one(i: int):
@@ -304,13 +369,17 @@ class SGLangEngine(RolloutEngine):
 
         return await _all_or_first_error([asyncio.create_task(one(i)) for i in range(len(seqs))])
 
-    def _pick_server(self, tried, inflight, index, what, failures) -> str:
+    def _pick_server(self, tried, inflight, index, what, failures, prefer: str | None = None) -> str:
+        """``prefer`` (an episode's server) while it is in rotation and not yet tried for this request, else the
+        least busy server in rotation (not yet tried, if there is one; ties broken by ``index``)."""
         up = [u for u in inflight if u not in self._down]
         fresh = [u for u in up if u not in tried] or up
         if not fresh:
             down = "; ".join(f"{u}: {why}" for u, why in self._down.items())
             history = f" (attempts: {'; '.join(failures)})" if failures else ""
             raise RolloutError(f"no SGLang server left for {what}; out of rotation: {down}{history}")
+        if prefer in fresh and prefer not in tried:
+            return prefer
         k = len(fresh)
         return min(fresh, key=lambda u: (inflight[u], (fresh.index(u) - index) % k))
 
@@ -318,15 +387,129 @@ class SGLangEngine(RolloutEngine):
         if url not in self._down:
             log.warning("SGLang server %s taken out of rotation: %s", url, why)
             self._down[url] = why
+            self._down_since[url] = time.monotonic()
+        if url in self.worker_urls:
+            self.control.excluded.add(url)  # weight updates go to the others until it answers again
+
+    # ------------------------------------------------------------------ fleet: restarts, versions, rotation
+    async def _maintain(self) -> None:
+        """Before a generation: restart dead launched servers, probe the ones out of rotation, check every reachable
+        worker's weight version (re-syncing a returning one where possible), and refuse to go on below
+        ``min_servers``."""
+        await self._restart_dead()
+        await self._readmit_down_servers()
+        await self._check_versions()
+        up = [u for u in self.worker_urls if u not in self._down]
+        if len(up) < self.restart.min_servers:
+            why = "; ".join(f"{u}: {r}" for u, r in self._down.items())
+            given_up = "".join(f"\n--- {u} ---\n{r}" for u, r in self._given_up.items())
+            raise RolloutError(
+                f"only {len(up)} SGLang server(s) in rotation, min_servers is {self.restart.min_servers}; out of "
+                f"rotation: {why}{given_up}"
+            )
+
+    async def _restart_dead(self) -> None:
+        for url, entry in list(self._launched.items()):
+            proc, cfg = entry
+            if url in self._given_up:
+                continue
+            code = proc.popen.poll()
+            silent = url in self._down and url not in self._stale
+            stuck = silent and time.monotonic() - self._down_since.get(url, time.monotonic()) >= self.restart.after_s
+            if code is None and not stuck:
+                continue
+            why = f"its process exited with code {code}" if code is not None else "it failed its health probes"
+            if self._restarts[url] >= self.restart.attempts:
+                self._give_up(url, proc, f"{why}, and no restart attempts are left ({self.restart.attempts} allowed)")
+                continue
+            self._mark_down(url, why)
+            await self._restart(url, entry, why)
+
+    async def _restart(self, url: str, entry: list, why: str) -> None:
+        from gspo_mcore.rollout import sglang_server
+
+        proc, cfg = entry
+        port = int(url.rsplit(":", 1)[1])
+        while self._restarts[url] < self.restart.attempts:
+            self._restarts[url] += 1
+            k = self._restarts[url]
+            log.warning("restarting SGLang server %s (%s): attempt %d of %d", url, why, k, self.restart.attempts)
+            await asyncio.to_thread(proc.shutdown, 5.0)
+            await asyncio.sleep(k * self.restart.backoff_s)
+            new_cfg = dataclasses.replace(cfg, port=port, log_path=str(proc.log_path))
+            new = await asyncio.to_thread(sglang_server.start_server, new_cfg, name=proc.name)
+            try:
+                await asyncio.to_thread(new.wait_healthy, cfg.startup_timeout_s)
+            except sglang_server.ServerLaunchError as e:
+                log.warning("restart of %s failed: %s", url, e)
+                self._processes = [new if p is proc else p for p in self._processes]
+                entry[0] = proc = new  # so close() and the next attempt stop this one
+                why = str(e).split(";", 1)[0]
+                continue
+            self._processes = [new if p is entry[0] else p for p in self._processes]
+            entry[0] = new
+            self.restarted += 1
+            self._down[url] = f"restarted ({why}); its weights are checked before it serves"
+            return
+        self._give_up(url, proc, f"{why}; {self.restart.attempts} restart attempt(s) failed")
+
+    def _give_up(self, url: str, proc, why: str) -> None:
+        log.error("SGLang server %s given up: %s", url, why)
+        self._given_up[url] = f"{why}; last lines of {proc.log_path}:\n{proc.log_tail(20)}"
+        self._down[url] = f"given up: {why}"
+        self.control.excluded.add(url)
+
+    async def _check_versions(self) -> None:
+        """Every reachable worker must report the version last synced; a returning one is re-synced if the client
+        can do it alone (the last sync came from disk), else it waits out of rotation for the next weight update."""
+        want = self.control.version
+
+        async def check(url: str) -> None:
+            try:
+                have = await self.control.weight_version_of(url)
+                if have < want and await self.control.resync(url):
+                    log.info("SGLang server %s re-synced to weight version %d", url, want)
+                    have = want
+            except RolloutError as e:
+                self._stale.discard(url)
+                self._mark_down(url, str(e).removeprefix(f"{url}{api.MODEL_INFO} failed: "))
+                return
+            if have >= want:  # newer: an update is landing right now (asynchronous rollouts)
+                if url in self._down:
+                    log.info("SGLang server %s serves weight version %d; back in rotation", url, have)
+                self._stale.discard(url)
+                self._down.pop(url, None)
+                self._down_since.pop(url, None)
+            else:
+                self._stale.add(url)
+                self._down[url] = (
+                    f"serves weight version {have}, not {want} (out of rotation until it gets the current weights)"
+                )
+                self._down_since.setdefault(url, time.monotonic())
+
+        urls = [u for u in self.worker_urls if u not in self.control.excluded and u not in self._given_up]
+        await asyncio.gather(*(check(u) for u in urls))
+        if self.router_url:
+            stale = [u for u in self.worker_urls if u in self._stale]
+            if stale:
+                raise RolloutError(
+                    f"SGLang worker(s) {stale} behind the router {self.router_url} do not serve weight version {want} "
+                    f"({'; '.join(self._down[u] for u in stale)}): the router would send them requests"
+                )
 
     async def _readmit_down_servers(self) -> None:
-        if not self._down:
+        """Probe the servers out of rotation for a transport failure; one that answers is reachable again (its weight
+        version is checked next, before it is back in rotation)."""
+        probe = [u for u in self._down if u not in self._stale and u not in self._given_up]
+        if not probe:
             return
-        results = await asyncio.gather(*(self._probe(u) for u in list(self._down)))
+        results = await asyncio.gather(*(self._probe(u) for u in probe))
         for url, ok in results:
             if ok:
-                log.info("SGLang server %s passed %s; back in rotation", url, self.config.probe_path)
-                self._down.pop(url, None)
+                log.info("SGLang server %s passed %s", url, self.config.probe_path)
+                self.control.excluded.discard(url)
+                if url not in self.worker_urls:  # the router: no weights of its own
+                    self._down.pop(url, None)
 
     async def _probe(self, url: str) -> tuple[str, bool]:
         path = api.HEALTH if url == self.router_url else self.config.probe_path
@@ -346,8 +529,11 @@ class SGLangEngine(RolloutEngine):
         urls = list(dict.fromkeys(self.worker_urls + self.generate_urls))
         results = dict(await asyncio.gather(*(self._probe(u) for u in urls)))
         for url, ok in results.items():
-            if ok:
-                self._down.pop(url, None)
+            if ok and url not in self._given_up:
+                self.control.excluded.discard(url)
+                if url not in self.worker_urls:
+                    self._down.pop(url, None)
+        await self._check_versions()
         return results
 
     # ----------------------------------------------------------------- control (all workers)
@@ -360,16 +546,24 @@ class SGLangEngine(RolloutEngine):
         await self.control.resume()
 
     async def update_weights_from_disk(self, path: str, version: int) -> None:
+        await self._before_update()
         await self.control.update_from_disk(path, version)
 
     async def update_weights(self, buckets: Iterable[NamedTensors], version: int) -> None:
         """Through the weight-update group if ``control.init_group`` set one up with a ``broadcast`` callback,
         else as serialized tensors (colocated servers)."""
+        await self._before_update()
         group = self.control.group
         if group is not None and group.broadcast is not None:
             await self.control.update_from_distributed(buckets, version, broadcast=group.broadcast)
         else:
             await self.control.update_from_tensor(buckets, version)
+
+    async def _before_update(self) -> None:
+        """A weight update goes to every reachable worker: restart dead launched servers and probe the unreachable
+        ones first, so a returning server gets the weights with the others."""
+        await self._restart_dead()
+        await self._readmit_down_servers()
 
     async def check_routed_experts(self) -> None:
         """Refuse servers that cannot return routed experts when the client asks for them (R3)."""
@@ -382,6 +576,15 @@ class SGLangEngine(RolloutEngine):
                     "--enable-return-routed-experts (its /server_info has enable_return_routed_experts=false), "
                     "so it cannot return the experts it routed each token to"
                 )
+
+
+@dataclasses.dataclass
+class _Home:
+    """An episode's affinity: ``key`` (sent to a router as the routing key) and ``url``, the generate URL that
+    answered its last turn (``None`` before its first)."""
+
+    key: str
+    url: str | None = None
 
 
 async def _all_or_first_error(tasks: list[asyncio.Task]) -> list:

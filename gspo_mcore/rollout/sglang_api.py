@@ -74,6 +74,7 @@ GENERATE = "/generate"
 HEALTH = "/health"
 HEALTH_GENERATE = "/health_generate"
 SERVER_INFO = "/server_info"
+MODEL_INFO = "/model_info"
 PAUSE = "/pause_generation"
 CONTINUE = "/continue_generation"
 FLUSH_CACHE = "/flush_cache"
@@ -89,6 +90,11 @@ RESUME_MEMORY = "/resume_memory_occupation"
 MEMORY_TAGS = ("weights", "kv_cache")
 
 DEFAULT_GROUP_NAME = "weight_update_group"
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+"""The header sglang-router 0.3.2 routes a request by: requests with the same key go to the same worker under its
+``manual`` policy (``--policy manual``; ``--assignment-mode min_load`` gives a new key the least loaded worker) and
+its ``consistent_hashing`` one (not on the 0.3.2 command line). Its default ``cache_aware`` policy ignores it and
+routes by prefix match instead. SGLang itself reads it only on its OpenAI routes."""
 _SGLANG_DEFAULT_WEIGHT_VERSION = "default"  # ServerArgs.weight_version when --weight-version is not given
 
 
@@ -97,6 +103,11 @@ class ProtocolError(ValueError):
 
 
 # ----------------------------------------------------------------------------------------- /generate
+SEED_MASK = 2**63 - 1
+"""``sampling_seed`` is sent as its low 63 bits: SGLang reads it as a signed 64-bit integer and sglang-router 0.3.2 as
+an unsigned one (it refuses a negative seed with HTTP 422), so only ``0 .. 2**63 - 1`` passes both."""
+
+
 def sampling_params_json(params: SamplingParams, *, n: int = 1, seed: int | None = None) -> dict[str, Any]:
     """``sampling_params`` for one request; only keys SGLang accepts."""
     out: dict[str, Any] = {
@@ -111,7 +122,7 @@ def sampling_params_json(params: SamplingParams, *, n: int = 1, seed: int | None
     if params.ignore_eos:
         out["ignore_eos"] = True
     if seed is not None:
-        out["sampling_seed"] = seed
+        out["sampling_seed"] = seed & SEED_MASK
     return out
 
 
@@ -335,6 +346,14 @@ def parse_token_versions(
     if len(out) != num_tokens:
         raise ProtocolError(f"{where}: weight_versions {spans!r} do not tile the {num_tokens} output tokens")
     return tuple(out) if len(set(out)) > 1 else None
+
+
+def parse_model_info_version(body: Any, initial_version: int) -> int:
+    """The weight version a server reports in ``GET /model_info`` (``weight_version``; SGLang 0.5.23 has no
+    ``/get_weight_version``) as a training step (``"default"``, the start-up value, is ``initial_version``)."""
+    if not isinstance(body, dict) or "weight_version" not in body:
+        raise ProtocolError(f"/model_info has no 'weight_version': {str(body)[:200]}")
+    return _version_int(body["weight_version"], initial_version, "/model_info")
 
 
 def _plain_int(x: Any) -> bool:

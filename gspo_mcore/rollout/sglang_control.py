@@ -60,6 +60,9 @@ class SGLangClientConfig:
     """Health check used by ``SGLangEngine.health`` and to re-admit a failed server."""
     probe_timeout_s: float = 30.0
     """Limit for one health probe (SGLang's ``/health_generate`` gives up by itself after 20 s)."""
+    episode_affinity: bool = True
+    """Send every turn of a multi-turn episode to the server that answered its previous turn (its radix cache holds
+    the conversation), while that server is in rotation; False: each turn to the least busy server."""
     routed_experts: tuple[int, int] | None = None
     """``(num_layers, topk)`` of the served MoE model: ask every ``/generate`` for the experts each token was
     routed to and attach them to the samples (R3; the servers need ``--enable-return-routed-experts``).
@@ -117,8 +120,19 @@ class SGLangControl:
         self.version = config.initial_weight_version
         """The weight version the servers serve: the last successful update's."""
         self.group: WeightGroup | None = None
+        self.excluded: set[str] = set()
+        """Workers left out of every control call and weight update (unreachable, or dead and being restarted): a
+        weight update goes to the others, and an excluded worker gets the weights when it is back (see
+        :meth:`resync`, or the next update)."""
+        self.last_disk_update: tuple[str, int] | None = None
+        """``(path, version)`` of the last update when it came from disk (a returning server can load it alone)."""
         self._infos: dict[str, api.ServerInfo] = {}
         self._has_session: dict[str, bool] = {}
+
+    @property
+    def live_urls(self) -> list[str]:
+        """The workers control calls go to (not :attr:`excluded`)."""
+        return [u for u in self.worker_urls if u not in self.excluded]
 
     # ------------------------------------------------------------------------------- plumbing
     async def post(self, url: str, path: str, body: dict | None, timeout_s: float) -> dict:
@@ -167,7 +181,7 @@ class SGLangControl:
         raise RolloutError(msg)
 
     def _to_all(self, body: dict) -> dict[str, dict]:
-        return dict.fromkeys(self.worker_urls, body)
+        return dict.fromkeys(self.live_urls, body)
 
     # ------------------------------------------------------------------------- simple controls
     async def pause(self) -> None:
@@ -188,7 +202,7 @@ class SGLangControl:
 
     async def flush_cache(self) -> None:
         """Flush every server's prefix cache, polling while requests still run (HTTP 400)."""
-        await asyncio.gather(*(self._flush_one(u) for u in self.worker_urls))
+        await asyncio.gather(*(self._flush_one(u) for u in self.live_urls))
 
     async def _flush_one(self, url: str) -> None:
         loop = asyncio.get_running_loop()
@@ -241,6 +255,34 @@ class SGLangControl:
         except (_http.TransportError, api.ProtocolError) as e:
             raise RolloutError(f"{url}{api.SERVER_INFO} failed: {e}") from None
 
+    async def weight_version_of(self, url: str) -> int:
+        """The weight version ``url`` reports now (``GET /model_info``), as a training step."""
+        try:
+            resp = await _http.request(
+                "GET",
+                url + api.MODEL_INFO,
+                timeout_s=self.config.control_timeout_s,
+                connect_timeout_s=self.config.connect_timeout_s,
+            )
+            if resp.status != 200:
+                raise api.ProtocolError(f"HTTP {resp.status}: {api.error_message(resp)}")
+            return api.parse_model_info_version(api.decode_json(resp), self.config.initial_weight_version)
+        except (_http.TransportError, api.ProtocolError) as e:
+            raise RolloutError(f"{url}{api.MODEL_INFO} failed: {e}") from None
+
+    async def resync(self, url: str) -> bool:
+        """Give one returning server the current weights, the way every server got them, if this client can do it
+        alone: when the last update came from disk it loads that folder (pause, flush, load, continue on that server
+        only); after a tensor or distributed update the weights are the trainer's, so it waits for the next update
+        (returns False). Returns whether the server now reports :attr:`version`."""
+        if self.last_disk_update is None or self.last_disk_update[1] != self.version:
+            return False
+        path, version = self.last_disk_update
+        one = SGLangControl([url], self.config)
+        one._has_session = {k: v for k, v in self._has_session.items() if k == url}
+        await one.update_from_disk(path, version)
+        return await self.weight_version_of(url) == version
+
     # ---------------------------------------------------------------------------- weight updates
     async def update_from_disk(self, path: str, version: int) -> None:
         """Load an exported HF-format (safetensors) directory on every server as ``version``."""
@@ -252,6 +294,7 @@ class SGLangControl:
             raise WeightUpdateError(f"update_weights_from_disk({path!r}, version={version}) failed: {e}") from None
         await self.resume()
         self.version = version
+        self.last_disk_update = (str(path), version)
 
     async def update_from_tensor(
         self, buckets: Iterable[NamedTensors], version: int, *, load_format: str | None = None
@@ -268,7 +311,7 @@ class SGLangControl:
                     flush_cache=last,
                     load_format=load_format,
                 )
-                for u in self.worker_urls
+                for u in self.live_urls
             }
             await self.post_all(api.UPDATE_FROM_TENSOR, bodies, self.config.weight_update_timeout_s)
 
@@ -344,6 +387,12 @@ class SGLangControl:
         group in bucket order."""
         if self.group is None:
             raise WeightUpdateError("update_weights_from_distributed needs init_weight_update_group first")
+        if self.excluded:
+            raise WeightUpdateError(
+                f"update_weights_from_distributed: server(s) {sorted(self.excluded)} are out of reach, and the "
+                "weight-update group's broadcast needs every member (a lost or restarted server cannot rejoin it; use "
+                "weight_sync tensor or disk for servers that may be restarted)"
+            )
         group = self.group.name
 
         async def push(bucket: NamedTensors, last: bool) -> None:
@@ -390,6 +439,7 @@ class SGLangControl:
                     log.warning("could not close the weight-update session: %s", e)
         await self.resume()
         self.version = version
+        self.last_disk_update = None
 
     async def _begin_session(self) -> list[str]:
         """Open a session on each server that has the endpoint; returns those URLs."""
@@ -418,7 +468,7 @@ class SGLangControl:
             self._has_session[url] = True
             return url
 
-        results = await asyncio.gather(*(begin(u) for u in self.worker_urls), return_exceptions=True)
+        results = await asyncio.gather(*(begin(u) for u in self.live_urls), return_exceptions=True)
         opened = [r for r in results if isinstance(r, str)]
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:

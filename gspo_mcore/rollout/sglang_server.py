@@ -87,6 +87,16 @@ class SGLangServerConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class RestartPolicy:
+    """How the rollout engine brings back the servers it launched (see ``SGLangServers.restart_*``)."""
+
+    attempts: int = 0
+    backoff_s: float = 5.0
+    after_s: float = 60.0
+    min_servers: int = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SGLangServers:
     """The SGLang servers a run uses: connect to ``urls``, or launch ``num_servers`` on a model directory. The
     settings every user of SGLang servers shares (the rollout's ``rollout.sglang`` adds its weight sync; the
@@ -109,6 +119,18 @@ class SGLangServers:
     """Extra environment variables of the launched servers."""
     client: SGLangClientConfig = dataclasses.field(default_factory=SGLangClientConfig)
     """Timeouts, retries and concurrency of the requests."""
+    restart_attempts: int | None = None
+    """Launched servers only: how many times a server whose process died (or that failed its health probes for
+    ``restart_after_s``) is restarted, on its port, before it is given up (then the run goes on if ``min_servers``
+    are left, else stops with the server's last log lines). A restarted server gets the current weights and its
+    weight version is checked before it serves again. None: 2 for launched servers, 0 for ``urls`` (which this run
+    cannot restart)."""
+    restart_backoff_s: float = 5.0
+    """Wait before restart attempt ``k`` (``k * restart_backoff_s``)."""
+    restart_after_s: float = 60.0
+    """A launched server still out of rotation (failing its health probe) this long is restarted."""
+    min_servers: int = 1
+    """Servers that must stay in rotation (serving the current weights); fewer stops the run."""
 
     def __post_init__(self):
         object.__setattr__(self, "urls", tuple(self.urls))
@@ -122,6 +144,35 @@ class SGLangServers:
         bad = [u for u in self.urls if not (isinstance(u, str) and u.startswith("http://"))]
         if bad:
             raise ValueError(f"urls: {bad[0]!r} is not an http:// URL")
+        n = len(self.urls) or self.num_servers
+        if isinstance(self.min_servers, bool) or not isinstance(self.min_servers, int) or not 1 <= self.min_servers:
+            raise ValueError(f"min_servers must be an integer >= 1, got {self.min_servers!r}")
+        if self.min_servers > n:
+            raise ValueError(f"min_servers={self.min_servers} is more than the {n} server(s) configured")
+        if self.restart_attempts is not None:
+            if not isinstance(self.restart_attempts, int) or isinstance(self.restart_attempts, bool):
+                raise ValueError(f"restart_attempts must be an integer >= 0, got {self.restart_attempts!r}")
+            if self.restart_attempts < 0:
+                raise ValueError(f"restart_attempts must be an integer >= 0, got {self.restart_attempts!r}")
+            if self.restart_attempts > 0 and self.urls:
+                raise ValueError(
+                    f"restart_attempts={self.restart_attempts}: the servers at urls were not launched by this run, "
+                    "so it cannot restart them (set restart_attempts: 0, or leave urls empty to launch servers)"
+                )
+        for key in ("restart_backoff_s", "restart_after_s"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ValueError(f"{key} must be a number >= 0, got {v!r}")
+
+    def restart_policy(self) -> RestartPolicy:
+        """The restart settings of the launched servers."""
+        attempts = self.restart_attempts if self.restart_attempts is not None else (0 if self.urls else 2)
+        return RestartPolicy(
+            attempts=attempts,
+            backoff_s=float(self.restart_backoff_s),
+            after_s=float(self.restart_after_s),
+            min_servers=self.min_servers,
+        )
 
     def launch_configs(self, model_path: str, *, gpus: bool | None = None) -> list[SGLangServerConfig]:
         """The ``num_servers`` servers to launch on ``model_path``: server ``i`` on GPUs ``gpu_offset + i * tp``

@@ -183,10 +183,15 @@ class SGLangRollout(RolloutBackend):
 
             self.loop = asyncio.new_event_loop()
             if cfg.urls:
-                self.engine = SGLangEngine(list(cfg.urls), router_url=cfg.router_url, config=cfg.client)
+                self.engine = SGLangEngine(
+                    list(cfg.urls), router_url=cfg.router_url, config=cfg.client, restart=cfg.restart_policy()
+                )
             else:
                 self.engine = SGLangEngine.launch(
-                    cfg.launch_configs(model_dir), config=cfg.client, log_dir=os.path.join(output_dir, "sglang_logs")
+                    cfg.launch_configs(model_dir),
+                    config=cfg.client,
+                    log_dir=os.path.join(output_dir, "sglang_logs"),
+                    restart=cfg.restart_policy(),
                 )
             self._run(self.engine.check_routed_experts())
 
@@ -202,8 +207,8 @@ class SGLangRollout(RolloutBackend):
         return self._broadcast(groups)
 
     def start_generate(self, prompts: list[list[int]], n: int, params: SamplingParams, *, seed: int) -> GenerateHandle:
-        """Start :meth:`generate` in a background thread on the driver (its own event loop: the client
-        opens a connection per request, so nothing is shared with the main loop); returns the handle
+        """Start :meth:`generate` in a background thread on the driver (its own event loop, with its own pooled
+        connections, closed when that loop ends); returns the handle
         :meth:`finish_generate` takes. The learner trains meanwhile (``rollout.max_staleness >= 1``)."""
         if not self.is_driver:
             return GenerateHandle()

@@ -39,14 +39,16 @@ class SGLangTeacher:
 
         self.loop = asyncio.new_event_loop()
         if cfg.urls:
-            self.engine = SGLangEngine(list(cfg.urls), config=cfg.client)
+            self.engine = SGLangEngine(list(cfg.urls), config=cfg.client, restart=cfg.restart_policy())
             try:  # reachable now, not at the first step
                 self._run(self.engine.control.server_info(refresh=True))
             except Exception as exc:
                 self.close()
                 raise ValueError(f"distill.sglang.urls: {exc}") from None
         else:
-            self.engine = SGLangEngine.launch(cfg.launch_configs(teacher_dir), config=cfg.client, log_dir=log_dir)
+            self.engine = SGLangEngine.launch(
+                cfg.launch_configs(teacher_dir), config=cfg.client, log_dir=log_dir, restart=cfg.restart_policy()
+            )
 
     def _run(self, coro):
         return self.loop.run_until_complete(coro)

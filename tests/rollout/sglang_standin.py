@@ -111,6 +111,7 @@ class StandIn:
         self.fail_update: str | None = None  # an endpoint path that answers success=false
         self.health_status = 200
         self.calls: list[tuple[str, object]] = []  # (path, decoded JSON body) in arrival order
+        self.headers: list[dict[str, str]] = []  # each call's request headers (lower-cased names), same order
         self.received_tensors: list[list[tuple[str, object]]] = []
         self.generate_served = 0
         self._session_open = False
@@ -159,6 +160,7 @@ class StandIn:
             return _send(h, 400, {"error": "body is not JSON"})
         with self._lock:
             self.calls.append((path, body))
+            self.headers.append({k.lower(): v for k, v in h.headers.items()})
         if path == "/generate":
             return self._generate(h, body)
         if path in ("/health", "/health_generate"):

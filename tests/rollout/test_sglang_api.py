@@ -75,12 +75,19 @@ def test_seeded_request_gives_every_sample_its_own_seed():
     body = api.build_generate_request([5, 6], 3, params, prompt_index=2)
     assert body["input_ids"] == [[5, 6]] * 3
     seeds = [sp["sampling_seed"] for sp in body["sampling_params"]]
-    assert seeds == [derive_sample_seed(11, 2, j) for j in range(3)]
+    assert seeds == [derive_sample_seed(11, 2, j) & api.SEED_MASK for j in range(3)]
     assert all(sp["n"] == 1 for sp in body["sampling_params"])
 
     single = api.build_generate_request([5, 6], 1, params, prompt_index=2)
     assert single["input_ids"] == [5, 6]
-    assert single["sampling_params"]["sampling_seed"] == derive_sample_seed(11, 2, 0)
+    assert single["sampling_params"]["sampling_seed"] == derive_sample_seed(11, 2, 0) & api.SEED_MASK
+
+
+def test_seeds_fit_both_sglang_and_sglang_router():
+    """SGLang reads sampling_seed as i64, sglang-router 0.3.2 as u64 (HTTP 422 for a negative one)."""
+    negative = next(s for s in range(100) if derive_sample_seed(s, 0, 0) < 0)
+    sp = api.build_generate_request([1], 1, SamplingParams(seed=negative), prompt_index=0)["sampling_params"]
+    assert 0 <= sp["sampling_seed"] < 2**63
 
 
 def test_greedy_request_sends_temperature_zero():

@@ -1,0 +1,145 @@
+"""The SGLang engine's fleet upkeep: weight versions checked before every generation, returning servers re-synced
+before they serve, launched servers restarted when their process dies. Real sockets and real processes: in-process
+stand-ins and stand-in server processes (sglang_standin.py; NOT SGLang) launched by the project's launcher."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+import urllib.request
+
+import pytest
+import torch
+
+from gspo_mcore.rollout import RolloutError, SamplingParams, SGLangClientConfig, SGLangEngine, SGLangServers
+from gspo_mcore.rollout import sglang_api as api
+from gspo_mcore.rollout.sglang_server import RestartPolicy, SGLangServerConfig
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAST = dict(request_timeout_s=5.0, connect_timeout_s=2.0, control_timeout_s=5.0, probe_timeout_s=2.0)
+PARAMS = SamplingParams(max_new_tokens=3)
+PROMPTS = [[i + 1, 7] for i in range(8)]
+
+
+def generate(engine):
+    out = asyncio.run(engine.generate(PROMPTS, 2, PARAMS))
+    assert [len(g) for g in out] == [2] * len(PROMPTS)
+    return out
+
+
+def served(server) -> int:
+    return sum(p == api.GENERATE for p, _ in server.calls)
+
+
+@pytest.fixture
+def file_system_sharing():
+    import torch.multiprocessing as tmp
+
+    old = tmp.get_sharing_strategy()
+    tmp.set_sharing_strategy("file_system")
+    yield
+    tmp.set_sharing_strategy(old)
+
+
+def test_a_server_on_other_weights_is_not_used_until_the_next_sync(standins, file_system_sharing):
+    a, b = standins(), standins()
+    engine = SGLangEngine([a.url, b.url], config=SGLangClientConfig(**FAST))
+    bucket = [("w", torch.zeros(2))]
+    asyncio.run(engine.update_weights([bucket], 3))
+    b.weight_version = "default"  # restarted from outside on the base weights
+    before = served(b)
+    out = generate(engine)
+    assert served(b) == before, "a server on stale weights was sent requests"
+    assert {s.weight_version for g in out for s in g} == {3}
+    assert "serves weight version 0, not 3" in engine._down[b.url]
+    asyncio.run(engine.update_weights([bucket], 4))  # the next sync reaches it (it answers), then it is checked
+    assert b.weight_version == "4"
+    generate(engine)
+    assert served(b) > before and engine._down == {}
+
+
+def test_a_returning_server_reloads_the_last_disk_sync_before_it_serves(standins, tmp_path):
+    a, b = standins(), standins()
+    engine = SGLangEngine([a.url, b.url], config=SGLangClientConfig(**FAST))
+    asyncio.run(engine.update_weights_from_disk(str(tmp_path), 5))
+    b.weight_version = "2"
+    generate(engine)
+    disk = [body for p, body in b.calls if p == api.UPDATE_FROM_DISK]
+    assert [d["weight_version"] for d in disk] == ["5", "5"]  # the sync, then the re-sync of b alone
+    assert b.weight_version == "5" and served(b) > 0 and engine._down == {}
+
+
+def test_a_server_that_misses_a_sync_is_left_out_then_caught_up(standins, tmp_path):
+    a, b = standins(), standins()
+    engine = SGLangEngine([a.url, b.url], config=SGLangClientConfig(**FAST))
+    b.misbehave = "die"  # its next /generate: the connection drops and it stops listening
+    generate(engine)
+    assert b.url in engine.control.excluded
+    asyncio.run(engine.update_weights_from_disk(str(tmp_path), 1))  # goes to a only; b is unreachable
+    assert a.weight_version == "1" and b.weight_version == "0"
+
+
+def launch(n, tmp_path, **restart):
+    cfg = SGLangServerConfig(
+        model_path="stand-in", module="sglang_standin", env={"PYTHONPATH": HERE}, startup_timeout_s=20.0
+    )
+    return SGLangEngine.launch(
+        [cfg] * n,
+        config=SGLangClientConfig(**FAST),
+        log_dir=str(tmp_path),
+        restart=RestartPolicy(**{"attempts": 2, "backoff_s": 0.05, **restart}),
+    )
+
+
+def model_info_version(url):
+    with urllib.request.urlopen(url + api.MODEL_INFO, timeout=5) as r:
+        return json.load(r)["weight_version"]
+
+
+def test_a_killed_launched_server_comes_back_with_the_current_weights(tmp_path):
+    engine = launch(2, tmp_path)
+    try:
+        asyncio.run(engine.update_weights_from_disk(str(tmp_path), 7))
+        victim, pid = engine.worker_urls[1], engine._launched[engine.worker_urls[1]][0].popen.pid
+        os.killpg(pid, signal.SIGKILL)
+        engine._launched[victim][0].popen.wait(5)
+        out = generate(engine)
+        new = engine._launched[victim][0]
+        assert new.popen.pid != pid and new.popen.poll() is None and engine.restarted == 1
+        assert model_info_version(victim) == "7"  # re-synced before it was used again
+        assert {s.weight_version for g in out for s in g} == {7} and engine._down == {}
+    finally:
+        asyncio.run(engine.close())
+    assert all(p.popen.poll() is not None for p, _ in engine._launched.values())
+
+
+def test_a_server_that_cannot_be_restarted_stops_the_run_below_min_servers(tmp_path):
+    engine = launch(2, tmp_path, min_servers=2)
+    try:
+        victim = engine.worker_urls[0]
+        proc, cfg = engine._launched[victim]
+        engine._launched[victim][1] = dataclasses.replace(cfg, model_path="EXIT_AT_START")  # it will not start
+        os.killpg(proc.popen.pid, signal.SIGKILL)
+        proc.popen.wait(5)
+        with pytest.raises(
+            RolloutError,
+            match=r"(?s)only 1 SGLang server\(s\) in rotation, min_servers is 2.*"
+            r"2 restart attempt\(s\) failed.*told to exit at start-up",
+        ):
+            generate(engine)
+        engine.restart = dataclasses.replace(engine.restart, min_servers=1)
+        generate(engine)  # enough servers left: the run goes on
+    finally:
+        asyncio.run(engine.close())
+
+
+def test_fleet_settings_are_checked_naming_the_key():
+    with pytest.raises(ValueError, match=r"min_servers=3 is more than the 2 server\(s\)"):
+        SGLangServers(num_servers=2, min_servers=3)
+    with pytest.raises(ValueError, match=r"restart_attempts=1: the servers at urls were not launched by this run"):
+        SGLangServers(urls=("http://127.0.0.1:1",), restart_attempts=1)
+    assert SGLangServers(urls=("http://127.0.0.1:1",)).restart_policy().attempts == 0
+    assert SGLangServers().restart_policy().attempts == 2
