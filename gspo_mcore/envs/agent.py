@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hmac
 import inspect
 import ipaddress
 import itertools
@@ -55,11 +54,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from gspo_mcore.envs.base import TOOL_CALLS, Reset, Step
+from gspo_mcore.envs.endpoint import Endpoint, EndpointLimits
 from gspo_mcore.envs.tools import ToolCall, load_object, parse_tool_calls
 
 KEY = "rollout.env_kwargs"
@@ -72,6 +70,8 @@ _CALL_BLOCK = r"<tool_call>.*?</tool_call>"
 class EpisodeOver(RuntimeError):
     """The episode ended (a limit, a timeout, a bad request): the agent's call has no answer."""
 
+    http_status, http_code = 409, "episode_over"
+
 
 class AgentError(RuntimeError):
     """The agent raised (or returned something other than a number): its episode ends as ``error``, counted as
@@ -79,7 +79,9 @@ class AgentError(RuntimeError):
 
 
 class AgentRequestError(ValueError):
-    """A request the trainer cannot answer token-exactly (edited history, changed tools, ``stream``, ...)."""
+    """A request the trainer cannot answer token-exactly (edited history, changed tools, ...)."""
+
+    http_status, http_code = 400, "invalid_request"
 
 
 @dataclass
@@ -91,6 +93,27 @@ class _Turn:
     created: int = 0  # when it was answered (Unix seconds)
     answer: dict | BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    callbacks: list = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def finish(self, answer) -> None:
+        """Answer the turn (once): its waiters wake, its callbacks run (on this thread)."""
+        with self.lock:
+            if self.done.is_set():
+                return
+            self.answer = answer
+            self.done.set()
+            callbacks, self.callbacks = self.callbacks, []
+        for fn in callbacks:
+            fn()
+
+    def when_done(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once the turn is answered (at once if it is)."""
+        with self.lock:
+            if not self.done.is_set():
+                self.callbacks.append(fn)
+                return
+        fn()
 
 
 @dataclass
@@ -121,9 +144,15 @@ class _Session:
         return _plain(turn.answer, "answer")  # each caller its own copy
 
     def ask(self, messages, tools) -> _Turn:
-        """The answered turn of a request. A retry (the same messages and tools as the request being answered,
-        or as the last one answered) gets that turn's answer, never a second turn; another request while one is
-        being answered is refused."""
+        """The answered turn of a request (blocks until it is answered)."""
+        turn = self.submit(messages, tools)
+        turn.done.wait()
+        return turn
+
+    def submit(self, messages, tools) -> _Turn:
+        """The turn of a request, answered or not (never blocks). A retry (the same messages and tools as the
+        request being answered, or as the last one answered) gets that turn, never a second turn; another
+        request while one is being answered is refused."""
         request = (_plain(messages, "messages"), _plain(tools or [], "tools"))
         with self.lock:
             if self.closed is not None:
@@ -136,7 +165,6 @@ class _Session:
             if turn is None:
                 turn = self.pending = _Turn(request)
                 self.events.put(("request", *request))
-        turn.done.wait()
         return turn
 
     def answer(self, reply: dict) -> None:
@@ -146,8 +174,8 @@ class _Session:
             self.calls += 1
             if turn is None:
                 return
-            turn.answer, turn.number, turn.created, self.answered = reply, self.calls, int(time.time()), turn
-        turn.done.set()
+            turn.number, turn.created, self.answered = self.calls, int(time.time()), turn
+        turn.finish(reply)
 
     def close(self, why: str) -> None:
         with self.lock:
@@ -155,8 +183,7 @@ class _Session:
                 self.closed = why
             turn, self.pending = self.pending, None
         if turn is not None:
-            turn.answer = EpisodeOver(f"episode {self.id} is over: {self.closed}")
-            turn.done.set()
+            turn.finish(EpisodeOver(f"episode {self.id} is over: {self.closed}"))
         self.events.put(("closed", why))
 
 
@@ -201,6 +228,7 @@ class AgentEnv:
         serve: also serve the OpenAI-compatible endpoint (``client.base_url``).
         host, port: where it listens: loopback by default; port 0 picks a free one.
         model: the model name the endpoint reports.
+        limits: the endpoint's limits (:class:`~gspo_mcore.envs.endpoint.EndpointLimits`' fields).
     """
 
     def __init__(
@@ -212,6 +240,7 @@ class AgentEnv:
         host: str = "127.0.0.1",
         port: int = 0,
         model: str = "policy",
+        limits: Mapping[str, Any] | None = None,
     ):
         fn = load_object(agent, f"{KEY}.agent") if isinstance(agent, str) else agent
         if not callable(fn):
@@ -227,6 +256,10 @@ class AgentEnv:
             pass  # no signature (a builtin): called as is
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
             raise ValueError(f"{KEY}.port must be an integer in [0, 65535], got {port!r}")
+        try:
+            endpoint_limits = EndpointLimits(**dict(limits or {}))
+        except TypeError as e:
+            raise ValueError(f"{KEY}.limits: {e} (fields: {sorted(EndpointLimits.__dataclass_fields__)})") from e
         self.fn, self.agent_kwargs, self.model = fn, dict(agent_kwargs or {}), model
         self.sessions: dict[str, _Session] = {}
         self.ended: collections.OrderedDict[str, _Session] = collections.OrderedDict()
@@ -236,7 +269,7 @@ class AgentEnv:
         self.server = None
         if serve:
             try:
-                self.server = _serve(self, host, port)
+                self.server = Endpoint(self, host, port, endpoint_limits)
             except OSError as e:
                 raise ValueError(f"{KEY}: cannot listen on {host}:{port} ({e})") from e
             if not _loopback(host):
@@ -253,13 +286,13 @@ class AgentEnv:
         """The endpoint's root (``/v1/models``); each episode's is ``client.base_url``."""
         if self.server is None:
             return None
-        host, port = self.server.server_address[:2]
+        host, port = self.server.address
         return f"http://{host}:{port}/v1"
 
     def _episode_url(self, session: _Session) -> str | None:
         if self.server is None:
             return None
-        host, port = self.server.server_address[:2]
+        host, port = self.server.address
         return f"http://{host}:{port}/episodes/{session.id}/v1"
 
     # -- the environment ----------------------------------------------------------------------------------
@@ -317,9 +350,12 @@ class AgentEnv:
         for session in list(self.sessions.values()):
             self.end_episode(session)
         if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+            self.server.close()
             self.server = None
+
+    def find(self, episode: str) -> _Session | None:
+        """The open or recently ended episode named ``episode`` (the endpoint's routes)."""
+        return self.sessions.get(episode) or self.ended.get(episode)
 
     def _run_agent(self, session: _Session, client: ChatClient, row) -> None:
         try:
@@ -479,86 +515,3 @@ def _plain(value, what: str):
         return json.loads(json.dumps(value))
     except (TypeError, ValueError) as e:
         raise AgentRequestError(f"the request's {what} are not JSON ({e})") from e
-
-
-# -- the OpenAI-compatible endpoint ---------------------------------------------------------------------------
-_CHAT = re.compile(r"/episodes/([^/]+)/v1/chat/completions")
-_MODELS = re.compile(r"(/episodes/[^/]+)?/v1/models")
-
-
-def _serve(env: AgentEnv, host: str, port: int) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):  # quiet: one line per request would flood the run's log
-            pass
-
-        def handle(self):
-            try:
-                super().handle()
-            except (BrokenPipeError, ConnectionResetError):  # a client that timed out: its retry gets the answer
-                logger.info("agent endpoint: %s: the client hung up before its answer", self.path)
-
-        def do_GET(self):
-            if _MODELS.fullmatch(self.path.rstrip("/")):
-                return self._json(HTTPStatus.OK, {"object": "list", "data": [{"id": env.model, "object": "model"}]})
-            return self._error(HTTPStatus.NOT_FOUND, f"no route {self.path}")
-
-        def do_POST(self):
-            route = _CHAT.fullmatch(self.path.rstrip("/"))
-            if route is None:
-                return self._error(
-                    HTTPStatus.NOT_FOUND, f"no route {self.path}; use the episode's client.base_url + /chat/completions"
-                )
-            session = env.sessions.get(route.group(1)) or env.ended.get(route.group(1))
-            if session is None:
-                return self._error(HTTPStatus.NOT_FOUND, f"no open episode {route.group(1)!r}")
-            header = self.headers.get("Authorization", "")
-            key = header[len("Bearer ") :].strip() if header.startswith("Bearer ") else ""
-            if not hmac.compare_digest(key.encode(), session.key.encode()):
-                why = "another key than its own" if key else "no API key"
-                logger.warning("agent endpoint: episode %s: refused a request with %s", session.id, why)
-                return self._error(
-                    HTTPStatus.UNAUTHORIZED, f"episode {session.id}: {why}; send the episode's client.api_key"
-                )
-            try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-                    raise AgentRequestError("the body must be a JSON object with a 'messages' list")
-                if body.get("stream"):
-                    raise AgentRequestError("stream is not supported: the trainer answers each turn whole")
-                if body.get("n", 1) != 1:
-                    raise AgentRequestError("n must be 1: an episode is one sequence")
-                turn = session.ask(body["messages"], body.get("tools"))
-                if isinstance(turn.answer, BaseException):
-                    raise turn.answer
-            except EpisodeOver as e:
-                return self._error(HTTPStatus.CONFLICT, str(e))
-            except (AgentRequestError, ValueError) as e:
-                return self._error(HTTPStatus.BAD_REQUEST, str(e))
-            message = turn.answer
-            finish = "tool_calls" if message.get("tool_calls") else "stop"
-            return self._json(
-                HTTPStatus.OK,
-                {
-                    "id": f"chatcmpl-{session.id}-{turn.number}",
-                    "object": "chat.completion",
-                    "created": turn.created,
-                    "model": env.model,
-                    "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-                },
-            )
-
-        def _json(self, status: HTTPStatus, payload: dict) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _error(self, status: HTTPStatus, message: str) -> None:
-            self._json(status, {"error": {"message": message, "type": "invalid_request_error", "code": status.value}})
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True, name="agent-endpoint").start()
-    return server

@@ -273,7 +273,7 @@ def test_the_endpoint_listens_on_loopback_and_refuses_what_it_cannot_answer_exac
 
     env = AgentEnv(agent, serve=True, model="my-policy")
     try:
-        assert env.server.server_address[0] == "127.0.0.1"
+        assert env.server.address[0] == "127.0.0.1"
         with urllib.request.urlopen(env.base_url + "/models", timeout=10) as r:
             assert json.loads(r.read())["data"][0]["id"] == "my-policy"
         [s] = run(env)
