@@ -20,9 +20,10 @@ client split off the content merged back into the ``<think>`` block; an empty an
 left out; content None, "" or absent, or a list of text parts; tool-call arguments as JSON, not as strings;
 fields clients add (``name``, and ``refusal``, ``annotations``, ``audio``, ``function_call`` holding nothing).
 A request that edits or drops history ends the episode as ``error`` naming the message, the field and both
-values. Tool-call ids are ``call_`` + random hex, unique within the episode. The request's sampling fields
-(``temperature``, ``max_tokens``, ...) are ignored: the run's ``rollout.sampling`` and ``rollout.episode``
-limits decide. ``stream`` and ``n`` > 1 are refused.
+values. Tool-call ids are ``call_`` + random hex, unique within the episode. Every answer has ``usage`` (the
+trainer's token counts), and ``logprobs`` (the recorded log-probs) when asked. Request fields that would change
+the policy's distribution or the run's limits (``temperature``, ``max_tokens``, ``tool_choice`` "required", ...:
+:data:`~gspo_mcore.envs.chat_api.REFUSABLE`) are refused naming the field, unless ``ignore_fields`` lists them.
 
 When the episode ends for another cause (``max_turns``, ``max_total_tokens``, a timeout), the agent's pending
 or next call raises :class:`EpisodeOver` (HTTP 409), so its thread ends Every later request with the
@@ -57,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gspo_mcore.envs.base import TOOL_CALLS, Reset, Step
+from gspo_mcore.envs.chat_api import REFUSABLE
 from gspo_mcore.envs.endpoint import Endpoint, EndpointLimits
 from gspo_mcore.envs.tools import ToolCall, load_object, parse_tool_calls
 
@@ -92,6 +94,7 @@ class _Turn:
     number: int = 0  # the episode's how-manieth answer (the completion id)
     created: int = 0  # when it was answered (Unix seconds)
     answer: dict | BaseException | None = None
+    meta: dict = field(default_factory=dict)  # the turn's tokens as the trainer counted them (TurnTokens)
     done: threading.Event = field(default_factory=threading.Event)
     callbacks: list = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -167,7 +170,7 @@ class _Session:
                 self.events.put(("request", *request))
         return turn
 
-    def answer(self, reply: dict) -> None:
+    def answer(self, reply: dict, meta: dict | None = None) -> None:
         """The environment side: the policy's turn answers the pending request (and its retries)."""
         with self.lock:
             turn, self.pending = self.pending, None
@@ -175,6 +178,7 @@ class _Session:
             if turn is None:
                 return
             turn.number, turn.created, self.answered = self.calls, int(time.time()), turn
+            turn.meta = dict(meta or {})
         turn.finish(reply)
 
     def close(self, why: str) -> None:
@@ -229,6 +233,9 @@ class AgentEnv:
         host, port: where it listens: loopback by default; port 0 picks a free one.
         model: the model name the endpoint reports.
         limits: the endpoint's limits (:class:`~gspo_mcore.envs.endpoint.EndpointLimits`' fields).
+        ignore_fields: request fields the endpoint lets through unhonoured instead of refusing them (names from
+            :data:`~gspo_mcore.envs.chat_api.REFUSABLE`, ``n`` excepted): one warning per field per run, counted
+            in ``ignored_fields``.
     """
 
     def __init__(
@@ -241,6 +248,7 @@ class AgentEnv:
         port: int = 0,
         model: str = "policy",
         limits: Mapping[str, Any] | None = None,
+        ignore_fields: Sequence[str] = (),
     ):
         fn = load_object(agent, f"{KEY}.agent") if isinstance(agent, str) else agent
         if not callable(fn):
@@ -256,6 +264,17 @@ class AgentEnv:
             pass  # no signature (a builtin): called as is
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
             raise ValueError(f"{KEY}.port must be an integer in [0, 65535], got {port!r}")
+        if isinstance(ignore_fields, str):
+            ignore_fields = [ignore_fields]
+        unknown = sorted(set(ignore_fields) - (set(REFUSABLE) - {"n"}))
+        if unknown:
+            raise ValueError(
+                f"{KEY}.ignore_fields: {unknown} cannot be ignored (one of {sorted(set(REFUSABLE) - {'n'})})"
+            )
+        self.ignore_fields = tuple(ignore_fields)
+        self.ignored_fields: collections.Counter[str] = collections.Counter()
+        """How many requests had each ignored field set (a warning names each field once)."""
+        self._ignored_lock = threading.Lock()
         try:
             endpoint_limits = EndpointLimits(**dict(limits or {}))
         except TypeError as e:
@@ -316,10 +335,21 @@ class AgentEnv:
         session.conversation, session.tools = [(_canonical(m), False) for m in messages], tools
         return Reset(observation=messages, state=session, tools=tuple(tools))
 
-    def step(self, session: _Session, action: str) -> Step:
+    def step(self, session: _Session, action: str, turn=None) -> Step:
+        """Answer the pending request with the policy's turn; ``turn`` (the driver's ``TurnTokens``) gives the
+        answer's ``usage``, ``logprobs`` and finish reason."""
         session.reply = _assistant_message(action, session.call_ids)
         calls = len(session.reply.get("tool_calls", ()))
-        session.answer(session.reply)
+        meta = {}
+        if turn is not None:
+            meta = {
+                "prompt_tokens": turn.prompt_tokens,
+                "ids": turn.ids,
+                "logprobs": turn.logprobs,
+                "tokens": turn.tokens,
+                "finish_reason": turn.finish_reason,
+            }
+        session.answer(session.reply, meta)
         event = session.events.get()
         kind = event[0]
         if kind == "finished":
@@ -352,6 +382,19 @@ class AgentEnv:
         if self.server is not None:
             self.server.close()
             self.server = None
+
+    def note_ignored(self, fields: Sequence[str]) -> None:
+        """A request set ``fields``, ignored as the run asked (``ignore_fields``): counted, warned once each."""
+        with self._ignored_lock:
+            new = [f for f in fields if f not in self.ignored_fields]
+            self.ignored_fields.update(fields)
+        for f in new:
+            logger.warning(
+                "agent endpoint: a request set %s; ignored as %s.ignore_fields lists it (%s; warned once per run)",
+                f,
+                KEY,
+                REFUSABLE[f],
+            )
 
     def find(self, episode: str) -> _Session | None:
         """The open or recently ended episode named ``episode`` (the endpoint's routes)."""

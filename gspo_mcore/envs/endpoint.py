@@ -121,7 +121,8 @@ class Endpoint:
     :meth:`close`.
 
     ``env`` provides ``model`` (the name reported), ``find(episode_id)`` (the open or recently ended session,
-    or ``None``); a session provides ``id``, ``key``, ``submit(messages, tools)`` (the request's
+    or ``None``), ``ignore_fields`` and ``note_ignored(fields)`` (request fields let through, and counting
+    them). A session provides ``id``, ``key``, ``submit(messages, tools)`` (the request's
     :class:`~gspo_mcore.envs.agent._Turn`, whose ``when_done(callback)`` calls back from any thread). An
     exception with ``http_status`` and ``http_code`` (and maybe ``param``) is answered with them.
     """
@@ -208,7 +209,11 @@ class Endpoint:
         self._check_key(request, session)
         body = await self._read_json(request)
         try:
-            chat = chat_api.parse_request(body)
+            chat = chat_api.parse_request(body, self.env.ignore_fields)
+            if chat.stream:
+                raise chat_api.FieldRefused("stream", "stream is not supported: the trainer answers each turn whole")
+            if chat.ignored:
+                self.env.note_ignored(chat.ignored)
             turn = session.submit(chat.messages, chat.tools)
             await _done(turn)
             if isinstance(turn.answer, BaseException):
@@ -218,7 +223,7 @@ class Endpoint:
             if status is None:
                 raise
             raise Refused(status, str(e), code=e.http_code, param=getattr(e, "param", None)) from None
-        return web.json_response(chat_api.completion(self.env.model, session.id, turn))
+        return web.json_response(chat_api.completion(self.env.model, session.id, turn, chat))
 
     def _check_key(self, request: web.BaseRequest, session) -> None:
         header = request.headers.get("Authorization", "")

@@ -709,3 +709,100 @@ def test_a_request_after_the_episode_ended_stays_409_however_often_it_is_retried
     assert [status for status, _ in late] == [409] * 4, late
     assert all("is over" in b["error"]["message"] for _, b in late), late
     assert wrong[0] == 401
+
+
+# -- request fields (issue 38 item 6) ----------------------------------------------------------------------------
+def _served(agent, **kwargs):
+    env = AgentEnv(agent, serve=True, **kwargs)
+    try:
+        return run(env, params=SAMPLED), env
+    finally:
+        env.close()
+
+
+def test_usage_and_logprobs_are_the_trainers_counts_and_recorded_log_probs():
+    """Every answer has ``usage`` (the episode's tokens before the turn, the turn's sampled ids);
+    ``logprobs=True`` returns the recorded log-prob of every sampled id, the stop token included."""
+    answers = []
+
+    def agent(client, row):
+        url = client.base_url + "/chat/completions"
+        messages = [{"role": "user", "content": row["prompt"]}]
+        answers.append(_post(url, {"messages": messages, "tools": TOOLS, "logprobs": True}, client.api_key)[1])
+        reply = answers[-1]["choices"][0]["message"]
+        messages += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "ab-42"}]
+        answers.append(_post(url, {"messages": messages, "tools": TOOLS}, client.api_key)[1])
+        return 1.0
+
+    [s], _ = _served(agent)
+    assert s.episode.end == "done", s.episode.error
+    first, second = answers
+    policy = [k for k, m in enumerate(s.response_mask) if m]
+    n1 = first["usage"]["completion_tokens"]
+    assert first["usage"]["prompt_tokens"] == len(s.prompt_ids)
+    assert n1 + second["usage"]["completion_tokens"] == len(policy)
+    assert second["usage"]["prompt_tokens"] == len(s.prompt_ids) + policy[n1]  # everything before the 2nd turn
+    assert first["usage"]["total_tokens"] == first["usage"]["prompt_tokens"] + n1
+    content = first["choices"][0]["logprobs"]["content"]
+    assert [c["logprob"] for c in content] == [s.response_logprobs[k] for k in policy[:n1]]
+    assert "".join(c["token"] for c in content) == first["choices"][0]["message"]["content"] + TURNS[0]
+    assert second["choices"][0]["logprobs"] is None  # not asked for
+    assert first["choices"][0]["finish_reason"] == "tool_calls" and second["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("temperature", 0.3),
+        ("top_p", 0.9),
+        ("seed", 1),
+        ("presence_penalty", 0.5),
+        ("frequency_penalty", 0.5),
+        ("tool_choice", "required"),
+        ("tool_choice", {"type": "function", "function": {"name": "lookup"}}),
+        ("parallel_tool_calls", False),
+        ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+        ("n", 2),
+        ("max_tokens", 5),
+        ("max_completion_tokens", 5),
+        ("stop", ["ab"]),
+        ("top_logprobs", 2),
+    ],
+)
+def test_a_field_the_trainer_cannot_honour_is_refused_naming_it(field, value):
+    answers = {}
+
+    def agent(client, row):
+        body = {"messages": [{"role": "user", "content": row["prompt"]}], "tools": TOOLS, field: value}
+        answers["refused"] = _post(client.base_url + "/chat/completions", body, client.api_key)
+        neutral = {"tool_choice": "auto", "parallel_tool_calls": True, "n": 1, "response_format": {"type": "text"}}
+        body = dict(body, **{field: neutral.get(field)})  # the neutral value (or null) is taken
+        answers["taken"] = _post(client.base_url + "/chat/completions", body, client.api_key)
+        return 0.0
+
+    [s], _ = _served(agent)
+    status, body = answers["refused"]
+    assert status == 400 and body["error"]["param"] == field, body
+    assert body["error"]["message"].startswith(f"{field}=") and "cannot be honoured" in body["error"]["message"]
+    assert answers["taken"][0] == 200 and s.episode.end == "done"
+
+
+def test_fields_the_run_lists_are_ignored_with_one_warning_and_a_count(caplog):
+    def agent(client, row):
+        body = {"messages": [{"role": "user", "content": row["prompt"]}], "tools": TOOLS, "temperature": 0.2}
+        _post(client.base_url + "/chat/completions", dict(body, max_tokens=9), client.api_key)
+        return 0.0
+
+    with caplog.at_level("WARNING", logger="gspo_mcore.envs.agent"):
+        got, env = _served(agent, ignore_fields=["temperature", "max_tokens"])
+        env = AgentEnv(agent, serve=True, ignore_fields=["temperature", "max_tokens"])
+        try:
+            got = run(env, params=SAMPLED, n=3)
+        finally:
+            env.close()
+    assert [s.episode.end for s in got] == ["done"] * 3
+    assert env.ignored_fields == {"temperature": 3, "max_tokens": 3}
+    warned = [r.getMessage() for r in caplog.records if "ignored as" in r.getMessage()]
+    assert len([w for w in warned if "temperature" in w]) == 2, warned  # once per run (two runs above)
+    with pytest.raises(ValueError, match=r"rollout.env_kwargs.ignore_fields: \['n', 'user'\] cannot be ignored"):
+        AgentEnv(agent, ignore_fields=["n", "user"])

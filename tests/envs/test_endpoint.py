@@ -15,6 +15,7 @@ class _Env:
     """One open episode, ``ep``, whose requests nobody answers (the limits refuse before they reach it)."""
 
     model = "policy"
+    ignore_fields = ()
 
     def __init__(self):
         self.session = _Session(id="ep")
