@@ -20,9 +20,10 @@ client split off the content merged back into the ``<think>`` block; an empty an
 left out; content None, "" or absent, or a list of text parts; tool-call arguments as JSON, not as strings;
 fields clients add (``name``, and ``refusal``, ``annotations``, ``audio``, ``function_call`` holding nothing).
 A request that edits or drops history ends the episode as ``error`` naming the message, the field and both
-values. Tool-call ids are ``call_`` + random hex, unique within the episode. Every answer has ``usage`` (the
-trainer's token counts), and ``logprobs`` (the recorded log-probs) when asked. Request fields that would change
-the policy's distribution or the run's limits (``temperature``, ``max_tokens``, ``tool_choice`` "required", ...:
+values. Tool-call ids are ``call_`` + random hex, unique within the episode. ``stream: true`` gets the answer
+as server-sent-event chunks once the turn is sampled. Every answer has ``usage`` (the trainer's token counts),
+and ``logprobs`` (the recorded log-probs) when asked. Request fields that would change the policy's
+distribution or the run's limits (``temperature``, ``max_tokens``, ``tool_choice`` "required", ...:
 :data:`~gspo_mcore.envs.chat_api.REFUSABLE`) are refused naming the field, unless ``ignore_fields`` lists them.
 
 When the episode ends for another cause (``max_turns``, ``max_total_tokens``, a timeout), the agent's pending

@@ -153,3 +153,28 @@ def completion(model: str, episode: str, turn, request: ChatRequest) -> dict:
         ],
         "usage": usage(turn),
     }
+
+
+def chunks(model: str, episode: str, turn, request: ChatRequest) -> list[dict]:
+    """An answered turn as ``chat.completion.chunk`` events (``stream: true``), sent once the turn is sampled:
+    the role, the text, one delta per tool call (whole), the finish reason, and with
+    ``stream_options.include_usage`` a last chunk with the usage."""
+    head = {"id": f"chatcmpl-{episode}-{turn.number}", "object": "chat.completion.chunk", "created": turn.created}
+    head["model"] = model
+
+    def chunk(delta: dict, finish: str | None = None, logprobs_: dict | None = None) -> dict:
+        out = {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs_}]}
+        if request.include_usage:
+            out["usage"] = None
+        return out
+
+    message = turn.answer
+    out = [chunk({"role": "assistant", "content": ""})]
+    if message.get("content"):
+        out.append(chunk({"content": message["content"]}, logprobs_=logprobs(turn) if request.logprobs else None))
+    for k, call in enumerate(message.get("tool_calls", ())):
+        out.append(chunk({"tool_calls": [{"index": k, **call}]}))
+    out.append(chunk({}, finish_reason(turn)))
+    if request.include_usage:
+        out.append({**head, "choices": [], "usage": usage(turn)})
+    return out

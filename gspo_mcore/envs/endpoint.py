@@ -210,8 +210,6 @@ class Endpoint:
         body = await self._read_json(request)
         try:
             chat = chat_api.parse_request(body, self.env.ignore_fields)
-            if chat.stream:
-                raise chat_api.FieldRefused("stream", "stream is not supported: the trainer answers each turn whole")
             if chat.ignored:
                 self.env.note_ignored(chat.ignored)
             turn = session.submit(chat.messages, chat.tools)
@@ -223,7 +221,22 @@ class Endpoint:
             if status is None:
                 raise
             raise Refused(status, str(e), code=e.http_code, param=getattr(e, "param", None)) from None
+        if chat.stream:
+            return await self._stream(request, chat_api.chunks(self.env.model, session.id, turn, chat))
         return web.json_response(chat_api.completion(self.env.model, session.id, turn, chat))
+
+    async def _stream(self, request: web.BaseRequest, events: list[dict]) -> web.StreamResponse:
+        """Server-sent events: each chunk as ``data: {json}``, then ``data: [DONE]``."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        try:
+            await response.prepare(request)
+            for event in events:
+                await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionError:
+            logger.info("agent endpoint: %s: the client hung up during its stream", request.path)
+        return response
 
     def _check_key(self, request: web.BaseRequest, session) -> None:
         header = request.headers.get("Authorization", "")

@@ -261,7 +261,7 @@ def test_the_endpoint_listens_on_loopback_and_refuses_what_it_cannot_answer_exac
     def agent(client, row):
         url = client.base_url + "/chat/completions"
         hello = [{"role": "user", "content": row["prompt"]}]
-        answers["stream"] = _post(url, {"messages": hello, "stream": True}, client.api_key)
+        answers["choice"] = _post(url, {"messages": hello, "tool_choice": "required"}, client.api_key)
         answers["n"] = _post(url, {"messages": hello, "n": 2}, client.api_key)
         answers["key"] = _post(url, {"messages": hello}, "not-a-key")
         answers["route"] = _post(client.base_url + "/completions", {"prompt": "x"}, client.api_key)
@@ -279,7 +279,7 @@ def test_the_endpoint_listens_on_loopback_and_refuses_what_it_cannot_answer_exac
         [s] = run(env)
     finally:
         env.close()
-    assert answers["stream"][0] == 400 and "stream is not supported" in answers["stream"][1]["error"]["message"]
+    assert answers["choice"][0] == 400 and answers["choice"][1]["error"]["param"] == "tool_choice"
     assert answers["n"][0] == 400 and "n must be 1" in answers["n"][1]["error"]["message"]
     assert answers["key"][0] == 401 and answers["route"][0] == 404
     status, body = answers["first"]
@@ -806,3 +806,55 @@ def test_fields_the_run_lists_are_ignored_with_one_warning_and_a_count(caplog):
     assert len([w for w in warned if "temperature" in w]) == 2, warned  # once per run (two runs above)
     with pytest.raises(ValueError, match=r"rollout.env_kwargs.ignore_fields: \['n', 'user'\] cannot be ignored"):
         AgentEnv(agent, ignore_fields=["n", "user"])
+
+
+# -- streaming (issue 38 item 4) -----------------------------------------------------------------------------------
+def _stream(url, body, key):
+    """POST with ``stream: true``; the server-sent events' JSON, up to ``[DONE]``."""
+    req = urllib.request.Request(
+        url, data=json.dumps({**body, "stream": True}).encode(), headers={"Authorization": f"Bearer {key}"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        events = [line[len(b"data: ") :].strip() for line in r.read().split(b"\n\n") if line.startswith(b"data: ")]
+    assert events[-1] == b"[DONE]", events
+    return [json.loads(e) for e in events[:-1]]
+
+
+def test_a_streamed_answer_is_the_answer_as_chunks():
+    """The same turn streamed (a retry of the request, so the same answer): role, text, one delta per tool call,
+    the finish reason, and with include_usage a last chunk with the usage; the deltas merged are the message."""
+    got = {}
+
+    def agent(client, row):
+        url = client.base_url + "/chat/completions"
+        body = {"messages": [{"role": "user", "content": row["prompt"]}], "tools": TOOLS}
+        got["whole"] = _post(url, body, client.api_key)[1]
+        got["chunks"] = _stream(url, dict(body, stream_options={"include_usage": True}), client.api_key)
+        got["plain"] = _stream(url, body, client.api_key)
+        return 0.0
+
+    two = [call("lookup", key="ab") + call("lookup", key="cd")]
+    env = AgentEnv(agent, serve=True)
+    try:
+        [s] = run(env, turns=two, params=SamplingParams(temperature=0.0, max_new_tokens=200))
+    finally:
+        env.close()
+    assert s.episode.end == "done", s.episode.error
+    whole, chunks = got["whole"], got["chunks"]
+    assert {c["id"] for c in chunks} == {whole["id"]} and all(c["object"] == "chat.completion.chunk" for c in chunks)
+    *deltas, last = chunks
+    assert last["choices"] == [] and last["usage"] == whole["usage"] and whole["usage"]["completion_tokens"] > 0
+    message = {"role": None, "content": "", "tool_calls": []}
+    for c in deltas:
+        [choice] = c["choices"]
+        delta = choice["delta"]
+        message["role"] = delta.get("role", message["role"])
+        message["content"] += delta.get("content") or ""
+        for t in delta.get("tool_calls", ()):
+            assert t.pop("index") == len(message["tool_calls"])
+            message["tool_calls"].append(t)
+        assert c["usage"] is None
+    assert message == whole["choices"][0]["message"] and len(message["tool_calls"]) == 2
+    assert [c["choices"][0]["finish_reason"] for c in deltas][-1] == "tool_calls"
+    assert all("usage" not in c for c in got["plain"]) and len(got["plain"]) == len(deltas)
