@@ -2,9 +2,10 @@
 
 The user writes the agent: a function ``agent(client, row, **agent_kwargs) -> reward`` (or ``async def``) that
 talks to the policy with ``client.chat(messages, tools=...)`` and runs its own tools between calls. With
-``serve: true`` the same calls are also served over HTTP as an OpenAI-compatible ``/v1/chat/completions`` on
-loopback (``client.base_url``, ``client.api_key``), so a black-box program (any language, the ``openai`` SDK)
-can be the agent: the function starts it and returns its reward.
+``serve: true`` the same calls are also served over HTTP as an OpenAI-compatible ``/v1/chat/completions`` (and
+``/v1/responses``, :mod:`gspo_mcore.envs.responses_api`) on loopback (``client.base_url``, ``client.api_key``),
+so a black-box program (any language, the ``openai`` SDK) can be the agent: the function starts it and returns its
+reward.
 
 :class:`AgentEnv` turns that program into an :class:`~gspo_mcore.envs.base.Environment`: ``reset`` starts the
 agent (its own thread) and waits for its first request, whose messages and tools are the first observation;

@@ -58,7 +58,7 @@ class ChatRequest:
     """Fields set in the request that the run's ``ignore_fields`` let through."""
 
 
-def _neutral(name: str, value) -> bool:
+def neutral(name: str, value) -> bool:
     """Whether a field's value leaves the policy's turn as the trainer samples it."""
     if value is None:
         return True
@@ -86,7 +86,7 @@ def parse_request(body: Any, ignore: Sequence[str] = ()) -> ChatRequest:
         raise FieldRefused("messages", "the body must be a JSON object with a 'messages' list")
     ignored = []
     for name, why in REFUSABLE.items():
-        if name in body and not _neutral(name, body[name]):
+        if name in body and not neutral(name, body[name]):
             if name not in ignore or name == "n":
                 raise FieldRefused(
                     name,

@@ -23,6 +23,7 @@ header size caps, a strict parser), and one library serves both HTTP sides of th
 from __future__ import annotations
 
 import asyncio
+import collections
 import hmac
 import json
 import logging
@@ -33,11 +34,13 @@ from typing import Any
 
 from aiohttp import web
 
-from gspo_mcore.envs import chat_api
+from gspo_mcore.envs import chat_api, responses_api
 
 logger = logging.getLogger("gspo_mcore.envs.agent")
 
-_CHAT = re.compile(r"/episodes/([^/]+)/v1/chat/completions")
+_CHAT = re.compile(r"/episodes/([^/]+)/v1/(chat/completions|responses)")
+RESPONSES_KEPT = 65536
+"""How many answered Responses-API responses are kept (for ``previous_response_id``), oldest dropped first."""
 _MODELS = re.compile(r"(/episodes/[^/]+)?/v1/models")
 _LINGER_S = 1.0
 """How long the body of a refused request is still read (and dropped) so that its client gets the answer
@@ -129,6 +132,7 @@ class Endpoint:
 
     def __init__(self, env, host: str, port: int, limits: EndpointLimits | None = None):
         self.env, self.limits = env, limits or EndpointLimits()
+        self._responses: collections.OrderedDict[str, list] = collections.OrderedDict()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="agent-endpoint")
         self._thread.start()
@@ -200,7 +204,8 @@ class Endpoint:
         if request.method != "POST" or route is None:
             raise Refused(
                 404,
-                f"no route {request.method} {request.path}; use the episode's client.base_url + /chat/completions",
+                f"no route {request.method} {request.path}; use the episode's client.base_url + /chat/completions "
+                "(or /responses)",
                 code="unknown_route",
             )
         session = self.env.find(route.group(1))
@@ -209,7 +214,10 @@ class Endpoint:
         self._check_key(request, session)
         body = await self._read_json(request)
         try:
-            chat = chat_api.parse_request(body, self.env.ignore_fields)
+            if route.group(2) == "responses":
+                chat = responses_api.parse_request(body, self.env.ignore_fields, self._previous(session.id))
+            else:
+                chat = chat_api.parse_request(body, self.env.ignore_fields)
             if chat.ignored:
                 self.env.note_ignored(chat.ignored)
             turn = session.submit(chat.messages, chat.tools)
@@ -221,6 +229,12 @@ class Endpoint:
             if status is None:
                 raise
             raise Refused(status, str(e), code=e.http_code, param=getattr(e, "param", None)) from None
+        if route.group(2) == "responses":
+            rid = responses_api.response_id(session.id, turn)
+            self._responses[rid] = [*chat.messages, turn.answer]
+            while len(self._responses) > RESPONSES_KEPT:
+                self._responses.popitem(last=False)
+            return web.json_response(responses_api.response(self.env.model, session.id, turn, chat, body))
         if chat.stream:
             return await self._stream(request, chat_api.chunks(self.env.model, session.id, turn, chat))
         return web.json_response(chat_api.completion(self.env.model, session.id, turn, chat))
@@ -237,6 +251,14 @@ class Endpoint:
         except ConnectionError:
             logger.info("agent endpoint: %s: the client hung up during its stream", request.path)
         return response
+
+    def _previous(self, episode: str):
+        def find(rid):
+            if not isinstance(rid, str) or not rid.startswith(f"resp_{episode}_"):
+                return None
+            return self._responses.get(rid)
+
+        return find
 
     def _check_key(self, request: web.BaseRequest, session) -> None:
         header = request.headers.get("Authorization", "")

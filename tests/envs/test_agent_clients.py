@@ -140,6 +140,42 @@ async def openai_agents_streamed(client, row):
     return await openai_agents(client, row, streamed=True)
 
 
+async def openai_agents_responses(client, row):
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+
+    @function_tool
+    def lookup(key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: the key.
+        """
+        return row["metadata"]["table"][key]
+
+    llm = AsyncOpenAI(base_url=client.base_url, api_key=client.api_key)
+    agent = Agent(name="finder", tools=[lookup], model=OpenAIResponsesModel(client.model, openai_client=llm))
+    result = await Runner.run(agent, row["prompt"])
+    return 1.0 if result.final_output == row["metadata"]["expect"] else 0.0
+
+
+def openai_responses(client, row):
+    """The Responses API with previous_response_id: each request sends only what is new."""
+    from openai import OpenAI
+
+    llm = OpenAI(base_url=client.base_url, api_key=client.api_key)
+    tools = [{"type": "function", **t["function"]} for t in TOOLS]
+    answer = llm.responses.create(model=client.model, input=row["prompt"], tools=tools)
+    while True:
+        calls = [item for item in answer.output if item.type == "function_call"]
+        if not calls:
+            return 1.0 if answer.output_text == row["metadata"]["expect"] else 0.0
+        results = [{"type": "function_call_output", "call_id": c.call_id, "output": "ab-42"} for c in calls]
+        answer = llm.responses.create(model=client.model, input=results, tools=tools, previous_response_id=answer.id)
+
+
 def litellm_agent(client, row):
     import litellm
 
@@ -169,6 +205,8 @@ CLIENTS = {
     "agents-chat": ("agents", openai_agents),
     "agents-run-streamed": ("agents", openai_agents_streamed),
     "litellm": ("litellm", litellm_agent),
+    "agents-responses": ("agents", openai_agents_responses),
+    "openai-responses": ("openai", openai_responses),
 }
 
 
@@ -267,7 +305,15 @@ def test_the_documented_snippets_are_these():
     """docs/agents.md's client sections show these functions' source, verbatim."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text()
     shown = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
-    for fn in (openai_sync, openai_async, openai_stream, langchain_invoke, openai_agents, litellm_agent):
+    for fn in (
+        openai_sync,
+        openai_async,
+        openai_stream,
+        langchain_invoke,
+        openai_agents,
+        openai_responses,
+        litellm_agent,
+    ):
         assert inspect.getsource(fn) in shown, f"docs/agents.md does not show {fn.__name__} as tested"
 
 

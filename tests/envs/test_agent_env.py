@@ -858,3 +858,34 @@ def test_a_streamed_answer_is_the_answer_as_chunks():
     assert message == whole["choices"][0]["message"] and len(message["tool_calls"]) == 2
     assert [c["choices"][0]["finish_reason"] for c in deltas][-1] == "tool_calls"
     assert all("usage" not in c for c in got["plain"]) and len(got["plain"]) == len(deltas)
+
+
+# -- the Responses API (issue 38 item 5) ----------------------------------------------------------------------------
+def test_the_responses_api_answers_with_output_items_and_refuses_what_it_cannot_serve():
+    answers = {}
+
+    def agent(client, row):
+        url = client.base_url + "/responses"
+        tools = [{"type": "function", **t["function"]} for t in TOOLS]
+        body = {"input": row["prompt"], "tools": tools}
+        answers["stream"] = _post(url, dict(body, stream=True), client.api_key)
+        answers["builtin"] = _post(url, dict(body, tools=[{"type": "web_search"}]), client.api_key)
+        answers["unknown"] = _post(url, dict(body, previous_response_id="resp_other_1"), client.api_key)
+        answers["first"] = _post(url, body, client.api_key)
+        [fc] = answers["first"][1]["output"]
+        more = [{"type": "function_call_output", "call_id": fc["call_id"], "output": "ab-42"}]
+        answers["second"] = _post(
+            url, {"input": more, "tools": tools, "previous_response_id": answers["first"][1]["id"]}, client.api_key
+        )
+        return 1.0
+
+    [s], _ = _served(agent)
+    assert s.episode.end == "done" and s.episode.turns == 2, s.episode.error
+    for what, param in (("stream", "stream"), ("builtin", "tools"), ("unknown", "previous_response_id")):
+        assert answers[what][0] == 400 and answers[what][1]["error"]["param"] == param, answers[what]
+    status, first = answers["first"]
+    assert status == 200 and first["object"] == "response" and first["status"] == "completed"
+    assert first["output"][0]["type"] == "function_call" and first["output"][0]["name"] == "lookup"
+    assert first["usage"]["input_tokens"] == len(s.prompt_ids) and first["usage"]["output_tokens"] > 0
+    [message] = answers["second"][1]["output"]
+    assert message["type"] == "message" and message["content"][0]["text"] == "cab ab"
