@@ -17,7 +17,8 @@ INFO (its retry gets the answer).
 
 Why aiohttp (see docs/agents.md): it serves and pools on one event loop (thousands of waiting agent requests
 cost no thread each), streams server-sent events, has its own limits (keep-alive timeout from the first byte,
-header size caps, a strict parser), and one library serves both HTTP sides of the trainer (the SGLang client).
+header size caps, a strict parser), and one library can serve both HTTP sides of the trainer (its client pools
+connections for SGLang).
 """
 
 from __future__ import annotations
