@@ -13,7 +13,9 @@ below is the exact list.)
 - ``learner`` and ``rollout`` never import each other (the trainer wires them);
 - only ``learner`` (its Hugging Face weight I/O in ``learner.hf``), ``convert`` (the offline checkpoint converters,
   above the learner) and ``platform`` (the one adapter of third-party libraries to a CPU host) import ``megatron``;
-- only ``rollout`` speaks to SGLang: it alone imports ``sglang`` or an HTTP client.
+- only ``rollout`` speaks to SGLang: it alone imports ``sglang`` or an HTTP client;
+- only ``envs`` serves HTTP (the agent endpoint, ``envs/endpoint.py``): besides ``rollout`` it alone imports
+  ``aiohttp``, and nothing else of ``HTTP_CLIENTS`` (``HTTP_SERVER_OK``).
 
 ``config`` (the typed-config helpers) and the compiled ``_C`` are importable from anywhere. A new package must be
 given its place in ``ALLOWED`` before this test passes: a layer is a decision, not an accident.
@@ -67,6 +69,8 @@ EXCEPTIONS: dict[str, set[str]] = {}
 MEGATRON_OK = {"learner", "convert", "platform"}
 SGLANG_OK = {"rollout"}
 HTTP_CLIENTS = {"sglang", "aiohttp", "httpx", "requests", "urllib.request", "http.client"}
+HTTP_SERVER_OK = {"envs": {"aiohttp"}}
+"""The package that serves the agent endpoint, and the one HTTP library it may import for it (aiohttp.web)."""
 
 
 def _modules(extra: dict[str, str]):
@@ -117,9 +121,17 @@ def violations(extra: dict[str, str] | None = None) -> list[str]:
                     found.append(f"{rel}:{line}: {top} imports gspo_mcore.{target} (allowed: {sorted(allowed)})")
             elif parts[0] in ("megatron", "transformer_engine") and top not in MEGATRON_OK:
                 found.append(f"{rel}:{line}: {top} imports {name}; only {sorted(MEGATRON_OK)} import megatron")
-            elif top not in SGLANG_OK and any(name == h or name.startswith(h + ".") for h in HTTP_CLIENTS):
-                found.append(f"{rel}:{line}: {top} imports {name}; only rollout speaks to SGLang / HTTP servers")
+            elif top not in SGLANG_OK and any(_under(name, h) for h in HTTP_CLIENTS):
+                if not any(_under(name, h) for h in HTTP_SERVER_OK.get(top, ())):
+                    found.append(
+                        f"{rel}:{line}: {top} imports {name}; only rollout speaks to SGLang / HTTP servers "
+                        f"(and envs serves with aiohttp)"
+                    )
     return found
+
+
+def _under(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
 
 
 def test_import_layers_hold():
@@ -150,6 +162,10 @@ def test_learner_and_rollout_never_import_each_other():
         ("rollout/_bad.py", "from gspo_mcore import learner\n", "rollout imports gspo_mcore.learner"),
         ("rewards/_bad.py", "import megatron.core\n", "only ['convert', 'learner', 'platform'] import megatron"),
         ("trainer/_bad.py", "import aiohttp\n", "only rollout speaks to SGLang"),
+        ("trainer/_bad.py", "from aiohttp import web\n", "only rollout speaks to SGLang"),
+        ("envs/_bad.py", "import httpx\n", "only rollout speaks to SGLang"),
+        ("envs/_bad.py", "from sglang.srt import server\n", "only rollout speaks to SGLang"),
+        ("envs/_bad.py", "import http.client\n", "only rollout speaks to SGLang"),
         ("ops/_bad.py", "from ..algo import policy_loss\n", "ops imports gspo_mcore.algo"),
         ("sandbox/_bad.py", "from gspo_mcore.rewards import code\n", "sandbox imports gspo_mcore.rewards"),
         ("sandbox/_bad.py", "from ..envs.builtin import python\n", "sandbox imports gspo_mcore.envs"),
@@ -161,3 +177,8 @@ def test_a_bad_import_is_caught(rel, source, expect):
     """The rules fail on a deliberate bad import, checked as if the module were in the package."""
     bad = violations({rel: source})
     assert any(rel in b and expect in b for b in bad), bad
+
+
+def test_envs_may_serve_with_aiohttp():
+    """The agent endpoint's package imports aiohttp (its server): no violation."""
+    assert not violations({"envs/_ok.py": "from aiohttp import web\nimport aiohttp\n"})

@@ -2,9 +2,10 @@
 
 The user writes the agent: a function ``agent(client, row, **agent_kwargs) -> reward`` (or ``async def``) that
 talks to the policy with ``client.chat(messages, tools=...)`` and runs its own tools between calls. With
-``serve: true`` the same calls are also served over HTTP as an OpenAI-compatible ``/v1/chat/completions`` on
-loopback (``client.base_url``, ``client.api_key``), so a black-box program (any language, the ``openai`` SDK)
-can be the agent: the function starts it and returns its reward.
+``serve: true`` the same calls are also served over HTTP as an OpenAI-compatible ``/v1/chat/completions`` (and
+``/v1/responses``, :mod:`gspo_mcore.envs.responses_api`) on loopback (``client.base_url``, ``client.api_key``),
+so a black-box program (any language, the ``openai`` SDK) can be the agent: the function starts it and returns its
+reward.
 
 :class:`AgentEnv` turns that program into an :class:`~gspo_mcore.envs.base.Environment`: ``reset`` starts the
 agent (its own thread) and waits for its first request, whose messages and tools are the first observation;
@@ -20,9 +21,11 @@ client split off the content merged back into the ``<think>`` block; an empty an
 left out; content None, "" or absent, or a list of text parts; tool-call arguments as JSON, not as strings;
 fields clients add (``name``, and ``refusal``, ``annotations``, ``audio``, ``function_call`` holding nothing).
 A request that edits or drops history ends the episode as ``error`` naming the message, the field and both
-values. Tool-call ids are ``call_`` + random hex, unique within the episode. The request's sampling fields
-(``temperature``, ``max_tokens``, ...) are ignored: the run's ``rollout.sampling`` and ``rollout.episode``
-limits decide. ``stream`` and ``n`` > 1 are refused.
+values. Tool-call ids are ``call_`` + random hex, unique within the episode. ``stream: true`` gets the answer
+as server-sent-event chunks once the turn is sampled. Every answer has ``usage`` (the trainer's token counts),
+and ``logprobs`` (the recorded log-probs) when asked. Request fields that would change the policy's
+distribution or the run's limits (``temperature``, ``max_tokens``, ``tool_choice`` "required", ...:
+:data:`~gspo_mcore.envs.chat_api.REFUSABLE`) are refused naming the field, unless ``ignore_fields`` lists them.
 
 When the episode ends for another cause (``max_turns``, ``max_total_tokens``, a timeout), the agent's pending
 or next call raises :class:`EpisodeOver` (HTTP 409), so its thread ends Every later request with the
@@ -42,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hmac
 import inspect
 import ipaddress
 import itertools
@@ -55,11 +57,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from gspo_mcore.envs.base import TOOL_CALLS, Reset, Step
+from gspo_mcore.envs.chat_api import REFUSABLE
+from gspo_mcore.envs.endpoint import Endpoint, EndpointLimits
 from gspo_mcore.envs.tools import ToolCall, load_object, parse_tool_calls
 
 KEY = "rollout.env_kwargs"
@@ -72,6 +74,8 @@ _CALL_BLOCK = r"<tool_call>.*?</tool_call>"
 class EpisodeOver(RuntimeError):
     """The episode ended (a limit, a timeout, a bad request): the agent's call has no answer."""
 
+    http_status, http_code = 409, "episode_over"
+
 
 class AgentError(RuntimeError):
     """The agent raised (or returned something other than a number): its episode ends as ``error``, counted as
@@ -79,7 +83,9 @@ class AgentError(RuntimeError):
 
 
 class AgentRequestError(ValueError):
-    """A request the trainer cannot answer token-exactly (edited history, changed tools, ``stream``, ...)."""
+    """A request the trainer cannot answer token-exactly (edited history, changed tools, ...)."""
+
+    http_status, http_code = 400, "invalid_request"
 
 
 @dataclass
@@ -90,7 +96,29 @@ class _Turn:
     number: int = 0  # the episode's how-manieth answer (the completion id)
     created: int = 0  # when it was answered (Unix seconds)
     answer: dict | BaseException | None = None
+    meta: dict = field(default_factory=dict)  # the turn's tokens as the trainer counted them (TurnTokens)
     done: threading.Event = field(default_factory=threading.Event)
+    callbacks: list = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def finish(self, answer) -> None:
+        """Answer the turn (once): its waiters wake, its callbacks run (on this thread)."""
+        with self.lock:
+            if self.done.is_set():
+                return
+            self.answer = answer
+            self.done.set()
+            callbacks, self.callbacks = self.callbacks, []
+        for fn in callbacks:
+            fn()
+
+    def when_done(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once the turn is answered (at once if it is)."""
+        with self.lock:
+            if not self.done.is_set():
+                self.callbacks.append(fn)
+                return
+        fn()
 
 
 @dataclass
@@ -121,9 +149,15 @@ class _Session:
         return _plain(turn.answer, "answer")  # each caller its own copy
 
     def ask(self, messages, tools) -> _Turn:
-        """The answered turn of a request. A retry (the same messages and tools as the request being answered,
-        or as the last one answered) gets that turn's answer, never a second turn; another request while one is
-        being answered is refused."""
+        """The answered turn of a request (blocks until it is answered)."""
+        turn = self.submit(messages, tools)
+        turn.done.wait()
+        return turn
+
+    def submit(self, messages, tools) -> _Turn:
+        """The turn of a request, answered or not (never blocks). A retry (the same messages and tools as the
+        request being answered, or as the last one answered) gets that turn, never a second turn; another
+        request while one is being answered is refused."""
         request = (_plain(messages, "messages"), _plain(tools or [], "tools"))
         with self.lock:
             if self.closed is not None:
@@ -136,18 +170,18 @@ class _Session:
             if turn is None:
                 turn = self.pending = _Turn(request)
                 self.events.put(("request", *request))
-        turn.done.wait()
         return turn
 
-    def answer(self, reply: dict) -> None:
+    def answer(self, reply: dict, meta: dict | None = None) -> None:
         """The environment side: the policy's turn answers the pending request (and its retries)."""
         with self.lock:
             turn, self.pending = self.pending, None
             self.calls += 1
             if turn is None:
                 return
-            turn.answer, turn.number, turn.created, self.answered = reply, self.calls, int(time.time()), turn
-        turn.done.set()
+            turn.number, turn.created, self.answered = self.calls, int(time.time()), turn
+            turn.meta = dict(meta or {})
+        turn.finish(reply)
 
     def close(self, why: str) -> None:
         with self.lock:
@@ -155,8 +189,7 @@ class _Session:
                 self.closed = why
             turn, self.pending = self.pending, None
         if turn is not None:
-            turn.answer = EpisodeOver(f"episode {self.id} is over: {self.closed}")
-            turn.done.set()
+            turn.finish(EpisodeOver(f"episode {self.id} is over: {self.closed}"))
         self.events.put(("closed", why))
 
 
@@ -201,6 +234,10 @@ class AgentEnv:
         serve: also serve the OpenAI-compatible endpoint (``client.base_url``).
         host, port: where it listens: loopback by default; port 0 picks a free one.
         model: the model name the endpoint reports.
+        limits: the endpoint's limits (:class:`~gspo_mcore.envs.endpoint.EndpointLimits`' fields).
+        ignore_fields: request fields the endpoint lets through unhonoured instead of refusing them (names from
+            :data:`~gspo_mcore.envs.chat_api.REFUSABLE`, ``n`` excepted): one warning per field per run, counted
+            in ``ignored_fields``.
     """
 
     def __init__(
@@ -212,6 +249,8 @@ class AgentEnv:
         host: str = "127.0.0.1",
         port: int = 0,
         model: str = "policy",
+        limits: Mapping[str, Any] | None = None,
+        ignore_fields: Sequence[str] = (),
     ):
         fn = load_object(agent, f"{KEY}.agent") if isinstance(agent, str) else agent
         if not callable(fn):
@@ -227,6 +266,21 @@ class AgentEnv:
             pass  # no signature (a builtin): called as is
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
             raise ValueError(f"{KEY}.port must be an integer in [0, 65535], got {port!r}")
+        if isinstance(ignore_fields, str):
+            ignore_fields = [ignore_fields]
+        unknown = sorted(set(ignore_fields) - (set(REFUSABLE) - {"n"}))
+        if unknown:
+            raise ValueError(
+                f"{KEY}.ignore_fields: {unknown} cannot be ignored (one of {sorted(set(REFUSABLE) - {'n'})})"
+            )
+        self.ignore_fields = tuple(ignore_fields)
+        self.ignored_fields: collections.Counter[str] = collections.Counter()
+        """How many requests had each ignored field set (a warning names each field once)."""
+        self._ignored_lock = threading.Lock()
+        try:
+            endpoint_limits = EndpointLimits(**dict(limits or {}))
+        except TypeError as e:
+            raise ValueError(f"{KEY}.limits: {e} (fields: {sorted(EndpointLimits.__dataclass_fields__)})") from e
         self.fn, self.agent_kwargs, self.model = fn, dict(agent_kwargs or {}), model
         self.sessions: dict[str, _Session] = {}
         self.ended: collections.OrderedDict[str, _Session] = collections.OrderedDict()
@@ -236,7 +290,7 @@ class AgentEnv:
         self.server = None
         if serve:
             try:
-                self.server = _serve(self, host, port)
+                self.server = Endpoint(self, host, port, endpoint_limits)
             except OSError as e:
                 raise ValueError(f"{KEY}: cannot listen on {host}:{port} ({e})") from e
             if not _loopback(host):
@@ -253,13 +307,13 @@ class AgentEnv:
         """The endpoint's root (``/v1/models``); each episode's is ``client.base_url``."""
         if self.server is None:
             return None
-        host, port = self.server.server_address[:2]
+        host, port = self.server.address
         return f"http://{host}:{port}/v1"
 
     def _episode_url(self, session: _Session) -> str | None:
         if self.server is None:
             return None
-        host, port = self.server.server_address[:2]
+        host, port = self.server.address
         return f"http://{host}:{port}/episodes/{session.id}/v1"
 
     # -- the environment ----------------------------------------------------------------------------------
@@ -283,10 +337,21 @@ class AgentEnv:
         session.conversation, session.tools = [(_canonical(m), False) for m in messages], tools
         return Reset(observation=messages, state=session, tools=tuple(tools))
 
-    def step(self, session: _Session, action: str) -> Step:
+    def step(self, session: _Session, action: str, turn=None) -> Step:
+        """Answer the pending request with the policy's turn; ``turn`` (the driver's ``TurnTokens``) gives the
+        answer's ``usage``, ``logprobs`` and finish reason."""
         session.reply = _assistant_message(action, session.call_ids)
         calls = len(session.reply.get("tool_calls", ()))
-        session.answer(session.reply)
+        meta = {}
+        if turn is not None:
+            meta = {
+                "prompt_tokens": turn.prompt_tokens,
+                "ids": turn.ids,
+                "logprobs": turn.logprobs,
+                "tokens": turn.tokens,
+                "finish_reason": turn.finish_reason,
+            }
+        session.answer(session.reply, meta)
         event = session.events.get()
         kind = event[0]
         if kind == "finished":
@@ -317,9 +382,25 @@ class AgentEnv:
         for session in list(self.sessions.values()):
             self.end_episode(session)
         if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+            self.server.close()
             self.server = None
+
+    def note_ignored(self, fields: Sequence[str]) -> None:
+        """A request set ``fields``, ignored as the run asked (``ignore_fields``): counted, warned once each."""
+        with self._ignored_lock:
+            new = [f for f in fields if f not in self.ignored_fields]
+            self.ignored_fields.update(fields)
+        for f in new:
+            logger.warning(
+                "agent endpoint: a request set %s; ignored as %s.ignore_fields lists it (%s; warned once per run)",
+                f,
+                KEY,
+                REFUSABLE[f],
+            )
+
+    def find(self, episode: str) -> _Session | None:
+        """The open or recently ended episode named ``episode`` (the endpoint's routes)."""
+        return self.sessions.get(episode) or self.ended.get(episode)
 
     def _run_agent(self, session: _Session, client: ChatClient, row) -> None:
         try:
@@ -479,86 +560,3 @@ def _plain(value, what: str):
         return json.loads(json.dumps(value))
     except (TypeError, ValueError) as e:
         raise AgentRequestError(f"the request's {what} are not JSON ({e})") from e
-
-
-# -- the OpenAI-compatible endpoint ---------------------------------------------------------------------------
-_CHAT = re.compile(r"/episodes/([^/]+)/v1/chat/completions")
-_MODELS = re.compile(r"(/episodes/[^/]+)?/v1/models")
-
-
-def _serve(env: AgentEnv, host: str, port: int) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):  # quiet: one line per request would flood the run's log
-            pass
-
-        def handle(self):
-            try:
-                super().handle()
-            except (BrokenPipeError, ConnectionResetError):  # a client that timed out: its retry gets the answer
-                logger.info("agent endpoint: %s: the client hung up before its answer", self.path)
-
-        def do_GET(self):
-            if _MODELS.fullmatch(self.path.rstrip("/")):
-                return self._json(HTTPStatus.OK, {"object": "list", "data": [{"id": env.model, "object": "model"}]})
-            return self._error(HTTPStatus.NOT_FOUND, f"no route {self.path}")
-
-        def do_POST(self):
-            route = _CHAT.fullmatch(self.path.rstrip("/"))
-            if route is None:
-                return self._error(
-                    HTTPStatus.NOT_FOUND, f"no route {self.path}; use the episode's client.base_url + /chat/completions"
-                )
-            session = env.sessions.get(route.group(1)) or env.ended.get(route.group(1))
-            if session is None:
-                return self._error(HTTPStatus.NOT_FOUND, f"no open episode {route.group(1)!r}")
-            header = self.headers.get("Authorization", "")
-            key = header[len("Bearer ") :].strip() if header.startswith("Bearer ") else ""
-            if not hmac.compare_digest(key.encode(), session.key.encode()):
-                why = "another key than its own" if key else "no API key"
-                logger.warning("agent endpoint: episode %s: refused a request with %s", session.id, why)
-                return self._error(
-                    HTTPStatus.UNAUTHORIZED, f"episode {session.id}: {why}; send the episode's client.api_key"
-                )
-            try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-                    raise AgentRequestError("the body must be a JSON object with a 'messages' list")
-                if body.get("stream"):
-                    raise AgentRequestError("stream is not supported: the trainer answers each turn whole")
-                if body.get("n", 1) != 1:
-                    raise AgentRequestError("n must be 1: an episode is one sequence")
-                turn = session.ask(body["messages"], body.get("tools"))
-                if isinstance(turn.answer, BaseException):
-                    raise turn.answer
-            except EpisodeOver as e:
-                return self._error(HTTPStatus.CONFLICT, str(e))
-            except (AgentRequestError, ValueError) as e:
-                return self._error(HTTPStatus.BAD_REQUEST, str(e))
-            message = turn.answer
-            finish = "tool_calls" if message.get("tool_calls") else "stop"
-            return self._json(
-                HTTPStatus.OK,
-                {
-                    "id": f"chatcmpl-{session.id}-{turn.number}",
-                    "object": "chat.completion",
-                    "created": turn.created,
-                    "model": env.model,
-                    "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-                },
-            )
-
-        def _json(self, status: HTTPStatus, payload: dict) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _error(self, status: HTTPStatus, message: str) -> None:
-            self._json(status, {"error": {"message": message, "type": "invalid_request_error", "code": status.value}})
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True, name="agent-endpoint").start()
-    return server

@@ -45,6 +45,20 @@ Share = Callable[[Any], Any]
 TOOL_CALLS, TOOL_ERRORS = "tool_calls", "tool_errors"
 
 
+@dataclass(frozen=True)
+class TurnTokens:
+    """The policy turn as the trainer counted it, for an environment whose ``step`` takes a ``turn`` keyword
+    (``step(state, action, turn=...)``; the agent endpoint reports them as ``usage`` and ``logprobs``)."""
+
+    prompt_tokens: int
+    """The episode's tokens before this turn (prompt, earlier turns, environment spans)."""
+    ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    tokens: tuple[str, ...]
+    """Each id's text (``renderer.decode([id])``)."""
+    finish_reason: str
+
+
 class PromptTooLong(ValueError):
     """An episode's first observation leaves no room for a policy token under ``max_total_tokens``."""
 
@@ -88,6 +102,10 @@ class EpisodeDriver:
             self._says_stopped = "stopped" in inspect.signature(renderer.after_turn).parameters
         except (TypeError, ValueError):
             self._says_stopped = False
+        try:  # an environment that takes the turn's tokens (AgentEnv) gets them
+            self._takes_turn = "turn" in inspect.signature(env.step).parameters
+        except (TypeError, ValueError, AttributeError):
+            self._takes_turn = False
 
     def run(
         self,
@@ -224,8 +242,8 @@ class EpisodeDriver:
         threads = []
         for k, ep in enumerate(eps):
 
-            def work(k=k, state=ep.state, last=ep.last):
-                results[k] = list(_timed(lambda: self._step_one(state, last), self.config.step_timeout_s))
+            def work(k=k, state=ep.state, last=ep.last, before=len(ep.prompt) + len(ep.ids) - len(ep.last.ids)):
+                results[k] = list(_timed(lambda: self._step_one(state, last, before), self.config.step_timeout_s))
 
             t = threading.Thread(target=work, daemon=True, name="env-step")
             threads.append(t)
@@ -234,9 +252,15 @@ class EpisodeDriver:
             t.join()
         return [(*value, seconds) if ok else ("error", value, 0, 0, 0.0, seconds) for ok, value, seconds in results]
 
-    def _step_one(self, state, last: TurnEnd) -> tuple:
+    def _step_one(self, state, last: TurnEnd, before: int = 0) -> tuple:
         """One episode's step and the render of its observation (raises on any failure of either)."""
-        value = self.env.step(state, self.renderer.decode(last.ids))
+        action = self.renderer.decode(last.ids)
+        if self._takes_turn:
+            tokens = tuple(self.renderer.decode([i]) for i in last.ids)
+            turn = TurnTokens(before, tuple(last.ids), tuple(last.logprobs), tokens, last.finish_reason)
+            value = self.env.step(state, action, turn=turn)
+        else:
+            value = self.env.step(state, action)
         if not all(hasattr(value, a) for a in ("observation", "done", "reward", "info")):
             raise TypeError(f"step returned {type(value).__name__}, not envs.Step")
         calls, errors = int(value.info.get(TOOL_CALLS, 0)), int(value.info.get(TOOL_ERRORS, 0))

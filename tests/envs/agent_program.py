@@ -13,7 +13,7 @@ TOOLS = json.loads(sys.argv[2])
 def chat(messages):
     req = urllib.request.Request(
         os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-        data=json.dumps({"model": "policy", "messages": messages, "tools": TOOLS, "temperature": 0.3}).encode(),
+        data=json.dumps({"model": "policy", "messages": messages, "tools": TOOLS}).encode(),
         headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
     )
     with urllib.request.urlopen(req, timeout=30) as r:

@@ -261,7 +261,7 @@ def test_the_endpoint_listens_on_loopback_and_refuses_what_it_cannot_answer_exac
     def agent(client, row):
         url = client.base_url + "/chat/completions"
         hello = [{"role": "user", "content": row["prompt"]}]
-        answers["stream"] = _post(url, {"messages": hello, "stream": True}, client.api_key)
+        answers["choice"] = _post(url, {"messages": hello, "tool_choice": "required"}, client.api_key)
         answers["n"] = _post(url, {"messages": hello, "n": 2}, client.api_key)
         answers["key"] = _post(url, {"messages": hello}, "not-a-key")
         answers["route"] = _post(client.base_url + "/completions", {"prompt": "x"}, client.api_key)
@@ -273,13 +273,13 @@ def test_the_endpoint_listens_on_loopback_and_refuses_what_it_cannot_answer_exac
 
     env = AgentEnv(agent, serve=True, model="my-policy")
     try:
-        assert env.server.server_address[0] == "127.0.0.1"
+        assert env.server.address[0] == "127.0.0.1"
         with urllib.request.urlopen(env.base_url + "/models", timeout=10) as r:
             assert json.loads(r.read())["data"][0]["id"] == "my-policy"
         [s] = run(env)
     finally:
         env.close()
-    assert answers["stream"][0] == 400 and "stream is not supported" in answers["stream"][1]["error"]["message"]
+    assert answers["choice"][0] == 400 and answers["choice"][1]["error"]["param"] == "tool_choice"
     assert answers["n"][0] == 400 and "n must be 1" in answers["n"][1]["error"]["message"]
     assert answers["key"][0] == 401 and answers["route"][0] == 404
     status, body = answers["first"]
@@ -709,3 +709,183 @@ def test_a_request_after_the_episode_ended_stays_409_however_often_it_is_retried
     assert [status for status, _ in late] == [409] * 4, late
     assert all("is over" in b["error"]["message"] for _, b in late), late
     assert wrong[0] == 401
+
+
+# -- request fields (issue 38 item 6) ----------------------------------------------------------------------------
+def _served(agent, **kwargs):
+    env = AgentEnv(agent, serve=True, **kwargs)
+    try:
+        return run(env, params=SAMPLED), env
+    finally:
+        env.close()
+
+
+def test_usage_and_logprobs_are_the_trainers_counts_and_recorded_log_probs():
+    """Every answer has ``usage`` (the episode's tokens before the turn, the turn's sampled ids);
+    ``logprobs=True`` returns the recorded log-prob of every sampled id, the stop token included."""
+    answers = []
+
+    def agent(client, row):
+        url = client.base_url + "/chat/completions"
+        messages = [{"role": "user", "content": row["prompt"]}]
+        answers.append(_post(url, {"messages": messages, "tools": TOOLS, "logprobs": True}, client.api_key)[1])
+        reply = answers[-1]["choices"][0]["message"]
+        messages += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "ab-42"}]
+        answers.append(_post(url, {"messages": messages, "tools": TOOLS}, client.api_key)[1])
+        return 1.0
+
+    [s], _ = _served(agent)
+    assert s.episode.end == "done", s.episode.error
+    first, second = answers
+    policy = [k for k, m in enumerate(s.response_mask) if m]
+    n1 = first["usage"]["completion_tokens"]
+    assert first["usage"]["prompt_tokens"] == len(s.prompt_ids)
+    assert n1 + second["usage"]["completion_tokens"] == len(policy)
+    assert second["usage"]["prompt_tokens"] == len(s.prompt_ids) + policy[n1]  # everything before the 2nd turn
+    assert first["usage"]["total_tokens"] == first["usage"]["prompt_tokens"] + n1
+    content = first["choices"][0]["logprobs"]["content"]
+    assert [c["logprob"] for c in content] == [s.response_logprobs[k] for k in policy[:n1]]
+    assert "".join(c["token"] for c in content) == first["choices"][0]["message"]["content"] + TURNS[0]
+    assert second["choices"][0]["logprobs"] is None  # not asked for
+    assert first["choices"][0]["finish_reason"] == "tool_calls" and second["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("temperature", 0.3),
+        ("top_p", 0.9),
+        ("seed", 1),
+        ("presence_penalty", 0.5),
+        ("frequency_penalty", 0.5),
+        ("tool_choice", "required"),
+        ("tool_choice", {"type": "function", "function": {"name": "lookup"}}),
+        ("parallel_tool_calls", False),
+        ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+        ("n", 2),
+        ("max_tokens", 5),
+        ("max_completion_tokens", 5),
+        ("stop", ["ab"]),
+        ("top_logprobs", 2),
+    ],
+)
+def test_a_field_the_trainer_cannot_honour_is_refused_naming_it(field, value):
+    answers = {}
+
+    def agent(client, row):
+        body = {"messages": [{"role": "user", "content": row["prompt"]}], "tools": TOOLS, field: value}
+        answers["refused"] = _post(client.base_url + "/chat/completions", body, client.api_key)
+        neutral = {"tool_choice": "auto", "parallel_tool_calls": True, "n": 1, "response_format": {"type": "text"}}
+        body = dict(body, **{field: neutral.get(field)})  # the neutral value (or null) is taken
+        answers["taken"] = _post(client.base_url + "/chat/completions", body, client.api_key)
+        return 0.0
+
+    [s], _ = _served(agent)
+    status, body = answers["refused"]
+    assert status == 400 and body["error"]["param"] == field, body
+    assert body["error"]["message"].startswith(f"{field}=") and "cannot be honoured" in body["error"]["message"]
+    assert answers["taken"][0] == 200 and s.episode.end == "done"
+
+
+def test_fields_the_run_lists_are_ignored_with_one_warning_and_a_count(caplog):
+    def agent(client, row):
+        body = {"messages": [{"role": "user", "content": row["prompt"]}], "tools": TOOLS, "temperature": 0.2}
+        _post(client.base_url + "/chat/completions", dict(body, max_tokens=9), client.api_key)
+        return 0.0
+
+    with caplog.at_level("WARNING", logger="gspo_mcore.envs.agent"):
+        got, env = _served(agent, ignore_fields=["temperature", "max_tokens"])
+        env = AgentEnv(agent, serve=True, ignore_fields=["temperature", "max_tokens"])
+        try:
+            got = run(env, params=SAMPLED, n=3)
+        finally:
+            env.close()
+    assert [s.episode.end for s in got] == ["done"] * 3
+    assert env.ignored_fields == {"temperature": 3, "max_tokens": 3}
+    warned = [r.getMessage() for r in caplog.records if "ignored as" in r.getMessage()]
+    assert len([w for w in warned if "temperature" in w]) == 2, warned  # once per run (two runs above)
+    with pytest.raises(ValueError, match=r"rollout.env_kwargs.ignore_fields: \['n', 'user'\] cannot be ignored"):
+        AgentEnv(agent, ignore_fields=["n", "user"])
+
+
+# -- streaming (issue 38 item 4) -----------------------------------------------------------------------------------
+def _stream(url, body, key):
+    """POST with ``stream: true``; the server-sent events' JSON, up to ``[DONE]``."""
+    req = urllib.request.Request(
+        url, data=json.dumps({**body, "stream": True}).encode(), headers={"Authorization": f"Bearer {key}"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        events = [line[len(b"data: ") :].strip() for line in r.read().split(b"\n\n") if line.startswith(b"data: ")]
+    assert events[-1] == b"[DONE]", events
+    return [json.loads(e) for e in events[:-1]]
+
+
+def test_a_streamed_answer_is_the_answer_as_chunks():
+    """The same turn streamed (a retry of the request, so the same answer): role, text, one delta per tool call,
+    the finish reason, and with include_usage a last chunk with the usage; the deltas merged are the message."""
+    got = {}
+
+    def agent(client, row):
+        url = client.base_url + "/chat/completions"
+        body = {"messages": [{"role": "user", "content": row["prompt"]}], "tools": TOOLS}
+        got["whole"] = _post(url, body, client.api_key)[1]
+        got["chunks"] = _stream(url, dict(body, stream_options={"include_usage": True}), client.api_key)
+        got["plain"] = _stream(url, body, client.api_key)
+        return 0.0
+
+    two = [call("lookup", key="ab") + call("lookup", key="cd")]
+    env = AgentEnv(agent, serve=True)
+    try:
+        [s] = run(env, turns=two, params=SamplingParams(temperature=0.0, max_new_tokens=200))
+    finally:
+        env.close()
+    assert s.episode.end == "done", s.episode.error
+    whole, chunks = got["whole"], got["chunks"]
+    assert {c["id"] for c in chunks} == {whole["id"]} and all(c["object"] == "chat.completion.chunk" for c in chunks)
+    *deltas, last = chunks
+    assert last["choices"] == [] and last["usage"] == whole["usage"] and whole["usage"]["completion_tokens"] > 0
+    message = {"role": None, "content": "", "tool_calls": []}
+    for c in deltas:
+        [choice] = c["choices"]
+        delta = choice["delta"]
+        message["role"] = delta.get("role", message["role"])
+        message["content"] += delta.get("content") or ""
+        for t in delta.get("tool_calls", ()):
+            assert t.pop("index") == len(message["tool_calls"])
+            message["tool_calls"].append(t)
+        assert c["usage"] is None
+    assert message == whole["choices"][0]["message"] and len(message["tool_calls"]) == 2
+    assert [c["choices"][0]["finish_reason"] for c in deltas][-1] == "tool_calls"
+    assert all("usage" not in c for c in got["plain"]) and len(got["plain"]) == len(deltas)
+
+
+# -- the Responses API (issue 38 item 5) ----------------------------------------------------------------------------
+def test_the_responses_api_answers_with_output_items_and_refuses_what_it_cannot_serve():
+    answers = {}
+
+    def agent(client, row):
+        url = client.base_url + "/responses"
+        tools = [{"type": "function", **t["function"]} for t in TOOLS]
+        body = {"input": row["prompt"], "tools": tools}
+        answers["stream"] = _post(url, dict(body, stream=True), client.api_key)
+        answers["builtin"] = _post(url, dict(body, tools=[{"type": "web_search"}]), client.api_key)
+        answers["unknown"] = _post(url, dict(body, previous_response_id="resp_other_1"), client.api_key)
+        answers["first"] = _post(url, body, client.api_key)
+        [fc] = answers["first"][1]["output"]
+        more = [{"type": "function_call_output", "call_id": fc["call_id"], "output": "ab-42"}]
+        answers["second"] = _post(
+            url, {"input": more, "tools": tools, "previous_response_id": answers["first"][1]["id"]}, client.api_key
+        )
+        return 1.0
+
+    [s], _ = _served(agent)
+    assert s.episode.end == "done" and s.episode.turns == 2, s.episode.error
+    for what, param in (("stream", "stream"), ("builtin", "tools"), ("unknown", "previous_response_id")):
+        assert answers[what][0] == 400 and answers[what][1]["error"]["param"] == param, answers[what]
+    status, first = answers["first"]
+    assert status == 200 and first["object"] == "response" and first["status"] == "completed"
+    assert first["output"][0]["type"] == "function_call" and first["output"][0]["name"] == "lookup"
+    assert first["usage"]["input_tokens"] == len(s.prompt_ids) and first["usage"]["output_tokens"] > 0
+    [message] = answers["second"][1]["output"]
+    assert message["type"] == "message" and message["content"][0]["text"] == "cab ab"

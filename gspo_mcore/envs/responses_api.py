@@ -1,0 +1,172 @@
+"""OpenAI's Responses API (``POST /v1/responses``) for the agent endpoint: the subset the OpenAI Agents SDK's
+default model uses, mapped onto the same chat turns (and the same token-exact history check) as
+:mod:`gspo_mcore.envs.chat_api`. Plain data in and out.
+
+Input items: messages (``input_text`` / ``output_text`` parts or a string; ``instructions`` as the system
+message), ``function_call`` (joined to the assistant message before it), ``function_call_output`` (a tool
+message), ``reasoning`` (its text merged into the next assistant message's think block). Function tools.
+``previous_response_id``: a response of the same episode stands for its whole conversation (request and
+output). ``store`` is taken either way (responses are kept for the episode's ``previous_response_id`` only).
+Output items: a ``message`` with the turn's text (think block included, as sampled) and one ``function_call`` per
+tool call (``call_id`` the chat answer's tool-call id). Not served: ``stream`` (refused), built-in tools.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gspo_mcore.envs.chat_api import REFUSABLE, ChatRequest, FieldRefused, neutral, usage
+
+RESPONSES_REFUSABLE = {
+    **{k: v for k, v in REFUSABLE.items() if k not in ("max_tokens", "max_completion_tokens", "stop", "n")},
+    "max_output_tokens": REFUSABLE["max_tokens"],
+    "stream": "the Responses API is answered whole (chat completions stream)",
+}
+"""Each Responses field the endpoint refuses when set (to a non-neutral value), and why."""
+
+
+def _text(content, what: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        out = []
+        for p in content:
+            if not isinstance(p, Mapping) or p.get("type") not in ("input_text", "output_text", "text"):
+                raise FieldRefused("input", f"{what}: only text content parts are served, got {p!r:.100}")
+            out.append(str(p.get("text", "")))
+        return "".join(out)
+    raise FieldRefused("input", f"{what}: content must be text or a list of text parts")
+
+
+def to_chat(items: list, instructions: str | None) -> list[dict]:
+    """Responses input items as chat messages (see the module docstring)."""
+    messages: list[dict] = [{"role": "system", "content": instructions}] if instructions else []
+    reasoning: list[str] = []
+    for k, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise FieldRefused("input", f"input item {k} is not an object")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise FieldRefused("input", f"input item {k}: role {role!r} is not served")
+            message = {"role": "system" if role == "developer" else role, "content": _text(item.get("content"), k)}
+            if role == "assistant" and reasoning:
+                message["reasoning_content"], reasoning = "".join(reasoning), []
+            messages.append(message)
+        elif kind == "function_call":
+            call = {
+                "id": item.get("call_id"),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments")},
+            }
+            last = messages[-1] if messages else None  # the calls of one turn follow its message, if any
+            if last is None or last["role"] != "assistant":
+                last = {"role": "assistant", "content": ""}
+                if reasoning:
+                    last["reasoning_content"], reasoning = "".join(reasoning), []
+                messages.append(last)
+            last.setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            output = item.get("output")
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": _text(output, k)})
+        elif kind == "reasoning":
+            parts = [*(item.get("content") or ()), *(item.get("summary") or ())]
+            reasoning.append("".join(str(p.get("text", "")) for p in parts if isinstance(p, Mapping)))
+        else:
+            raise FieldRefused("input", f"input item {k}: type {kind!r} is not served")
+    return messages
+
+
+def parse_request(body: Any, ignore, previous) -> ChatRequest:
+    """A Responses body as the chat request it stands for; ``previous(id)``: the messages a stored response
+    stands for (``None`` when unknown)."""
+    if not isinstance(body, Mapping):
+        raise FieldRefused("input", "the body must be a JSON object with 'input'")
+    ignored = []
+    for name, why in RESPONSES_REFUSABLE.items():
+        if name in body and not neutral(name, body[name]):
+            if name not in ignore or name == "stream":
+                raise FieldRefused(name, f"{name}={body[name]!r} cannot be honoured: {why}")
+            ignored.append(name)
+    text = body.get("text")
+    if isinstance(text, Mapping) and isinstance(text.get("format"), Mapping):
+        if text["format"].get("type", "text") != "text":
+            raise FieldRefused("text", "text.format other than 'text' cannot be honoured (it constrains the policy)")
+    items = body.get("input")
+    items = [{"role": "user", "content": items}] if isinstance(items, str) else items
+    if not isinstance(items, list):
+        raise FieldRefused("input", "input must be a string or a list of items")
+    tools = []
+    for t in body.get("tools") or ():
+        if not isinstance(t, Mapping) or t.get("type") != "function":
+            raise FieldRefused("tools", f"only function tools are served, got {t!r:.100}")
+        fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
+        tools.append({"type": "function", "function": fn})
+    prior = []
+    if body.get("previous_response_id") is not None:
+        prior = previous(body["previous_response_id"])
+        if prior is None:
+            raise FieldRefused("previous_response_id", f"no response {body['previous_response_id']!r} in this episode")
+    instructions = None if prior else body.get("instructions")
+    return ChatRequest(messages=[*prior, *to_chat(items, instructions)], tools=tools, ignored=tuple(ignored))
+
+
+def response(model: str, episode: str, turn, request: ChatRequest, body: Mapping) -> dict:
+    """An answered turn as a ``response`` object with its output items."""
+    message, rid = turn.answer, response_id(episode, turn)
+    output = []
+    if message.get("content"):
+        output.append(
+            {
+                "type": "message",
+                "id": f"msg_{episode}_{turn.number}",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": message["content"], "annotations": []}],
+            }
+        )
+    for k, c in enumerate(message.get("tool_calls", ())):
+        output.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{episode}_{turn.number}_{k}",
+                "call_id": c["id"],
+                "name": c["function"]["name"],
+                "arguments": c["function"]["arguments"],
+                "status": "completed",
+            }
+        )
+    counts = usage(turn) or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": turn.created,
+        "model": model,
+        "status": "completed" if turn.meta.get("finish_reason") != "length" else "incomplete",
+        "incomplete_details": None if turn.meta.get("finish_reason") != "length" else {"reason": "max_output_tokens"},
+        "error": None,
+        "instructions": body.get("instructions"),
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": body.get("tools") or [],
+        "temperature": None,
+        "top_p": None,
+        "previous_response_id": body.get("previous_response_id"),
+        "store": body.get("store", True),
+        "text": {"format": {"type": "text"}},
+        "metadata": {},
+        "usage": {
+            "input_tokens": counts["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": counts["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": counts["total_tokens"],
+        },
+    }
+
+
+def response_id(episode: str, turn) -> str:
+    return f"resp_{episode}_{turn.number}"
