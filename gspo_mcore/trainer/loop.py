@@ -27,8 +27,8 @@ import torch
 
 from gspo_mcore.algo import group_advantages
 from gspo_mcore.config import to_dict
+from gspo_mcore.data.difficulty import build_sampler
 from gspo_mcore.data.loader import PromptLoader
-from gspo_mcore.data.sampler import PromptSampler
 from gspo_mcore.learner.checkpoint import Checkpointer
 from gspo_mcore.learner.learner import Learner
 from gspo_mcore.metrics import MetricsLogger, step_metrics
@@ -84,7 +84,7 @@ def _run_checked(cfg: TrainConfig, inputs: preflight.Inputs) -> list[dict]:
     """The run, once :func:`~gspo_mcore.trainer.preflight.check` has checked its inputs and locked its folder."""
     arch, tokenizer, template, dataset = inputs.arch, inputs.tokenizer, inputs.template, inputs.dataset
     eval_sets, rewards = inputs.eval_sets, inputs.rewards
-    loader = PromptLoader(dataset, PromptSampler(len(dataset), cfg.sampler), template)
+    loader = PromptLoader(dataset, build_sampler(len(dataset), cfg.sampler), template)
     distill_plan = inputs.distill  # the teacher's folder, weights, tokenizer and fit: checked before any model
 
     learner = Learner.build(
@@ -228,6 +228,9 @@ def gspo_step(run: Run, step: int) -> dict | None:
         left_out=left_out,
         update_skipped=skipped,
     ) | _sampling_metrics(cfg, batch, step)
+    record["nonzero_advantage_fraction"] = float((advantages != 0).float().mean())  # samples with a signal
+    if hasattr(run.loader.sampler, "metrics"):  # difficulty-aware sampling: pool sizes, draws per pool
+        record.update(run.loader.sampler.metrics())
     record.update(staleness_metrics(batch.groups, step))  # the learner trains weight version `step`
     record.update(distill.step_metrics(distilled, record))
     episode_log.record(batch.groups, step, cfg.log.output_dir if learner.is_writer else None)  # causes first
@@ -266,6 +269,7 @@ def _rollout_batch(run: Run, step: int, phases: _Phases) -> tuple[RolloutBatch |
                 generation_s += time.perf_counter() - t0
         with phases("reward"):
             scores, shaped, token_shaping = _score(cfg, groups, prompts, run.rewards, run.tokenizer)
+        _observe(run.loader.sampler, prompts, scores, G)
         return groups, scores, shaped, token_shaping
 
     stale = cfg.rollout.max_staleness
@@ -290,6 +294,14 @@ def _rollout_batch(run: Run, step: int, phases: _Phases) -> tuple[RolloutBatch |
             cfg.rollout.max_sampling_rounds,
         )
     return batch, generation_s
+
+
+def _observe(sampler, prompts, scores: torch.Tensor, group_size: int) -> None:
+    """Difficulty-aware sampling: each prompt's group of task rewards (every group generated, kept or not)."""
+    if not hasattr(sampler, "observe"):
+        return
+    for p, rewards in zip(prompts, scores.view(-1, group_size).tolist()):
+        sampler.observe(p.index, rewards)
 
 
 def _too_few_samples(samples, num_minibatches: int, step: int) -> bool:
