@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gspo_mcore.algo.length_penalty import LengthPenaltyConfig
 from gspo_mcore.algo.loss_config import LossConfig
 from gspo_mcore.config import check_literals
 from gspo_mcore.data.dataset import DataConfig
@@ -87,6 +88,9 @@ class RolloutConfig:
     ``-overlong_penalty``) before the advantages are taken. 0: off."""
     overlong_penalty: float = 1.0
     """The penalty at ``max_new_tokens`` (see ``overlong_buffer``)."""
+    length_penalty: LengthPenaltyConfig = field(default_factory=LengthPenaltyConfig)
+    """Penalties per policy token, turn and tool call, optionally only beyond the group's mean, added to the reward
+    before the advantages (:mod:`gspo_mcore.algo.length_penalty`); off by default."""
     mask_truncated: bool = False
     """Leave responses cut at ``max_new_tokens`` out of the loss (DAPO's overlong filtering); they still
     count in their group's advantage statistics."""

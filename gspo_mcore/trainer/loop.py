@@ -41,6 +41,8 @@ from gspo_mcore.trainer.batch import (
     episode_metrics,
     episode_rewards,
     learner_samples,
+    length_penalty_metrics,
+    length_penalty_terms,
     overlong_penalties,
     staleness_metrics,
 )
@@ -228,6 +230,9 @@ def gspo_step(run: Run, step: int) -> dict | None:
         left_out=left_out,
         update_skipped=skipped,
     ) | _sampling_metrics(cfg, batch, step)
+    record.update(
+        length_penalty_metrics(length_penalty_terms(batch.groups, cfg.rollout.group_size, cfg.rollout.length_penalty))
+    )
     record["nonzero_advantage_fraction"] = float((advantages != 0).float().mean())  # samples with a signal
     if hasattr(run.loader.sampler, "metrics"):  # difficulty-aware sampling: pool sizes, draws per pool
         record.update(run.loader.sampler.metrics())
@@ -332,6 +337,9 @@ def _score(cfg: TrainConfig, groups, prompts, rewards, tokenizer) -> tuple[torch
         buffer=cfg.rollout.overlong_buffer,
         penalty=cfg.rollout.overlong_penalty,
     )
+    terms = length_penalty_terms(groups, G, cfg.rollout.length_penalty)  # per token / turn / tool call
+    if terms:
+        shaped = shaped + sum(terms.values()).float()
     return scores, shaped, token_shaping
 
 
