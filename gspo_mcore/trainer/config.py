@@ -35,6 +35,7 @@ from gspo_mcore.rewards.runner import RewardRunnerConfig
 from gspo_mcore.rollout.types import SamplingParams
 from gspo_mcore.trainer.backends import SGLangConfig
 from gspo_mcore.trainer.distill import DistillConfig, check_distill
+from gspo_mcore.trainer.early_stop import EarlyStopConfig, check_early_stop
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,6 +233,8 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
+    """Stop when nothing is left to learn (held-out pass@1 stalled, or no advantage signal); off by default."""
     distill: DistillConfig | None = None
     """On-policy distillation from a teacher (docs/distill.md); ``None``: none."""
     allow_data_change: bool = False
@@ -276,6 +279,7 @@ class TrainConfig:
             )
         self._check_context_parallel()
         check_distill(self)
+        check_early_stop(self)
         total = self.rollout.prompts_per_step * self.rollout.group_size
         if self.batch.num_minibatches > total:
             raise ValueError(

@@ -48,6 +48,7 @@ from gspo_mcore.trainer.batch import (
 )
 from gspo_mcore.trainer.config import TrainConfig, resolve
 from gspo_mcore.trainer.dynamic_sampling import RolloutBatch, collect, rollout_seed
+from gspo_mcore.trainer.early_stop import EarlyStop
 from gspo_mcore.trainer.episodes import AgentRollout, SGLangAgentRollout
 from gspo_mcore.trainer.evaluation import Evaluator
 
@@ -69,6 +70,8 @@ class Run:
     distiller: distill.Distiller | None = None
     data_files: dict | None = None
     """The data files' sizes and hashes, saved with each checkpoint (checked at resume)."""
+    stopper: EarlyStop | None = None
+    """``early_stop``'s tracker (saved with each checkpoint)."""
 
 
 def run(cfg: TrainConfig) -> list[dict]:
@@ -126,9 +129,12 @@ def _run_checked(cfg: TrainConfig, inputs: preflight.Inputs) -> list[dict]:
         )
 
         start = 0
+        stopper = EarlyStop(cfg.early_stop, [d.name for d in cfg.eval.datasets])
         resumed = learner.load(checkpoints)
         if resumed is not None:
             loader.load_state_dict(resumed.extra["data"])
+            if "early_stop" in resumed.extra:
+                stopper.load_state_dict(resumed.extra["early_stop"])
             rollout.restore_weights(learner, resumed.extra["weight_version"])
             start = resumed.step + 1
             if is_writer:
@@ -146,7 +152,7 @@ def _run_checked(cfg: TrainConfig, inputs: preflight.Inputs) -> list[dict]:
             if cfg.rollout.max_staleness > 0
             else None
         )
-        state = Run(cfg, learner, rollout, loader, rewards, tokenizer, prefetch, distiller, inputs.data_files)
+        state = Run(cfg, learner, rollout, loader, rewards, tokenizer, prefetch, distiller, inputs.data_files, stopper)
         return _train(state, evaluator, checkpoints, metrics, start)
 
 
@@ -157,18 +163,27 @@ def _train(
     cfg = state.cfg
     history, evaluated = [], set()
     step = start
+    stopper = state.stopper
     for step in range(start, cfg.steps):
         if evaluator.due(step):
-            _log_eval(metrics, step, evaluator.run(step))
+            evaluation = evaluator.run(step)
+            _log_eval(metrics, step, evaluation)
             evaluated.add(step)
+            if stopper is not None and stopper.after_eval(evaluation):
+                break
         record = gspo_step(state, step)
         if record is None:  # the prompts ran out (a finite number of epochs)
             break
         history.append(record)
         metrics.log(step, record)
-        if checkpoints.due(step):
+        stop = stopper is not None and stopper.after_step(record)
+        if checkpoints.due(step) or (stop and checkpoints.cfg.save_every > 0):
             _save_checkpoint(state, checkpoints, step)
         step += 1
+        if stop:
+            break
+    if stopper is not None and stopper.reason and state.learner.is_writer:
+        logger.info("early stop before step %d: %s", step, stopper.reason)
     if evaluator.sets and step not in evaluated:  # after the last step
         _log_eval(metrics, step, evaluator.run(step))
     return history
@@ -177,6 +192,8 @@ def _train(
 def _save_checkpoint(state: Run, checkpoints: Checkpointer, step: int) -> None:
     """Save checkpoint ``step`` with the trainer's state; a full disk is named as such (folder and step)."""
     extra = {"data": _data_state(state.loader, state.prefetch), "weight_version": step + 1}
+    if state.stopper is not None:
+        extra["early_stop"] = state.stopper.state_dict()
     if state.data_files is not None:
         extra["data_files"] = state.data_files
     with run_dir.disk_full_named(state.cfg.checkpoint.dir, "checkpoint.dir", f"saving the checkpoint of step {step}"):
@@ -208,7 +225,7 @@ def gspo_step(run: Run, step: int) -> dict | None:
         )
         rollout.before_train()  # colocated SGLang frees its GPU memory
         samples, distilled = run.distiller.apply(samples) if run.distiller else (samples, {})
-        skipped = _too_few_samples(samples, cfg.batch.num_minibatches, step)
+        skipped = _too_few_samples(samples, cfg.batch.num_minibatches, step, warn=learner.is_writer)
         measure = cfg.routing.measure_every > 0 and step % cfg.routing.measure_every == 0
         updates = [] if skipped else learner.train(samples, measure_routing=measure)
     if run.prefetch is not None and not cfg.rollout.partial_rollouts:
@@ -309,10 +326,13 @@ def _observe(sampler, prompts, scores: torch.Tensor, group_size: int) -> None:
         sampler.observe(p.index, rewards)
 
 
-def _too_few_samples(samples, num_minibatches: int, step: int) -> bool:
-    """Whether the step makes no update: fewer samples than ``batch.num_minibatches`` (warned)."""
+def _too_few_samples(samples, num_minibatches: int, step: int, *, warn: bool = True) -> bool:
+    """Whether the step makes no update: fewer samples than ``batch.num_minibatches`` (warned once, by the rank
+    that ``warn``s: every rank holds the same batch)."""
     if len(samples) >= num_minibatches:
         return False
+    if not warn:
+        return True
     logger.warning(
         "step %d: %d samples to train on, fewer than batch.num_minibatches=%d: no update",
         step,
