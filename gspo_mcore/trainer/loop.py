@@ -192,8 +192,9 @@ def _train(
 def _save_checkpoint(state: Run, checkpoints: Checkpointer, step: int) -> None:
     """Save checkpoint ``step`` with the trainer's state; a full disk is named as such (folder and step)."""
     extra = {"data": _data_state(state.loader, state.prefetch), "weight_version": step + 1}
-    if state.stopper is not None:
-        extra["early_stop"] = state.stopper.state_dict()
+    stopper = getattr(state, "stopper", None)  # a Run always has one; a stand-in state may not
+    if stopper is not None:
+        extra["early_stop"] = stopper.state_dict()
     if state.data_files is not None:
         extra["data_files"] = state.data_files
     with run_dir.disk_full_named(state.cfg.checkpoint.dir, "checkpoint.dir", f"saving the checkpoint of step {step}"):
