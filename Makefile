@@ -142,6 +142,16 @@ example-agent: smollm2-model
 	$(PY) -m examples.smollm2_agent.analyze runs/smollm2/agent --json runs/smollm2/agent/analysis.json
 	$(PY) tools/plot_metrics.py runs/smollm2/agent/metrics.jsonl --title "SmolLM2-135M-Instruct + calculator, GSPO (1 CPU rank)"
 
+# SmolLM2-135M-Instruct on a two-call task (examples/smollm2_multihop: lookup a made-up person's age, then the
+# calculator; held-out people): the model's set-up (idempotent), the generated table and questions, the run.
+.PHONY: example-agent-multihop
+example-agent-multihop: smollm2-model
+	$(PY) -m examples.smollm2_multihop.prepare_data
+	OMP_NUM_THREADS=2 $(PY) -m torch.distributed.run --standalone --nproc_per_node 1 \
+	  -m gspo_mcore.train --config examples/smollm2_multihop/config.yaml
+	$(PY) -m examples.smollm2_agent.analyze runs/smollm2/multihop --data runs/smollm2/data/multihop/eval.jsonl --json runs/smollm2/multihop/analysis.json
+	$(PY) tools/plot_metrics.py runs/smollm2/multihop/metrics.jsonl --title "SmolLM2-135M-Instruct + lookup + calculator, GSPO (1 CPU rank)"
+
 # The in-process engine (KV cache) vs its recompute baseline and transformers' generate (docs/engine.md).
 .PHONY: bench-engine
 bench-engine: install

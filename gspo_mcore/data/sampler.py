@@ -2,9 +2,60 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class DifficultyConfig:
+    """Difficulty-aware sampling (``sampler.difficulty``, :mod:`gspo_mcore.data.difficulty`): each prompt's recent
+    pass rate puts it in a pool (too easy, learnable, too hard); every prompt drawn comes from a pool chosen with
+    these weights. Prompts a policy always or never solves give GSPO no signal (every reward of their group equal),
+    so they are retired from the epoch stream and only re-tested now and then."""
+
+    window: int = 2
+    """A prompt's pass rate is the mean over its last ``window`` groups (each: the share of samples passing)."""
+    pass_threshold: float = 1.0
+    """A sample passes when its task reward is at least this."""
+    easy_at: float = 1.0
+    """A pass rate at or above this retires the prompt as too easy."""
+    hard_at: float = 0.0
+    """A pass rate at or below this retires the prompt as too hard."""
+    weight_learnable: float = 1.0
+    """Weight of the epoch stream: prompts not seen yet and those whose pass rate is between the bounds (retired
+    prompts met in the stream are skipped). New prompts enter only through it, so it must be > 0."""
+    weight_easy: float = 0.05
+    """Weight of re-testing a random too-easy prompt (falls back to the stream while the pool is empty)."""
+    weight_hard: float = 0.05
+    """Weight of re-testing a random too-hard prompt (falls back to the stream while the pool is empty)."""
+
+    def __post_init__(self):
+        key = "sampler.difficulty"
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"{key}.window must be an integer >= 1, got {self.window!r}")
+        for name in ("pass_threshold", "easy_at", "hard_at", "weight_learnable", "weight_easy", "weight_hard"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"{key}.{name} must be a finite number, got {v!r}")
+        for name in ("weight_learnable", "weight_easy", "weight_hard"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{key}.{name} must be >= 0, got {getattr(self, name)}")
+        if self.weight_learnable + self.weight_easy + self.weight_hard == 0:
+            raise ValueError(
+                f"{key}: every pool weight is 0 (weight_learnable, weight_easy, weight_hard): no prompt to draw"
+            )
+        if self.weight_learnable == 0:
+            raise ValueError(
+                f"{key}.weight_learnable must be > 0: new prompts enter only through the stream, so with 0 the "
+                "easy and hard pools stay empty and no prompt can be drawn"
+            )
+        if not 0 <= self.hard_at < self.easy_at <= 1:
+            raise ValueError(
+                f"{key}: need 0 <= hard_at < easy_at <= 1 (pass rates), got hard_at={self.hard_at}, "
+                f"easy_at={self.easy_at}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -15,6 +66,8 @@ class SamplerConfig:
     """False: file order every epoch."""
     epochs: int | None = 1
     """Passes over the data; None: endless."""
+    difficulty: DifficultyConfig | None = None
+    """Difficulty-aware sampling (:class:`DifficultyConfig`); ``None``: every prompt in epoch order."""
 
     def __post_init__(self):
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
+from gspo_mcore.algo.length_penalty import LengthPenaltyConfig, length_penalties
 from gspo_mcore.learner.batching import TrainSample
 from gspo_mcore.rollout.types import Sample
 
@@ -76,6 +77,38 @@ def overlong_penalties(
         return torch.zeros_like(lengths)
     excess = (lengths - (max_new_tokens - buffer)).clamp(min=0)
     return -penalty * excess / buffer
+
+
+def episode_counts(groups: Sequence[Sequence[Sample]]) -> dict[str, torch.Tensor]:
+    """Per sample, ``(num_groups * G,)`` each: policy tokens, policy turns and tool calls (a single-turn response:
+    its tokens, one turn, no call)."""
+    samples = [s for g in groups for s in g]
+    return {
+        "token": torch.tensor([s.episode.policy_tokens if s.episode else len(s.response_ids) for s in samples]),
+        "turn": torch.tensor([s.episode.turns if s.episode else 1 for s in samples]),
+        "tool_call": torch.tensor([s.episode.tool_calls if s.episode else 0 for s in samples]),
+    }
+
+
+def length_penalty_terms(
+    groups: Sequence[Sequence[Sample]], group_size: int, config: LengthPenaltyConfig
+) -> dict[str, torch.Tensor]:
+    """``rollout.length_penalty``'s terms per sample (float64 ``(num_groups * G,)`` each); empty when it is off."""
+    if not config.enabled:
+        return {}
+    return length_penalties(episode_counts(groups), group_size, config)
+
+
+def length_penalty_metrics(terms: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Each term's mean over the batch (``length_penalty/<term>_mean``), their sum's, and the share of samples
+    that paid anything (``length_penalty/charged_fraction``)."""
+    if not terms:
+        return {}
+    total = sum(terms.values())
+    out = {f"length_penalty/{name}_mean": float(t.mean()) for name, t in terms.items()}
+    out["length_penalty/total_mean"] = float(total.mean())
+    out["length_penalty/charged_fraction"] = float((total < 0).double().mean())
+    return out
 
 
 def staleness_metrics(groups: Sequence[Sequence[Sample]], current_version: int) -> dict[str, float]:

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gspo_mcore.algo.length_penalty import LengthPenaltyConfig
 from gspo_mcore.algo.loss_config import LossConfig
 from gspo_mcore.config import check_literals
 from gspo_mcore.data.dataset import DataConfig
@@ -34,6 +35,7 @@ from gspo_mcore.rewards.runner import RewardRunnerConfig
 from gspo_mcore.rollout.types import SamplingParams
 from gspo_mcore.trainer.backends import SGLangConfig
 from gspo_mcore.trainer.distill import DistillConfig, check_distill
+from gspo_mcore.trainer.early_stop import EarlyStopConfig, check_early_stop
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +89,9 @@ class RolloutConfig:
     ``-overlong_penalty``) before the advantages are taken. 0: off."""
     overlong_penalty: float = 1.0
     """The penalty at ``max_new_tokens`` (see ``overlong_buffer``)."""
+    length_penalty: LengthPenaltyConfig = field(default_factory=LengthPenaltyConfig)
+    """Penalties per policy token, turn and tool call, optionally only beyond the group's mean, added to the reward
+    before the advantages (:mod:`gspo_mcore.algo.length_penalty`); off by default."""
     mask_truncated: bool = False
     """Leave responses cut at ``max_new_tokens`` out of the loss (DAPO's overlong filtering); they still
     count in their group's advantage statistics."""
@@ -228,6 +233,8 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
+    """Stop when nothing is left to learn (held-out pass@1 stalled, or no advantage signal); off by default."""
     distill: DistillConfig | None = None
     """On-policy distillation from a teacher (docs/distill.md); ``None``: none."""
     allow_data_change: bool = False
@@ -272,6 +279,7 @@ class TrainConfig:
             )
         self._check_context_parallel()
         check_distill(self)
+        check_early_stop(self)
         total = self.rollout.prompts_per_step * self.rollout.group_size
         if self.batch.num_minibatches > total:
             raise ValueError(

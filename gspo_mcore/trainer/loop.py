@@ -27,8 +27,8 @@ import torch
 
 from gspo_mcore.algo import group_advantages
 from gspo_mcore.config import to_dict
+from gspo_mcore.data.difficulty import build_sampler
 from gspo_mcore.data.loader import PromptLoader
-from gspo_mcore.data.sampler import PromptSampler
 from gspo_mcore.learner.checkpoint import Checkpointer
 from gspo_mcore.learner.learner import Learner
 from gspo_mcore.metrics import MetricsLogger, step_metrics
@@ -41,11 +41,14 @@ from gspo_mcore.trainer.batch import (
     episode_metrics,
     episode_rewards,
     learner_samples,
+    length_penalty_metrics,
+    length_penalty_terms,
     overlong_penalties,
     staleness_metrics,
 )
 from gspo_mcore.trainer.config import TrainConfig, resolve
 from gspo_mcore.trainer.dynamic_sampling import RolloutBatch, collect, rollout_seed
+from gspo_mcore.trainer.early_stop import EarlyStop
 from gspo_mcore.trainer.episodes import AgentRollout, SGLangAgentRollout
 from gspo_mcore.trainer.evaluation import Evaluator
 
@@ -67,6 +70,8 @@ class Run:
     distiller: distill.Distiller | None = None
     data_files: dict | None = None
     """The data files' sizes and hashes, saved with each checkpoint (checked at resume)."""
+    stopper: EarlyStop | None = None
+    """``early_stop``'s tracker (saved with each checkpoint)."""
 
 
 def run(cfg: TrainConfig) -> list[dict]:
@@ -84,7 +89,7 @@ def _run_checked(cfg: TrainConfig, inputs: preflight.Inputs) -> list[dict]:
     """The run, once :func:`~gspo_mcore.trainer.preflight.check` has checked its inputs and locked its folder."""
     arch, tokenizer, template, dataset = inputs.arch, inputs.tokenizer, inputs.template, inputs.dataset
     eval_sets, rewards = inputs.eval_sets, inputs.rewards
-    loader = PromptLoader(dataset, PromptSampler(len(dataset), cfg.sampler), template)
+    loader = PromptLoader(dataset, build_sampler(len(dataset), cfg.sampler), template)
     distill_plan = inputs.distill  # the teacher's folder, weights, tokenizer and fit: checked before any model
 
     learner = Learner.build(
@@ -124,9 +129,12 @@ def _run_checked(cfg: TrainConfig, inputs: preflight.Inputs) -> list[dict]:
         )
 
         start = 0
+        stopper = EarlyStop(cfg.early_stop, [d.name for d in cfg.eval.datasets])
         resumed = learner.load(checkpoints)
         if resumed is not None:
             loader.load_state_dict(resumed.extra["data"])
+            if "early_stop" in resumed.extra:
+                stopper.load_state_dict(resumed.extra["early_stop"])
             rollout.restore_weights(learner, resumed.extra["weight_version"])
             start = resumed.step + 1
             if is_writer:
@@ -144,7 +152,7 @@ def _run_checked(cfg: TrainConfig, inputs: preflight.Inputs) -> list[dict]:
             if cfg.rollout.max_staleness > 0
             else None
         )
-        state = Run(cfg, learner, rollout, loader, rewards, tokenizer, prefetch, distiller, inputs.data_files)
+        state = Run(cfg, learner, rollout, loader, rewards, tokenizer, prefetch, distiller, inputs.data_files, stopper)
         return _train(state, evaluator, checkpoints, metrics, start)
 
 
@@ -155,18 +163,27 @@ def _train(
     cfg = state.cfg
     history, evaluated = [], set()
     step = start
+    stopper = state.stopper
     for step in range(start, cfg.steps):
         if evaluator.due(step):
-            _log_eval(metrics, step, evaluator.run(step))
+            evaluation = evaluator.run(step)
+            _log_eval(metrics, step, evaluation)
             evaluated.add(step)
+            if stopper is not None and stopper.after_eval(evaluation):
+                break
         record = gspo_step(state, step)
         if record is None:  # the prompts ran out (a finite number of epochs)
             break
         history.append(record)
         metrics.log(step, record)
-        if checkpoints.due(step):
+        stop = stopper is not None and stopper.after_step(record)
+        if checkpoints.due(step) or (stop and checkpoints.cfg.save_every > 0):
             _save_checkpoint(state, checkpoints, step)
         step += 1
+        if stop:
+            break
+    if stopper is not None and stopper.reason and state.learner.is_writer:
+        logger.info("early stop before step %d: %s", step, stopper.reason)
     if evaluator.sets and step not in evaluated:  # after the last step
         _log_eval(metrics, step, evaluator.run(step))
     return history
@@ -175,6 +192,9 @@ def _train(
 def _save_checkpoint(state: Run, checkpoints: Checkpointer, step: int) -> None:
     """Save checkpoint ``step`` with the trainer's state; a full disk is named as such (folder and step)."""
     extra = {"data": _data_state(state.loader, state.prefetch), "weight_version": step + 1}
+    stopper = getattr(state, "stopper", None)  # a Run always has one; a stand-in state may not
+    if stopper is not None:
+        extra["early_stop"] = stopper.state_dict()
     if state.data_files is not None:
         extra["data_files"] = state.data_files
     with run_dir.disk_full_named(state.cfg.checkpoint.dir, "checkpoint.dir", f"saving the checkpoint of step {step}"):
@@ -206,7 +226,7 @@ def gspo_step(run: Run, step: int) -> dict | None:
         )
         rollout.before_train()  # colocated SGLang frees its GPU memory
         samples, distilled = run.distiller.apply(samples) if run.distiller else (samples, {})
-        skipped = _too_few_samples(samples, cfg.batch.num_minibatches, step)
+        skipped = _too_few_samples(samples, cfg.batch.num_minibatches, step, warn=learner.is_writer)
         measure = cfg.routing.measure_every > 0 and step % cfg.routing.measure_every == 0
         updates = [] if skipped else learner.train(samples, measure_routing=measure)
     if run.prefetch is not None and not cfg.rollout.partial_rollouts:
@@ -228,6 +248,12 @@ def gspo_step(run: Run, step: int) -> dict | None:
         left_out=left_out,
         update_skipped=skipped,
     ) | _sampling_metrics(cfg, batch, step)
+    record.update(
+        length_penalty_metrics(length_penalty_terms(batch.groups, cfg.rollout.group_size, cfg.rollout.length_penalty))
+    )
+    record["nonzero_advantage_fraction"] = float((advantages != 0).float().mean())  # samples with a signal
+    if hasattr(run.loader.sampler, "metrics"):  # difficulty-aware sampling: pool sizes, draws per pool
+        record.update(run.loader.sampler.metrics())
     record.update(staleness_metrics(batch.groups, step))  # the learner trains weight version `step`
     record.update(distill.step_metrics(distilled, record))
     episode_log.record(batch.groups, step, cfg.log.output_dir if learner.is_writer else None)  # causes first
@@ -266,6 +292,7 @@ def _rollout_batch(run: Run, step: int, phases: _Phases) -> tuple[RolloutBatch |
                 generation_s += time.perf_counter() - t0
         with phases("reward"):
             scores, shaped, token_shaping = _score(cfg, groups, prompts, run.rewards, run.tokenizer)
+        _observe(run.loader.sampler, prompts, scores, G)
         return groups, scores, shaped, token_shaping
 
     stale = cfg.rollout.max_staleness
@@ -292,10 +319,21 @@ def _rollout_batch(run: Run, step: int, phases: _Phases) -> tuple[RolloutBatch |
     return batch, generation_s
 
 
-def _too_few_samples(samples, num_minibatches: int, step: int) -> bool:
-    """Whether the step makes no update: fewer samples than ``batch.num_minibatches`` (warned)."""
+def _observe(sampler, prompts, scores: torch.Tensor, group_size: int) -> None:
+    """Difficulty-aware sampling: each prompt's group of task rewards (every group generated, kept or not)."""
+    if not hasattr(sampler, "observe"):
+        return
+    for p, rewards in zip(prompts, scores.view(-1, group_size).tolist()):
+        sampler.observe(p.index, rewards)
+
+
+def _too_few_samples(samples, num_minibatches: int, step: int, *, warn: bool = True) -> bool:
+    """Whether the step makes no update: fewer samples than ``batch.num_minibatches`` (warned once, by the rank
+    that ``warn``s: every rank holds the same batch)."""
     if len(samples) >= num_minibatches:
         return False
+    if not warn:
+        return True
     logger.warning(
         "step %d: %d samples to train on, fewer than batch.num_minibatches=%d: no update",
         step,
@@ -320,6 +358,9 @@ def _score(cfg: TrainConfig, groups, prompts, rewards, tokenizer) -> tuple[torch
         buffer=cfg.rollout.overlong_buffer,
         penalty=cfg.rollout.overlong_penalty,
     )
+    terms = length_penalty_terms(groups, G, cfg.rollout.length_penalty)  # per token / turn / tool call
+    if terms:
+        shaped = shaped + sum(terms.values()).float()
     return scores, shaped, token_shaping
 
 
