@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import zlib
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -56,16 +57,19 @@ class ModelOptions:
     """Full activation recomputation (saves memory on big models)."""
     grad_reduce_in_fp32: bool = True
     """Accumulate and all-reduce gradients in fp32 (Megatron DDP buffers) even for bf16 parameters."""
-    cpu_bf16: bool = False
+    cpu_bf16: bool | Literal["auto"] = False
     """On a CPU host, run the model in bf16 as on a GPU (Megatron-Core's mixed precision): bf16 parameters and
     matmuls, fp32 master weights, gradients and Adam state, log-probs computed in fp32 from the bf16 logits;
-    the in-process engine then decodes in bf16 too. Needs a CPU with native bf16 (AVX512_BF16 or AMX-BF16),
-    refused on any other (emulated bf16 is many times slower than fp32). No effect on a GPU (always bf16)."""
+    the in-process engine then decodes in bf16 too. ``true`` needs a CPU with native bf16 (AVX512_BF16 or
+    AMX-BF16) and is refused on any other (emulated bf16 is many times slower than fp32); ``auto``: bf16 where
+    the CPU has it, fp32 elsewhere (one logged line says which). No effect on a GPU (always bf16)."""
 
     def __post_init__(self):
         if self.use_te and not have_transformer_engine():
             raise ValueError("use_te=True needs a GPU and an importable transformer_engine")
-        if self.cpu_bf16 and not torch.cuda.is_available():
+        if self.cpu_bf16 not in (True, False, "auto"):
+            raise ValueError(f"model.options.cpu_bf16 must be true, false or auto, got {self.cpu_bf16!r}")
+        if self.cpu_bf16 is True and not torch.cuda.is_available():
             from gspo_mcore.platform.cpu_features import BF16_FLAGS, native_bf16
 
             if not native_bf16():
@@ -77,7 +81,13 @@ class ModelOptions:
 
     def bf16(self) -> bool:
         """Whether the model runs in bf16 on this host (always on a GPU; on a CPU with ``cpu_bf16``)."""
-        return torch.cuda.is_available() or self.cpu_bf16
+        if torch.cuda.is_available() or self.cpu_bf16 is True:
+            return True
+        if self.cpu_bf16 == "auto":
+            from gspo_mcore.platform.cpu_features import native_bf16
+
+            return bool(native_bf16())
+        return False
 
 
 def build_model(
@@ -104,6 +114,14 @@ def build_model(
 
     on_gpu = torch.cuda.is_available()
     use_te = have_transformer_engine() if options.use_te is None else options.use_te
+    if options.cpu_bf16 == "auto" and not on_gpu:
+        from gspo_mcore.platform.cpu_features import native_bf16
+
+        found = native_bf16()
+        logger.info(
+            "model.options.cpu_bf16=auto: %s",
+            f"bf16 (this CPU has {', '.join(found)})" if found else "fp32 (this CPU has no native bf16)",
+        )
     config = transformer_config(
         arch,
         tensor=parallel.tensor,

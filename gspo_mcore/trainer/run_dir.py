@@ -84,6 +84,11 @@ servers' addresses and launch): these change results by floating-point rounding 
 (model, data, reward, loss, optimizer, rollout, seeds, template, sampler) defines the run and must match."""
 
 
+RESUME_MUST_MATCH = ("model.options.cpu_bf16",)
+"""Keys inside a :data:`RESUME_MAY_DIFFER` section that still define the run: the model's dtype on a CPU
+(``model.options.cpu_bf16``) changes every later sample and update by far more than rounding."""
+
+
 class RunDirError(ValueError):
     """The run folder holds what this run may not mix with; the message names the folder and the way out."""
 
@@ -251,6 +256,8 @@ def _check_same_run(run_config: dict, where: str, saved: dict, recorded: str | N
 
 
 def _may_differ(key: str) -> bool:
+    if key in RESUME_MUST_MATCH:
+        return False
     return any(key == k or key.startswith(k + ".") for k in RESUME_MAY_DIFFER)
 
 

@@ -99,6 +99,24 @@ def test_cpu_bf16_refused_without_native_bf16(monkeypatch):
     assert ModelOptions(cpu_bf16=True).bf16()
 
 
+def test_cpu_bf16_auto_follows_the_cpu(monkeypatch):
+    import torch
+
+    from gspo_mcore.config import ConfigError, from_dict
+    from gspo_mcore.learner.model import ModelOptions
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(cpu_features, "native_bf16", lambda: ())
+    assert not ModelOptions(cpu_bf16="auto").bf16()  # accepted, and fp32, where the CPU lacks bf16
+    monkeypatch.setattr(cpu_features, "native_bf16", lambda: ("amx_bf16",))
+    assert ModelOptions(cpu_bf16="auto").bf16()
+    assert from_dict(ModelOptions, {"cpu_bf16": "auto"}).cpu_bf16 == "auto"
+    with pytest.raises(ConfigError, match=r"cpu_bf16"):
+        from_dict(ModelOptions, {"cpu_bf16": "yes"}, "model.options")
+    with pytest.raises(ValueError, match=r"model\.options\.cpu_bf16 must be true, false or auto"):
+        ModelOptions(cpu_bf16="on")
+
+
 def test_native_bf16_reads_the_cpu_flags(monkeypatch):
     monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
     assert cpu_features.native_bf16() == ()

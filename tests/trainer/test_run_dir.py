@@ -116,6 +116,15 @@ def test_a_resume_with_another_configuration_is_refused_naming_the_keys(tmp_path
     assert str(tmp_path / "config.yaml") in message
 
 
+def test_a_resume_may_not_change_the_cpu_dtype(tmp_path):
+    """model.options may differ on resume (how the same computation runs), but not cpu_bf16 inside it."""
+    base = dict(CONFIG, model={"options": {"recompute": False, "cpu_bf16": False}})
+    prepare(_check(tmp_path), base)
+    _check(tmp_path, edit(base, "model.options.recompute", True), resume=True)
+    with pytest.raises(RunDirError, match=r"1 key\(s\) that define the run: model\.options\.cpu_bf16: False -> 'auto'"):
+        _check(tmp_path, edit(base, "model.options.cpu_bf16", "auto"), resume=True)
+
+
 def test_resume_may_differ_names_real_keys():
     """Every key of RESUME_MAY_DIFFER is a field of the trainer's configuration (a rename must follow here)."""
     from gspo_mcore.config import to_dict
@@ -124,7 +133,7 @@ def test_resume_may_differ_names_real_keys():
     from gspo_mcore.trainer.config import ModelConfig
 
     tree = to_dict(TrainConfig(model=ModelConfig(hf_dir="m"), data=DataConfig(paths=("a.jsonl",))))
-    for key in RESUME_MAY_DIFFER:
+    for key in RESUME_MAY_DIFFER + run_dir.RESUME_MUST_MATCH:
         node = tree
         for part in key.split("."):
             assert isinstance(node, dict) and part in node, key
