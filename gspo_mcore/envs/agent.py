@@ -23,9 +23,12 @@ fields clients add (``name``, and ``refusal``, ``annotations``, ``audio``, ``fun
 A request that edits or drops history ends the episode as ``error`` naming the message, the field and both
 values. Tool-call ids are ``call_`` + random hex, unique within the episode. ``stream: true`` gets the answer
 as server-sent-event chunks once the turn is sampled. Every answer has ``usage`` (the trainer's token counts),
-and ``logprobs`` (the recorded log-probs) when asked. Request fields that would change the policy's
-distribution or the run's limits (``temperature``, ``max_tokens``, ``tool_choice`` "required", ...:
-:data:`~gspo_mcore.envs.chat_api.REFUSABLE`) are refused naming the field, unless ``ignore_fields`` lists them.
+and ``logprobs`` (the recorded log-probs) when asked. ``max_tokens`` / ``max_completion_tokens`` (the Responses
+API's ``max_output_tokens``) cap the turn below the run's limits (``Reset`` / ``Step.max_new_tokens``: the engine
+stops the turn there, finish reason ``length``). Request fields that would change the policy's distribution
+(``temperature``, ``stop``, ``tool_choice`` "required", ...: :data:`~gspo_mcore.envs.chat_api.REFUSABLE`) are
+refused naming the field, unless ``ignore_fields`` lists them (then counted per episode, ``Step.info``'s
+``ignored_fields``, which reach the run's metrics as ``episode_ignored_fields/<field>``).
 
 When the episode ends for another cause (``max_turns``, ``max_total_tokens``, a timeout), the agent's pending
 or next call raises :class:`EpisodeOver` (HTTP 409), so its thread ends Every later request with the
@@ -59,8 +62,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gspo_mcore.envs.base import TOOL_CALLS, Reset, Step
-from gspo_mcore.envs.chat_api import REFUSABLE
+from gspo_mcore.envs.base import IGNORED_FIELDS, TOOL_CALLS, Reset, Step
+from gspo_mcore.envs.chat_api import CAPS, REFUSABLE
 from gspo_mcore.envs.endpoint import Endpoint, EndpointLimits
 from gspo_mcore.envs.tools import ToolCall, load_object, parse_tool_calls
 
@@ -92,7 +95,7 @@ class AgentRequestError(ValueError):
 class _Turn:
     """One request and its answer, shared by the request's retries."""
 
-    request: tuple  # (messages, tools) as plain data
+    request: tuple  # (messages, tools, max_tokens) as plain data
     number: int = 0  # the episode's how-manieth answer (the completion id)
     created: int = 0  # when it was answered (Unix seconds)
     answer: dict | BaseException | None = None
@@ -128,7 +131,7 @@ class _Session:
     id: str
     key: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
     """The episode's API key: a secret of its own (never derived from the id or another key)."""
-    # ("request", messages, tools) | ("finished", reward) | ("failed", why) | ("closed", why)
+    # ("request", messages, tools, max_tokens) | ("finished", reward) | ("failed", why) | ("closed", why)
     events: queue.Queue = field(default_factory=queue.Queue)
     conversation: list = field(default_factory=list)  # (canonical message, may be left out) so far
     tools: list | None = None
@@ -138,27 +141,29 @@ class _Session:
     pending: _Turn | None = None  # the request being answered
     answered: _Turn | None = None  # the last request answered
     closed: str | None = None
+    ignored: collections.Counter = field(default_factory=collections.Counter)  # since the last step, per field
     lock: threading.Lock = field(default_factory=threading.Lock)
     thread: threading.Thread | None = None
 
-    def request(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> dict:
+    def request(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        max_tokens: int | None = None,
+    ) -> dict:
         """The agent side: one chat request, answered with the policy's turn (blocks until it is sampled)."""
-        turn = self.ask(messages, tools)
+        turn = self.submit(messages, tools, max_tokens)
+        turn.done.wait()
         if isinstance(turn.answer, BaseException):
             raise turn.answer
         return _plain(turn.answer, "answer")  # each caller its own copy
 
-    def ask(self, messages, tools) -> _Turn:
-        """The answered turn of a request (blocks until it is answered)."""
-        turn = self.submit(messages, tools)
-        turn.done.wait()
-        return turn
-
-    def submit(self, messages, tools) -> _Turn:
-        """The turn of a request, answered or not (never blocks). A retry (the same messages and tools as the
-        request being answered, or as the last one answered) gets that turn, never a second turn; another
-        request while one is being answered is refused."""
-        request = (_plain(messages, "messages"), _plain(tools or [], "tools"))
+    def submit(self, messages, tools, max_tokens: int | None = None, ignored: Sequence[str] = ()) -> _Turn:
+        """The turn of a request, answered or not (never blocks). A retry (the same messages, tools and cap as
+        the request being answered, or as the last one answered) gets that turn, never a second turn; another
+        request while one is being answered is refused. ``ignored``: the fields ``ignore_fields`` let through
+        (counted for the next step's ``info``)."""
+        request = (_plain(messages, "messages"), _plain(tools or [], "tools"), max_tokens)
         with self.lock:
             if self.closed is not None:
                 raise EpisodeOver(f"episode {self.id} is over: {self.closed}")
@@ -170,7 +175,14 @@ class _Session:
             if turn is None:
                 turn = self.pending = _Turn(request)
                 self.events.put(("request", *request))
+            self.ignored.update(ignored)
         return turn
+
+    def take_ignored(self) -> dict[str, int]:
+        """The ignored fields counted since the last call (for a step's ``info``)."""
+        with self.lock:
+            out, self.ignored = dict(self.ignored), collections.Counter()
+        return out
 
     def answer(self, reply: dict, meta: dict | None = None) -> None:
         """The environment side: the policy's turn answers the pending request (and its retries)."""
@@ -213,15 +225,26 @@ class ChatClient:
             raise RuntimeError(f"{KEY}.serve is false: no HTTP endpoint; set it to true, or call client.chat")
         return self._base_url
 
-    def chat(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None) -> dict:
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        max_tokens: int | None = None,
+    ) -> dict:
         """The policy's next turn as an OpenAI assistant message: ``{"role": "assistant", "content": str,
         "tool_calls": [...]}`` (``tool_calls`` only when the turn has ``<tool_call>`` blocks). ``messages`` must
-        extend the previous call's messages and its answer (see the module docstring)."""
-        return self._session.request(messages, tools)
+        extend the previous call's messages and its answer (see the module docstring). ``max_tokens`` caps the
+        turn below the run's limits (which still apply)."""
+        if max_tokens is not None and (
+            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+        ):
+            raise ValueError(f"client.chat: max_tokens must be a positive integer, got {max_tokens!r}")
+        return self._session.request(messages, tools, max_tokens)
 
-    async def achat(self, messages, tools=None) -> dict:
+    async def achat(self, messages, tools=None, *, max_tokens: int | None = None) -> dict:
         """``chat`` for an ``async`` agent."""
-        return await asyncio.to_thread(self.chat, messages, tools)
+        return await asyncio.to_thread(self.chat, messages, tools, max_tokens=max_tokens)
 
 
 class AgentEnv:
@@ -268,6 +291,9 @@ class AgentEnv:
             raise ValueError(f"{KEY}.port must be an integer in [0, 65535], got {port!r}")
         if isinstance(ignore_fields, str):
             ignore_fields = [ignore_fields]
+        honoured = sorted(set(ignore_fields) & {*CAPS, "max_output_tokens"})
+        if honoured:
+            raise ValueError(f"{KEY}.ignore_fields: {honoured} are honoured (they cap the turn): leave them out")
         unknown = sorted(set(ignore_fields) - (set(REFUSABLE) - {"n"}))
         if unknown:
             raise ValueError(
@@ -330,12 +356,12 @@ class AgentEnv:
             self.end_episode(session)
             what = "returned" if event[0] == "finished" else f"failed ({event[1]})"
             raise AgentError(f"{KEY}.agent {what} before its first chat request")
-        _, messages, tools = event
+        _, messages, tools, max_tokens = event
         if not messages:
             self.end_episode(session)
             raise AgentRequestError(f"{KEY}.agent: its first request has no messages")
         session.conversation, session.tools = [(_canonical(m), False) for m in messages], tools
-        return Reset(observation=messages, state=session, tools=tuple(tools))
+        return Reset(observation=messages, state=session, tools=tuple(tools), max_new_tokens=max_tokens)
 
     def step(self, session: _Session, action: str, turn=None) -> Step:
         """Answer the pending request with the policy's turn; ``turn`` (the driver's ``TurnTokens``) gives the
@@ -354,19 +380,20 @@ class AgentEnv:
         session.answer(session.reply, meta)
         event = session.events.get()
         kind = event[0]
+        info = {TOOL_CALLS: calls, IGNORED_FIELDS: session.take_ignored()}
         if kind == "finished":
-            return Step(done=True, reward=event[1], info={TOOL_CALLS: calls})
+            return Step(done=True, reward=event[1], info=info)
         if kind == "failed":
             raise AgentError(f"the agent failed: {event[1]}")
         if kind == "closed":
             raise EpisodeOver(event[1])
-        _, messages, tools = event
+        _, messages, tools, max_tokens = event
         try:
             new = _new_messages(session, messages, tools)
         except AgentRequestError as e:
             session.close(str(e))
             raise
-        return Step(observation=new, info={TOOL_CALLS: calls})
+        return Step(observation=new, info=info, max_new_tokens=max_tokens)
 
     def end_episode(self, session: _Session) -> None:
         """The episode is over (whatever the cause): a call still waiting raises :class:`EpisodeOver`, and so

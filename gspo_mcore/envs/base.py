@@ -25,8 +25,8 @@ Message = Mapping[str, Any]
 Observation = str | Sequence[Message]
 """Chat messages (appended to the conversation), or plain text (for a model without a chat template)."""
 
-# info keys the episode driver sums over an episode's steps (ints)
-TOOL_CALLS, TOOL_ERRORS = "tool_calls", "tool_errors"
+# info keys the episode driver sums over an episode's steps (ints; IGNORED_FIELDS: {field: int})
+TOOL_CALLS, TOOL_ERRORS, IGNORED_FIELDS = "tool_calls", "tool_errors", "ignored_fields"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,10 +40,14 @@ class Reset:
     tools: tuple[Mapping[str, Any], ...] = ()
     """JSON schemas of the tools the model may call (OpenAI's ``{"type": "function", "function": {...}}``),
     given to the chat template (or the fallback tool prompt, :mod:`gspo_mcore.envs.render`)."""
+    max_new_tokens: int | None = None
+    """A cap on the first policy turn's tokens (``None``: none); the run's ``rollout.sampling.max_new_tokens``
+    and the room left under ``rollout.episode.max_total_tokens`` still apply (the smallest wins)."""
 
     def __post_init__(self):
         _check_observation(self.observation, "Reset.observation", allow_none=False)
         object.__setattr__(self, "tools", tuple(self.tools))
+        _check_cap(self.max_new_tokens, "Reset.max_new_tokens")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,10 +61,15 @@ class Step:
     reward: float = 0.0
     """A term added to the episode's reward (summed over its steps)."""
     info: dict = field(default_factory=dict)
-    """Free-form; the ints under ``tool_calls`` and ``tool_errors`` are summed into the episode's metrics."""
+    """Free-form; the ints under ``tool_calls`` and ``tool_errors`` are summed into the episode's metrics, and so
+    are the counts of ``ignored_fields`` (``{field: requests}``: request fields an agent endpoint let through
+    unhonoured)."""
+    max_new_tokens: int | None = None
+    """A cap on the next policy turn's tokens (``None``: none), as :attr:`Reset.max_new_tokens`."""
 
     def __post_init__(self):
         _check_observation(self.observation, "Step.observation", allow_none=True)
+        _check_cap(self.max_new_tokens, "Step.max_new_tokens")
         if not isinstance(self.done, bool):
             raise TypeError(f"Step.done must be a bool, got {type(self.done).__name__}")
         if not isinstance(self.reward, (int, float)) or isinstance(self.reward, bool):
@@ -76,6 +85,11 @@ class Environment(Protocol):
     def reset(self, row: Mapping[str, Any]) -> Reset: ...
 
     def step(self, state: Any, action: str) -> Step: ...
+
+
+def _check_cap(cap, what: str) -> None:
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        raise ValueError(f"{what} must be a positive integer or None, got {cap!r}")
 
 
 def _check_observation(obs, what: str, *, allow_none: bool) -> None:

@@ -2,8 +2,10 @@
 completion (or as server-sent-event chunks). Plain data in and out (no HTTP: :mod:`gspo_mcore.envs.endpoint`
 serves them).
 
-Fields the trainer cannot honour without changing the policy's distribution (or the run's limits) are refused
-naming the field (:data:`REFUSABLE`), unless the run lists them in ``rollout.env_kwargs.ignore_fields``.
+Fields the trainer cannot honour without changing the policy's distribution are refused naming the field
+(:data:`REFUSABLE`), unless the run lists them in ``rollout.env_kwargs.ignore_fields``. ``max_tokens`` /
+``max_completion_tokens`` are honoured (:data:`CAPS`): they cap the turn below the run's limits, which still
+apply (the smallest wins); a capped turn ends ``length``, each of its tokens drawn as without the cap.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ REFUSABLE: dict[str, str] = {
     "presence_penalty": "penalties change the policy's distribution",
     "repetition_penalty": "penalties change the policy's distribution",
     "logit_bias": "it changes the policy's distribution",
-    "max_tokens": "the run's rollout.sampling.max_new_tokens and rollout.episode limits cap each turn",
-    "max_completion_tokens": "the run's rollout.sampling.max_new_tokens and rollout.episode limits cap each turn",
-    "stop": "the turn ends at the model's stop token",
+    "stop": (
+        "the turn ends at the model's stop token (a stop string can end inside a token, so the text answered and "
+        "the ids trained on would disagree; the in-process engine samples ids without text)"
+    ),
     "tool_choice": "only 'auto' (the model decides) leaves the policy's distribution as it is",
     "parallel_tool_calls": "the model decides how many calls a turn makes",
     "response_format": "only free text ('text') leaves the policy's distribution as it is",
@@ -32,6 +35,9 @@ REFUSABLE: dict[str, str] = {
     "top_logprobs": "the engine records only the sampled tokens' log-probs",
 }
 """Each field the endpoint refuses when a request sets it (to something other than its neutral value), and why."""
+
+CAPS = ("max_completion_tokens", "max_tokens")
+"""The fields that cap a chat turn's tokens (honoured: ``ChatRequest.max_tokens``)."""
 
 
 class FieldRefused(ValueError):
@@ -54,6 +60,9 @@ class ChatRequest:
     include_usage: bool = False
     """``stream_options.include_usage``: a last chunk with the usage."""
     logprobs: bool = False
+    max_tokens: int | None = None
+    """The request's cap on the turn's tokens (``max_completion_tokens`` or ``max_tokens``; ``None``: none). The
+    run's ``rollout.sampling.max_new_tokens`` and the room under ``rollout.episode.max_total_tokens`` still apply."""
     ignored: tuple[str, ...] = field(default=())
     """Fields set in the request that the run's ``ignore_fields`` let through."""
 
@@ -100,14 +109,28 @@ def parse_request(body: Any, ignore: Sequence[str] = ()) -> ChatRequest:
     options = body.get("stream_options") or {}
     if not isinstance(options, Mapping):
         raise FieldRefused("stream_options", "stream_options must be an object")
+    caps = {name: cap(body, name) for name in CAPS if body.get(name) is not None}
+    if len(set(caps.values())) > 1:
+        raise FieldRefused("max_tokens", f"max_tokens and max_completion_tokens differ ({caps}): send one")
     return ChatRequest(
         messages=body["messages"],
         tools=tools,
         stream=bool(body.get("stream")),
         include_usage=bool(options.get("include_usage")),
         logprobs=bool(body.get("logprobs")),
+        max_tokens=next(iter(caps.values()), None),
         ignored=tuple(ignored),
     )
+
+
+def cap(body: Mapping, name: str) -> int | None:
+    """A request's cap on the turn's tokens (``body[name]``): a positive integer, or ``None`` when unset."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise FieldRefused(name, f"{name} must be a positive integer, got {value!r}")
+    return value
 
 
 def finish_reason(turn) -> str:

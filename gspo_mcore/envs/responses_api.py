@@ -8,7 +8,9 @@ message), ``reasoning`` (its text merged into the next assistant message's think
 ``previous_response_id``: a response of the same episode stands for its whole conversation (request and
 output). ``store`` is taken either way (responses are kept for the episode's ``previous_response_id`` only).
 Output items: a ``message`` with the turn's text (think block included, as sampled) and one ``function_call`` per
-tool call (``call_id`` the chat answer's tool-call id). Not served: ``stream`` (refused), built-in tools.
+tool call (``call_id`` the chat answer's tool-call id). ``max_output_tokens`` caps the turn as chat completions'
+``max_tokens`` does (a capped turn's response is ``incomplete``, reason ``max_output_tokens``). Not served:
+``stream`` (refused), built-in tools.
 """
 
 from __future__ import annotations
@@ -16,11 +18,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gspo_mcore.envs.chat_api import REFUSABLE, ChatRequest, FieldRefused, neutral, usage
+from gspo_mcore.envs.chat_api import REFUSABLE, ChatRequest, FieldRefused, cap, neutral, usage
 
 RESPONSES_REFUSABLE = {
-    **{k: v for k, v in REFUSABLE.items() if k not in ("max_tokens", "max_completion_tokens", "stop", "n")},
-    "max_output_tokens": REFUSABLE["max_tokens"],
+    **{k: v for k, v in REFUSABLE.items() if k not in ("stop", "n")},
     "stream": "the Responses API is answered whole (chat completions stream)",
 }
 """Each Responses field the endpoint refuses when set (to a non-neutral value), and why."""
@@ -110,7 +111,12 @@ def parse_request(body: Any, ignore, previous) -> ChatRequest:
         if prior is None:
             raise FieldRefused("previous_response_id", f"no response {body['previous_response_id']!r} in this episode")
     instructions = None if prior else body.get("instructions")
-    return ChatRequest(messages=[*prior, *to_chat(items, instructions)], tools=tools, ignored=tuple(ignored))
+    return ChatRequest(
+        messages=[*prior, *to_chat(items, instructions)],
+        tools=tools,
+        max_tokens=cap(body, "max_output_tokens"),
+        ignored=tuple(ignored),
+    )
 
 
 def response(model: str, episode: str, turn, request: ChatRequest, body: Mapping) -> dict:

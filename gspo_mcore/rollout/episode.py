@@ -40,9 +40,9 @@ from gspo_mcore.rollout.types import RolloutEngine, Sample, SamplingParams, deri
 
 Share = Callable[[Any], Any]
 # the info keys summed into the episode's stats (gspo_mcore.envs.base; rollout does not import envs, so the
-# environment's answers are read by their attributes: Reset(observation, state, tools), Step(observation, done,
-# reward, info))
-TOOL_CALLS, TOOL_ERRORS = "tool_calls", "tool_errors"
+# environment's answers are read by their attributes: Reset(observation, state, tools, max_new_tokens),
+# Step(observation, done, reward, info, max_new_tokens))
+TOOL_CALLS, TOOL_ERRORS, IGNORED_FIELDS = "tool_calls", "tool_errors", "ignored_fields"
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,8 @@ class _Episode:
     error: str | None = None
     last: TurnEnd | None = None
     started: bool = True  # its reset succeeded (else it never reaches the engine)
+    cap: int | None = None  # the environment's cap on the next policy turn (Reset/Step.max_new_tokens)
+    ignored: dict[str, int] = field(default_factory=dict)  # request fields let through unhonoured (info)
 
 
 class EpisodeDriver:
@@ -120,12 +122,12 @@ class EpisodeDriver:
         """``n`` episodes per row; ``out[i][j]`` is episode ``j`` of ``rows[i]``. Episode ``j`` of the row at
         global index ``prompt_offset + i`` samples from the key ``derive_sample_seed(seed, prompt_offset + i, j)``."""
         starts = self._reset_all([r for r in rows for _ in range(n)]) if self.runs_env else None
-        # every rank: (prompt ids, None) or (None, the cause of the reset's failure)
-        prompts = self._agree([(ids, error) for ids, _, error in starts] if starts is not None else None)
-        states = [state for _, state, _ in starts] if starts is not None else [None] * len(prompts)
+        # every rank: (prompt ids, None, the first turn's cap) or (None, the cause of the reset's failure, None)
+        prompts = self._agree([(ids, error, cap) for ids, _, error, cap in starts] if starts is not None else None)
+        states = [state for _, state, _, _ in starts] if starts is not None else [None] * len(prompts)
         episodes = []
-        for (ids, error), state in zip(prompts, states):
-            ep = _Episode(prompt=tuple(ids or ()), state=state, started=error is None)
+        for (ids, error, cap), state in zip(prompts, states):
+            ep = _Episode(prompt=tuple(ids or ()), state=state, started=error is None, cap=cap)
             if error is not None:
                 ep.end, ep.error = "error", error
             episodes.append(ep)
@@ -144,6 +146,7 @@ class EpisodeDriver:
                         keys=[keys[k] for k in live],
                         max_total_tokens=self.config.max_total_tokens,
                         on_turns=on_turns,
+                        caps=lambda row: episodes[live[row]].cap,
                     )
                 )
         finally:
@@ -153,7 +156,7 @@ class EpisodeDriver:
     # -- environment side -------------------------------------------------------------------------------
     def _reset_all(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple]:
         """Every episode's reset and first render, concurrently, each within ``step_timeout_s``: ``(ids, state,
-        None)``, or ``(None, None, cause)`` when it raised or timed out."""
+        None, the first turn's cap)``, or ``(None, None, cause, None)`` when it raised or timed out."""
         results: list = [(False, "not run", 0.0)] * len(rows)
 
         def work(k, row):
@@ -166,9 +169,9 @@ class EpisodeDriver:
             t.start()
         for t in threads:
             t.join()
-        return [(value[0], value[1], None) if ok else (None, None, value) for ok, value, _ in results]
+        return [(value[0], value[1], None, value[2]) if ok else (None, None, value, None) for ok, value, _ in results]
 
-    def _reset_one(self, row: Mapping[str, Any]) -> tuple[list[int], Any]:
+    def _reset_one(self, row: Mapping[str, Any]) -> tuple[list[int], Any, int | None]:
         value = self.env.reset(row)
         if not all(hasattr(value, a) for a in ("observation", "state", "tools")):
             raise TypeError(f"reset returned {type(value).__name__}, not envs.Reset")
@@ -184,7 +187,7 @@ class EpisodeDriver:
             raise PromptTooLong(
                 f"the first observation has {len(ids)} tokens, no room under rollout.episode.max_total_tokens={limit}"
             )
-        return ids, value.state
+        return ids, value.state, _cap(value, "reset")
 
     def _end_all(self, episodes: list[_Episode]) -> None:
         """The environment's optional ``end_episode(state)`` for every episode, whatever ended it (an agent
@@ -211,11 +214,14 @@ class EpisodeDriver:
             ep.last = e
         outcomes = self._agree(self._step_all([episodes[e.row] for e in ends]) if self.runs_env else None)
         answers: list[list[int] | None] = []
-        for e, (kind, payload, calls, errors, reward, seconds) in zip(ends, outcomes):
+        for e, (kind, payload, calls, errors, reward, ignored, cap, seconds) in zip(ends, outcomes):
             ep = episodes[e.row]
             ep.tool_calls, ep.tool_errors = ep.tool_calls + calls, ep.tool_errors + errors
             ep.env_reward += reward
             ep.env_s += seconds
+            ep.cap = cap
+            for name, count in ignored.items():
+                ep.ignored[name] = ep.ignored.get(name, 0) + count
             if kind != "continue":
                 ep.end, ep.error = kind, payload
                 answers.append(None)
@@ -237,7 +243,8 @@ class EpisodeDriver:
 
     def _step_all(self, eps: list[_Episode]) -> list[tuple]:
         """Every episode's environment step, concurrently: ``(kind, payload, tool_calls, tool_errors, reward,
-        seconds)`` each; kind ``continue`` (payload: the ids to append), ``done`` or ``error`` (payload: the cause)."""
+        ignored_fields, the next turn's cap, seconds)`` each; kind ``continue`` (payload: the ids to append),
+        ``done`` or ``error`` (payload: the cause)."""
         results: list[list] = [[False, "not run", 0.0] for _ in eps]
         threads = []
         for k, ep in enumerate(eps):
@@ -250,7 +257,10 @@ class EpisodeDriver:
             t.start()
         for t in threads:
             t.join()
-        return [(*value, seconds) if ok else ("error", value, 0, 0, 0.0, seconds) for ok, value, seconds in results]
+        return [
+            (*value, seconds) if ok else ("error", value, 0, 0, 0.0, {}, None, seconds)
+            for ok, value, seconds in results
+        ]
 
     def _step_one(self, state, last: TurnEnd, before: int = 0) -> tuple:
         """One episode's step and the render of its observation (raises on any failure of either)."""
@@ -264,11 +274,12 @@ class EpisodeDriver:
         if not all(hasattr(value, a) for a in ("observation", "done", "reward", "info")):
             raise TypeError(f"step returned {type(value).__name__}, not envs.Step")
         calls, errors = int(value.info.get(TOOL_CALLS, 0)), int(value.info.get(TOOL_ERRORS, 0))
+        ignored = {str(k): int(v) for k, v in (value.info.get(IGNORED_FIELDS) or {}).items()}
         if value.done:
-            return "done", None, calls, errors, float(value.reward)
+            return "done", None, calls, errors, float(value.reward), ignored, None
         kwargs = {"stopped": last.finish_reason == "stop"} if self._says_stopped else {}
         ids = self.renderer.after_turn(value.observation, last.ids, **kwargs)
-        return "continue", tuple(ids), calls, errors, float(value.reward)
+        return "continue", tuple(ids), calls, errors, float(value.reward), ignored, _cap(value, "step")
 
     # -- the trajectory ---------------------------------------------------------------------------------
     def _sample(self, ep: _Episode, i: int, j: int) -> Sample:
@@ -284,6 +295,7 @@ class EpisodeDriver:
             policy_tokens=sum(ep.mask),
             env_tokens=len(ep.mask) - sum(ep.mask),
             final_turn=tuple(last.ids) if last is not None else (),
+            ignored_fields=dict(ep.ignored),
         )
         versions = tuple(ep.versions)
         return Sample(
@@ -299,6 +311,14 @@ class EpisodeDriver:
             routed_experts=last.routed_experts if last is not None else None,
             episode=stats,
         )
+
+
+def _cap(value, what: str) -> int | None:
+    """A reset's or step's cap on the next policy turn (``max_new_tokens``; ``None`` when it has none)."""
+    cap = getattr(value, "max_new_tokens", None)
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        raise ValueError(f"{what} returned max_new_tokens={cap!r}, not a positive integer")
+    return cap
 
 
 def _chars(observation) -> int:

@@ -34,7 +34,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from gspo_mcore.rollout.turns import OnTurns, TurnEnd
+from gspo_mcore.rollout.turns import OnTurns, TurnCaps, TurnEnd, turn_budget
 from gspo_mcore.rollout.types import (
     NamedTensors,
     RolloutEngine,
@@ -300,17 +300,19 @@ class InProcessEngine(RolloutEngine):
         keys: Sequence[int],
         max_total_tokens: int,
         on_turns: OnTurns,
+        caps: TurnCaps | None = None,
     ) -> None:
         """Multi-turn episodes, one per prompt (row), decoded together whatever turn each is at. A coroutine like
         every engine's (:meth:`RolloutEngine.generate_turns`) that decodes in place, without yielding: ``on_turns``
         is called on the caller's thread (tensor-parallel ranks broadcast inside it).
 
-        Each policy turn samples at most ``params.max_new_tokens`` tokens and at most what is left of the row's
-        ``max_total_tokens``; when turns end, ``on_turns`` (see :mod:`gspo_mcore.rollout.turns`) gives each
-        row's next environment span, which is prefilled onto the row's KV cache with the turn's last sampled
-        token (nothing before it is recomputed), or ends the row. ``keys[i]``: row ``i``'s sampling key (as
-        :func:`derive_sample_seed`); its ``t``-th sampled token, over all its turns, is drawn from the ``t``-th
-        number of that key's stream, so an episode does not depend on the batch it shares."""
+        Each policy turn samples at most ``params.max_new_tokens`` tokens, at most what is left of the row's
+        ``max_total_tokens`` and at most the row's cap (``caps``); when turns end, ``on_turns`` (see
+        :mod:`gspo_mcore.rollout.turns`) gives each row's next environment span, which is prefilled onto the row's
+        KV cache with the turn's last sampled token (nothing before it is recomputed), or ends the row.
+        ``keys[i]``: row ``i``'s sampling key (as :func:`derive_sample_seed`); its ``t``-th sampled token, over all
+        its turns, is drawn from the ``t``-th number of that key's stream, so an episode does not depend on the
+        batch it shares."""
         if self._paused:
             raise RolloutError("in-process engine: generate_turns() called while paused")
         check_generate_args(1, params)
@@ -328,10 +330,13 @@ class InProcessEngine(RolloutEngine):
                 ends = [TurnEnd(e.row + _start, e.ids, e.logprobs, e.versions, e.finish_reason) for e in ends]
                 return on_turns(ends)
 
-            self._decode_turns(prompts[start:stop], params, chunk_keys, max_total_tokens, shifted)
+            chunk_caps = None if caps is None else (lambda b, _start=start: caps(b + _start))
+            self._decode_turns(prompts[start:stop], params, chunk_keys, max_total_tokens, shifted, chunk_caps)
 
     @torch.no_grad()
-    def _decode_turns(self, prompts, params: SamplingParams, keys: np.ndarray, max_total: int, on_turns) -> None:
+    def _decode_turns(
+        self, prompts, params: SamplingParams, keys: np.ndarray, max_total: int, on_turns, caps: TurnCaps | None
+    ) -> None:
         B = len(prompts)
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else {self.eos_token_id})
         session, logits = self._start(prompts, max_total - min(len(p) for p in prompts) + 1)
@@ -341,7 +346,7 @@ class InProcessEngine(RolloutEngine):
         drawn = np.zeros(B, dtype=np.int64)  # tokens each row has sampled, over all its turns
         turn_ids: list[list[int]] = [[] for _ in range(B)]
         turn_lps: list[list[float]] = [[] for _ in range(B)]
-        budget = [min(params.max_new_tokens, max_total - n) for n in total]
+        budget = [turn_budget(params.max_new_tokens, max_total - n, caps, b) for b, n in enumerate(total)]
         live = list(range(B))  # the session's rows, as row indices
         running = set(live)
         tau = params.logprob_temperature
@@ -392,7 +397,7 @@ class InProcessEngine(RolloutEngine):
                         )
                     feeds[position[b]] += more
                     total[b] += len(more)
-                    budget[b] = min(params.max_new_tokens, max_total - total[b])
+                    budget[b] = turn_budget(params.max_new_tokens, max_total - total[b], caps, b)
             if not running:
                 break
             if len(running) <= self.compact_below * len(live):

@@ -41,7 +41,7 @@ from gspo_mcore.rollout import _http
 from gspo_mcore.rollout import sglang_api as api
 from gspo_mcore.rollout.sglang_control import SGLangClientConfig, SGLangControl
 from gspo_mcore.rollout.sglang_server import RestartPolicy
-from gspo_mcore.rollout.turns import OnTurns, TurnEnd
+from gspo_mcore.rollout.turns import OnTurns, TurnCaps, TurnEnd, turn_budget
 from gspo_mcore.rollout.types import (
     NamedTensors,
     RolloutEngine,
@@ -271,6 +271,7 @@ class SGLangEngine(RolloutEngine):
         keys: Sequence[int],
         max_total_tokens: int,
         on_turns: OnTurns,
+        caps: TurnCaps | None = None,
     ) -> None:
         """Multi-turn episodes, one per prompt (row); the contract of :mod:`gspo_mcore.rollout.turns` (the
         in-process engine's ``generate_turns``, here a coroutine).
@@ -278,7 +279,8 @@ class SGLangEngine(RolloutEngine):
         Each turn is one ``/generate`` request whose ``input_ids`` are the row's whole sequence so far (the
         prompt, every sampled id as SGLang returned it, every environment span as ``on_turns`` gave it), so the
         server's radix cache serves the prefix and only the new environment span is prefilled; it samples at
-        most ``params.max_new_tokens`` and at most what is left of ``max_total_tokens``. Rows run independently:
+        most ``params.max_new_tokens``, at most what is left of ``max_total_tokens`` and at most the row's cap
+        (``caps``, asked as the turn starts). Rows run independently:
         whenever requests finish, ``on_turns`` gets their turns (in a thread, so the other rows keep decoding
         while the environments step), and each answered row sends its next turn. Each turn's ``sampling_seed``
         is derived from the row's key and the turn's index. With routed experts asked for (R3), each turn's
@@ -300,7 +302,7 @@ class SGLangEngine(RolloutEngine):
         homes = [_Home(f"episode-{int(k)}") if self.config.episode_affinity else None for k in keys]
 
         def start(b: int) -> asyncio.Task:
-            budget = min(params.max_new_tokens, max_total_tokens - len(seqs[b]))
+            budget = turn_budget(params.max_new_tokens, max_total_tokens - len(seqs[b]), caps, b)
             turn_params = dataclasses.replace(
                 params, max_new_tokens=budget, seed=derive_sample_seed(int(keys[b]), 0, turn[b])
             )

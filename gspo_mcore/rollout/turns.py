@@ -9,8 +9,8 @@ rendering, limits, the trajectory).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 from gspo_mcore.rollout.types import FinishReason
@@ -28,8 +28,8 @@ class TurnEnd:
     versions: tuple[int, ...]
     """The weight version that sampled each id."""
     finish_reason: FinishReason
-    """``stop`` (a stop token, the last id), ``length`` (the turn's budget: ``max_new_tokens`` or the room left
-    under the episode's ``max_total_tokens``) or ``abort``."""
+    """``stop`` (a stop token, the last id), ``length`` (the turn's budget: ``max_new_tokens``, the room left
+    under the episode's ``max_total_tokens`` or the row's cap, :data:`TurnCaps`) or ``abort``."""
     routed_experts: object = None
     """SGLang with R3: the experts of the whole sequence so far (prompt, earlier turns, this turn)."""
 
@@ -59,6 +59,20 @@ class EpisodeStats:
     env_tokens: int = 0
     final_turn: tuple[int, ...] = ()
     """The ids of the last policy turn (the text the run's ``reward:`` scores)."""
+    ignored_fields: Mapping[str, int] = field(default_factory=dict)
+    """Requests per field that an agent endpoint let through unhonoured (``rollout.env_kwargs.ignore_fields``)."""
 
 
 OnTurns = Callable[[Sequence[TurnEnd]], Sequence["Sequence[int] | None"]]
+TurnCaps = Callable[[int], "int | None"]
+"""``caps(row)``: a cap on the tokens of ``row``'s next policy turn (``None``: none), asked when the turn starts
+(after ``on_turns`` answered the previous one): an environment's per-turn limit, e.g. an agent request's
+``max_tokens``."""
+
+
+def turn_budget(max_new_tokens: int, room: int, caps: TurnCaps | None, row: int) -> int:
+    """The tokens ``row``'s next turn may sample: the run's ``max_new_tokens``, the ``room`` left under the
+    episode's ``max_total_tokens`` and the row's cap, whichever is smallest. A cap only shortens the turn: each
+    token is drawn as without it (the same key stream), and the turn ends ``length`` at the cap."""
+    cap = caps(row) if caps is not None else None
+    return min(max_new_tokens, room) if cap is None else min(max_new_tokens, room, int(cap))

@@ -37,8 +37,9 @@ def episode_rewards(groups: Sequence[Sequence[Sample]]) -> torch.Tensor:
 def episode_metrics(groups: Sequence[Sequence[Sample]], *, max_error_fraction: float) -> dict[str, float]:
     """Multi-turn episodes' figures (empty without episodes): turns, tool calls and errors, environment
     seconds per episode; policy and environment tokens; the fraction ended by each cause; environment errors
-    per cause. More than ``max_error_fraction`` of the episodes ended by an environment error stops the run
-    (``RuntimeError`` naming the first such episode and its cause)."""
+    per cause; requests per field an agent endpoint let through unhonoured (``episode_ignored_fields/<field>``).
+    More than ``max_error_fraction`` of the episodes ended by an environment error stops the run (``RuntimeError``
+    naming the first such episode and its cause)."""
     eps = [(s, s.episode) for g in groups for s in g if s.episode is not None]
     if not eps:
         return {}
@@ -54,6 +55,9 @@ def episode_metrics(groups: Sequence[Sequence[Sample]], *, max_error_fraction: f
     }
     for end in ("done", "max_turns", "max_total_tokens", "error"):
         out[f"episode_end_{end}"] = sum(e.end == end for _, e in eps) / n
+    for _, e in eps:  # request fields an agent endpoint let through unhonoured (rollout.env_kwargs.ignore_fields)
+        for name, count in (getattr(e, "ignored_fields", None) or {}).items():
+            out[f"episode_ignored_fields/{name}"] = out.get(f"episode_ignored_fields/{name}", 0) + count
     errors = [(s, e) for s, e in eps if e.end == "error"]
     for _, e in errors:
         cause = (e.error or "unknown").split(":")[0]

@@ -1,7 +1,9 @@
 """Real agent clients through the served endpoint (issue 38 item 9): the openai SDK (sync, async, streaming),
 langchain-openai (invoke, ``.stream()``), the OpenAI Agents SDK (its chat-completions model, ``Runner.run`` and
-``Runner.run_streamed``) and litellm, each driving a 3-turn tool loop that makes the same call twice, on the
-scripted chat policy. The clients are pinned in requirements.txt; under ``CI=true`` a missing one fails.
+``Runner.run_streamed``) and litellm (``completion``, ``stream=True``), each driving a 3-turn tool loop that
+makes the same call twice, on the scripted chat policy; and think blocks, two calls in a turn, an empty assistant
+turn, a client timeout shorter than a turn. The clients are pinned in requirements.txt; under ``CI=true`` a
+missing one fails.
 
 Each agent below is the snippet docs/agents.md shows for its client (test_the_documented_snippets_are_these)."""
 
@@ -196,6 +198,30 @@ def litellm_agent(client, row):
             messages.append({"role": "tool", "tool_call_id": c.id, "content": row["metadata"]["table"]["ab"]})
 
 
+def litellm_stream(client, row):
+    import litellm
+
+    messages = [{"role": "user", "content": row["prompt"]}]
+    while True:
+        chunks = litellm.completion(
+            model=f"openai/{client.model}",
+            api_base=client.base_url,
+            api_key=client.api_key,
+            messages=messages,
+            tools=TOOLS,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        answer = litellm.stream_chunk_builder(list(chunks), messages=messages)  # the chunks as one response
+        assert answer.usage.completion_tokens > 0
+        reply = answer.choices[0].message
+        messages.append(reply.model_dump())
+        if not reply.tool_calls:
+            return 1.0 if reply.content == row["metadata"]["expect"] else 0.0
+        for c in reply.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": c.id, "content": row["metadata"]["table"]["ab"]})
+
+
 CLIENTS = {
     "openai-sync": ("openai", openai_sync),
     "openai-async": ("openai", openai_async),
@@ -205,6 +231,7 @@ CLIENTS = {
     "agents-chat": ("agents", openai_agents),
     "agents-run-streamed": ("agents", openai_agents_streamed),
     "litellm": ("litellm", litellm_agent),
+    "litellm-stream": ("litellm", litellm_stream),
     "agents-responses": ("agents", openai_agents_responses),
     "openai-responses": ("openai", openai_responses),
 }
@@ -260,6 +287,69 @@ def _slow_first_turn(turns, seconds):
     return model
 
 
+def langchain_impatient(client, row):
+    """LangChain with a timeout shorter than the policy's turn (its openai client retries)."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(
+        model=client.model, base_url=client.base_url, api_key=client.api_key, timeout=0.5, max_retries=5
+    ).bind_tools(TOOLS)
+    messages = [HumanMessage(row["prompt"])]
+    while True:
+        reply = llm.invoke(messages)
+        messages.append(reply)
+        if not reply.tool_calls:
+            return 1.0 if reply.content == row["metadata"]["expect"] else 0.0
+        for c in reply.tool_calls:
+            messages.append(ToolMessage(row["metadata"]["table"][c["args"]["key"]], tool_call_id=c["id"]))
+
+
+async def agents_impatient(client, row):
+    """The Agents SDK over an AsyncOpenAI client whose timeout is shorter than the policy's turn."""
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+
+    @function_tool
+    def lookup(key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: the key.
+        """
+        return row["metadata"]["table"][key]
+
+    llm = AsyncOpenAI(base_url=client.base_url, api_key=client.api_key, timeout=0.5, max_retries=5)
+    agent = Agent(name="finder", tools=[lookup], model=OpenAIChatCompletionsModel(client.model, openai_client=llm))
+    result = await Runner.run(agent, row["prompt"])
+    return 1.0 if result.final_output == row["metadata"]["expect"] else 0.0
+
+
+def litellm_impatient(client, row):
+    """litellm with a timeout shorter than the policy's turn, retrying."""
+    import litellm
+
+    messages = [{"role": "user", "content": row["prompt"]}]
+    while True:
+        answer = litellm.completion(
+            model=f"openai/{client.model}",
+            api_base=client.base_url,
+            api_key=client.api_key,
+            messages=messages,
+            tools=TOOLS,
+            timeout=0.5,
+            num_retries=5,
+        )
+        reply = answer.choices[0].message
+        messages.append(reply.model_dump())
+        if not reply.tool_calls:
+            return 1.0 if reply.content == row["metadata"]["expect"] else 0.0
+        for c in reply.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": c.id, "content": row["metadata"]["table"]["ab"]})
+
+
 THINK = ["<think>\nlook it up\n</think>\n\n" + call("lookup", key="ab"), "<think>\nfound\n</think>\n\ncab ab"]
 TWO_CALLS = [call("lookup", key="ab") + call("lookup", key="ab"), "cab ab"]
 
@@ -272,18 +362,141 @@ TWO_CALLS = [call("lookup", key="ab") + call("lookup", key="ab"), "cab ab"]
         ("langchain_openai", langchain_invoke, TWO_CALLS, 2, 0),
         ("agents", openai_agents, TWO_CALLS, 2, 0),
         ("openai", openai_impatient, TURNS, 2, 1.5),  # a client timeout shorter than the first turn
+        ("langchain_openai", langchain_impatient, TURNS, 2, 1.5),
+        ("agents", agents_impatient, TURNS, 2, 1.5),
+        ("litellm", litellm_impatient, TURNS, 2, 1.5),
     ],
-    ids=["litellm-think", "openai-two-calls", "langchain-two-calls", "agents-two-calls", "openai-timeout"],
+    ids=[
+        "litellm-think",
+        "openai-two-calls",
+        "langchain-two-calls",
+        "agents-two-calls",
+        "openai-timeout",
+        "langchain-timeout",
+        "agents-timeout",
+        "litellm-timeout",
+    ],
 )
-def test_real_clients_with_think_blocks_two_calls_a_turn_and_retries(name, agent, turns, calls, slow):
+def test_real_clients_with_think_blocks_two_calls_a_turn_and_retries(name, agent, turns, calls, slow, caplog):
     _need(name)
     model = _slow_first_turn(turns, slow) if slow else None
-    got = _run(AgentEnv(agent, serve=True), turns=turns, model=model)
+    with caplog.at_level("INFO", logger="gspo_mcore.envs.agent"):
+        got = _run(AgentEnv(agent, serve=True), turns=turns, model=model)
+    if slow:  # the client gave up on the first turn at least once and re-sent it: one answer, no second turn
+        assert any("hung up before its answer" in r.getMessage() for r in caplog.records), caplog.text
     for s in got:
         assert s.episode.end == "done", s.episode.error
         assert (s.episode.turns, s.episode.tool_calls) == (len(turns), calls)
     if name != "agents":
         assert [s.episode.env_reward for s in got] == [1.0, 1.0] or name == "litellm"
+
+
+# -- empty assistant turns: the policy answers nothing (no text, no call); the agent asks again -------------------
+EMPTY_FIRST = ["", call("lookup", key="ab"), "cab ab"]
+GO_ON = {"role": "user", "content": "go on"}
+
+
+def openai_empty(client, row):
+    from openai import OpenAI
+
+    llm = OpenAI(base_url=client.base_url, api_key=client.api_key)
+    messages = [{"role": "user", "content": row["prompt"]}]
+    while True:
+        reply = llm.chat.completions.create(model=client.model, messages=messages, tools=TOOLS).choices[0].message
+        messages.append(reply.model_dump(exclude_none=True))
+        if not reply.tool_calls and not reply.content:
+            messages.append(GO_ON)
+            continue
+        if not reply.tool_calls:
+            return 1.0 if reply.content == row["metadata"]["expect"] else 0.0
+        for c in reply.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": c.id, "content": row["metadata"]["table"]["ab"]})
+
+
+def langchain_empty(client, row):
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=client.model, base_url=client.base_url, api_key=client.api_key).bind_tools(TOOLS)
+    messages = [HumanMessage(row["prompt"])]
+    while True:
+        reply = llm.invoke(messages)
+        messages.append(reply)
+        if not reply.tool_calls and not reply.content:
+            messages.append(HumanMessage(GO_ON["content"]))
+            continue
+        if not reply.tool_calls:
+            return 1.0 if reply.content == row["metadata"]["expect"] else 0.0
+        for c in reply.tool_calls:
+            messages.append(ToolMessage(row["metadata"]["table"][c["args"]["key"]], tool_call_id=c["id"]))
+
+
+def litellm_empty(client, row):
+    import litellm
+
+    messages = [{"role": "user", "content": row["prompt"]}]
+    while True:
+        answer = litellm.completion(
+            model=f"openai/{client.model}",
+            api_base=client.base_url,
+            api_key=client.api_key,
+            messages=messages,
+            tools=TOOLS,
+        )
+        reply = answer.choices[0].message
+        messages.append(reply.model_dump())
+        if not reply.tool_calls and not reply.content:
+            messages.append(GO_ON)
+            continue
+        if not reply.tool_calls:
+            return 1.0 if reply.content == row["metadata"]["expect"] else 0.0
+        for c in reply.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": c.id, "content": row["metadata"]["table"]["ab"]})
+
+
+async def agents_empty(client, row):
+    """Two runs of the Agents SDK: the first ends on the empty answer; the second goes on from
+    ``to_input_list()``, which leaves the empty assistant turn out."""
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+
+    @function_tool
+    def lookup(key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: the key.
+        """
+        return row["metadata"]["table"][key]
+
+    llm = AsyncOpenAI(base_url=client.base_url, api_key=client.api_key)
+    agent = Agent(name="finder", tools=[lookup], model=OpenAIChatCompletionsModel(client.model, openai_client=llm))
+    first = await Runner.run(agent, row["prompt"])
+    assert not first.final_output, first.final_output
+    history = first.to_input_list()
+    assert not any(item.get("role") == "assistant" for item in history), history  # the empty turn left out
+    result = await Runner.run(agent, [*history, GO_ON])
+    return 1.0 if result.final_output == row["metadata"]["expect"] else 0.0
+
+
+@pytest.mark.parametrize(
+    "name, agent",
+    [
+        ("openai", openai_empty),
+        ("langchain_openai", langchain_empty),
+        ("litellm", litellm_empty),
+        ("agents", agents_empty),
+    ],
+    ids=["openai", "langchain", "litellm", "agents"],
+)
+def test_real_clients_go_on_after_an_empty_assistant_turn(name, agent):
+    _need(name)
+    got = _run(AgentEnv(agent, serve=True), turns=EMPTY_FIRST)
+    for s in got:
+        assert s.episode.end == "done", s.episode.error
+        assert (s.episode.turns, s.episode.tool_calls, s.episode.env_reward) == (3, 1, 1.0)
 
 
 @pytest.mark.parametrize("name", list(CLIENTS))

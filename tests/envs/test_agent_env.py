@@ -763,8 +763,6 @@ def test_usage_and_logprobs_are_the_trainers_counts_and_recorded_log_probs():
         ("parallel_tool_calls", False),
         ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
         ("n", 2),
-        ("max_tokens", 5),
-        ("max_completion_tokens", 5),
         ("stop", ["ab"]),
         ("top_logprobs", 2),
     ],
@@ -788,24 +786,137 @@ def test_a_field_the_trainer_cannot_honour_is_refused_naming_it(field, value):
 
 
 def test_fields_the_run_lists_are_ignored_with_one_warning_and_a_count(caplog):
+    """Let through, warned about once per field per run, and counted per episode into the run's metrics
+    (``episode_ignored_fields/<field>``: requests that set it, each retry included)."""
+
     def agent(client, row):
-        body = {"messages": [{"role": "user", "content": row["prompt"]}], "tools": TOOLS, "temperature": 0.2}
-        _post(client.base_url + "/chat/completions", dict(body, max_tokens=9), client.api_key)
+        url = client.base_url + "/chat/completions"
+        messages = [{"role": "user", "content": row["prompt"]}]
+        body = {"messages": messages, "tools": TOOLS, "temperature": 0.2, "top_p": 0.5}
+        reply = _post(url, body, client.api_key)[1]["choices"][0]["message"]
+        _post(url, dict(body, top_p=None), client.api_key)  # a retry (top_p null: not set) gets the same answer
+        messages += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "ab-42"}]
+        _post(url, {"messages": messages, "tools": TOOLS, "temperature": 0.9}, client.api_key)
         return 0.0
 
     with caplog.at_level("WARNING", logger="gspo_mcore.envs.agent"):
-        got, env = _served(agent, ignore_fields=["temperature", "max_tokens"])
-        env = AgentEnv(agent, serve=True, ignore_fields=["temperature", "max_tokens"])
+        got, env = _served(agent, ignore_fields=["temperature", "top_p"])
+        env = AgentEnv(agent, serve=True, ignore_fields=["temperature", "top_p"])
         try:
             got = run(env, params=SAMPLED, n=3)
         finally:
             env.close()
-    assert [s.episode.end for s in got] == ["done"] * 3
-    assert env.ignored_fields == {"temperature": 3, "max_tokens": 3}
+    assert [s.episode.end for s in got] == ["done"] * 3 and [s.episode.turns for s in got] == [2] * 3
+    assert env.ignored_fields == {"temperature": 9, "top_p": 3}
+    assert [dict(s.episode.ignored_fields) for s in got] == [{"temperature": 3, "top_p": 1}] * 3
+    metrics = episode_metrics([got], max_error_fraction=0.0)
+    assert metrics["episode_ignored_fields/temperature"] == 9 and metrics["episode_ignored_fields/top_p"] == 3
     warned = [r.getMessage() for r in caplog.records if "ignored as" in r.getMessage()]
     assert len([w for w in warned if "temperature" in w]) == 2, warned  # once per run (two runs above)
     with pytest.raises(ValueError, match=r"rollout.env_kwargs.ignore_fields: \['n', 'user'\] cannot be ignored"):
         AgentEnv(agent, ignore_fields=["n", "user"])
+    with pytest.raises(ValueError, match=r"ignore_fields: \['max_tokens'\] are honoured \(they cap the turn\)"):
+        AgentEnv(agent, ignore_fields=["max_tokens", "top_p"])
+
+
+def _capped_agent(how, cap):
+    """An agent whose first request caps its turn at ``cap`` tokens (``how``: the field or the in-process call),
+    then asks for one more turn; it records the answers."""
+    answers = []
+
+    def agent(client, row):
+        first = [{"role": "user", "content": row["prompt"]}]
+        if how == "client.chat":
+            reply = client.chat(first, tools=TOOLS, max_tokens=cap)
+            client.chat([*first, reply, {"role": "user", "content": "go on"}], tools=TOOLS)
+            return 0.0
+        if how == "max_output_tokens":
+            url, tools = client.base_url + "/responses", [{"type": "function", **t["function"]} for t in TOOLS]
+            answers.append(_post(url, {"input": first, "tools": tools, how: cap}, client.api_key))
+            more = {"input": "go on", "tools": tools, "previous_response_id": answers[-1][1]["id"]}
+            answers.append(_post(url, more, client.api_key))
+            return 0.0
+        url = client.base_url + "/chat/completions"
+        answers.append(_post(url, {"messages": first, "tools": TOOLS, how: cap}, client.api_key))
+        reply = answers[-1][1]["choices"][0]["message"]
+        answers.append(
+            _post(
+                url, {"messages": [*first, reply, {"role": "user", "content": "go on"}], "tools": TOOLS}, client.api_key
+            )
+        )
+        return 0.0
+
+    return agent, answers
+
+
+@pytest.mark.parametrize("how", ["max_tokens", "max_completion_tokens", "max_output_tokens", "client.chat"])
+def test_a_request_cap_cuts_the_turn_and_each_token_is_sampled_as_without_it(how):
+    """``max_tokens`` (and its names) cap the turn: the engine stops at the cap (finish ``length``), and the
+    tokens kept, with their log-probs, are those the uncapped episode samples first (the learner trains on
+    them as sampled). The next request goes on from the cut turn."""
+    [ref] = run(ToolEnv([lookup]), params=SAMPLED)
+    agent, answers = _capped_agent(how, 5)
+    env = AgentEnv(agent, serve=how != "client.chat")
+    try:
+        [s] = run(env, params=SAMPLED)
+    finally:
+        env.close()
+    assert s.episode.end == "done" and s.episode.turns == 2, s.episode.error
+    first_turn = s.response_mask.index(0)  # the policy's first span ends where the environment's begins
+    assert first_turn == 5 and s.response_ids[:5] == ref.response_ids[:5]
+    assert s.response_logprobs[:5] == ref.response_logprobs[:5]
+    assert s.episode.final_turn == tuple(TOK.convert_tokens_to_ids(c) for c in "cab ab") + (TOK.eos_token_id,)
+    if how == "max_output_tokens":
+        (status, first), (_, second) = answers
+        assert status == 200 and first["status"] == "incomplete", first
+        assert first["incomplete_details"] == {"reason": "max_output_tokens"} and first["usage"]["output_tokens"] == 5
+        assert first["output"][0]["content"][0]["text"] == TURNS[0][:5] and second["status"] == "completed"
+    elif how != "client.chat":
+        (status, first), (_, second) = answers
+        assert status == 200 and first["choices"][0]["finish_reason"] == "length", first
+        assert first["choices"][0]["message"]["content"] == TURNS[0][:5] and first["usage"]["completion_tokens"] == 5
+        assert second["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_cap_above_the_runs_limit_leaves_the_runs_limit():
+    """A cap above ``rollout.sampling.max_new_tokens`` is taken; the run's limit applies (the turn is whole)."""
+    [ref] = run(ToolEnv([lookup]), params=SAMPLED)
+    agent, answers = _capped_agent("max_tokens", 10_000)
+    [s], _ = _served(agent)
+    assert (
+        s.episode.end == "done"
+        and s.response_ids[: s.response_mask.index(0)] == ref.response_ids[: ref.response_mask.index(0)]
+    )
+    assert answers[0][1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -3}, "max_tokens"),
+        ({"max_completion_tokens": "5"}, "max_completion_tokens"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"max_tokens": 5, "max_completion_tokens": 6}, "max_tokens"),
+    ],
+)
+def test_a_bad_cap_is_refused_naming_the_field(body, param):
+    answers = {}
+
+    def agent(client, row):
+        request = {"messages": [{"role": "user", "content": row["prompt"]}], "tools": TOOLS, **body}
+        answers["refused"] = _post(client.base_url + "/chat/completions", request, client.api_key)
+        answers["responses"] = _post(
+            client.base_url + "/responses",
+            {"input": "x", "max_output_tokens": next(iter(body.values())) if len(body) == 1 else 0},
+            client.api_key,
+        )
+        return lookup_agent(client, row)
+
+    [s], _ = _served(agent)
+    assert answers["refused"][0] == 400 and answers["refused"][1]["error"]["param"] == param, answers
+    assert answers["responses"][0] == 400 and answers["responses"][1]["error"]["param"] == "max_output_tokens"
+    assert s.episode.end == "done"
 
 
 # -- streaming (issue 38 item 4) -----------------------------------------------------------------------------------

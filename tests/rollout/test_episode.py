@@ -234,3 +234,54 @@ def test_resets_run_concurrently():
     [group] = EpisodeDriver(env, ChatRenderer(TOK), cfg).run(engine, [{"prompt": "meet"}], n, GREEDY, seed=0)
     assert [s.episode.end for s in group] != ["error"] * n
     assert all(s.episode.end not in ("error", "timeout") for s in group), [s.episode.error for s in group]
+
+
+class Capped:
+    """Caps its first turn at 2 tokens and the next at 3 (``Reset`` / ``Step.max_new_tokens``), then ends;
+    counts an ignored field per step."""
+
+    def reset(self, row):
+        return Reset(observation=row["prompt"], state={"turn": 0}, max_new_tokens=2)
+
+    def step(self, state, action):
+        state["turn"] += 1
+        info = {"ignored_fields": {"temperature": 1}}
+        return Step(done=state["turn"] == 2, observation="ok", info=info, max_new_tokens=3)
+
+
+def test_an_environments_cap_ends_its_turns_early_on_every_rank():
+    """The caps an environment sets reach the engine on the rank that runs it and, through ``share``, on a rank
+    that does not (every rank of a tensor-parallel group feeds the engine the same tokens)."""
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, seed=1, ignore_eos=True)
+    cfg = EpisodeConfig(max_turns=5, max_total_tokens=500)
+    shared = []
+
+    def record(value):
+        shared.append(value)
+        return value
+
+    mine = EpisodeDriver(Capped(), PlainRenderer(), cfg, share=record)
+    out = mine.run(InProcessEngine(bigram(), eos_token_id=2), [{"prompt": "go"}], 2, params, seed=1)
+    replay = iter(shared)
+    other = EpisodeDriver(Capped(), PlainRenderer(), cfg, runs_env=False, share=lambda _: next(replay))
+    theirs = other.run(InProcessEngine(bigram(), eos_token_id=2), [{"prompt": "go"}], 2, params, seed=1)
+    for s, t in zip(out[0], theirs[0]):
+        spans = [len(x) for x in "".join("p" if m else " " for m in s.response_mask).split()]
+        assert spans == [2, 3] and s.finish_reason == "length" and s.episode.end == "done"
+        assert s.response_ids == t.response_ids and s.response_mask == t.response_mask
+        assert dict(s.episode.ignored_fields) == {"temperature": 2}
+
+
+class BadCap(Capped):
+    def step(self, state, action):
+        return type("S", (), {"observation": "x", "done": False, "reward": 0.0, "info": {}, "max_new_tokens": 0})()
+
+
+def test_a_bad_cap_ends_the_episode_naming_it():
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, seed=1)
+    [[s]] = EpisodeDriver(BadCap(), PlainRenderer(), EpisodeConfig(max_turns=5, max_total_tokens=500)).run(
+        InProcessEngine(bigram(), eos_token_id=2), [{"prompt": "go"}], 1, params, seed=1
+    )
+    assert s.episode.end == "error" and "max_new_tokens=0, not a positive integer" in s.episode.error
+    with pytest.raises(ValueError, match=r"Step.max_new_tokens must be a positive integer or None, got 0"):
+        Step(observation="x", max_new_tokens=0)

@@ -352,3 +352,39 @@ def test_a_prefill_that_returns_the_wrong_rows_is_refused():
     e = InProcessEngine(Short(TinyAttention()), eos_token_id=2)
     with pytest.raises(RolloutError, match=r"prefill returned logits of shape \(1, 40\), expected \(2, V\)"):
         e.generate_sync([[5], [6]], 2, SamplingParams(max_new_tokens=2))
+
+
+def test_a_rows_cap_cuts_its_turn_and_every_token_is_drawn_as_without_it():
+    """``caps(row)``, asked as each turn starts (after ``on_turns`` answered the last one), shortens that turn
+    (finish ``length``); the tokens it keeps, and their log-probs, are the uncapped turn's first ones (the same
+    key stream). A cap above the run's ``max_new_tokens`` leaves the run's limit in force."""
+    m = TinyAttention()
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, seed=0, ignore_eos=True)
+    prompts = [[5, 6, 7], [9, 10], [11]]
+
+    def episodes(cap):
+        ends, done = [], [0] * len(prompts)
+
+        def on_turns(turn_ends):
+            ends.extend(turn_ends)
+            for e in turn_ends:
+                done[e.row] += 1
+                if cap is not None:
+                    cap[e.row] = {0: 3}.get(e.row)  # the next turn's cap
+            return [None if done[e.row] == 2 else [3, 4] for e in turn_ends]
+
+        e = InProcessEngine(RecomputeModel(m.logits_fn), eos_token_id=2)
+        caps = None if cap is None else cap.get
+        asyncio.run(
+            e.generate_turns(prompts, params, keys=[7, 8, 9], max_total_tokens=40, on_turns=on_turns, caps=caps)
+        )
+        return {r: [t for t in ends if t.row == r] for r in range(len(prompts))}
+
+    free, got = episodes(None), episodes({0: 2, 1: 100})
+    assert all(t.finish_reason == "length" and len(t.ids) == 6 for turns in free.values() for t in turns)
+    assert [len(t.ids) for t in got[0]] == [2, 3] and all(t.finish_reason == "length" for t in got[0])
+    assert got[0][0].ids == free[0][0].ids[:2] and got[0][0].logprobs == free[0][0].logprobs[:2]
+    for row in (1, 2):  # a cap of 100 (the run's 6 apply), no cap: as uncapped (the batch's rounding aside)
+        assert [t.ids for t in got[row]] == [t.ids for t in free[row]]
+        for a, b in zip(got[row], free[row]):
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-6)

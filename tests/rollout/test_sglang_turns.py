@@ -102,3 +102,24 @@ def test_score_request_and_answer():
         api.parse_input_logprobs({"meta_info": {"input_token_logprobs": [[None, 5], [-1.0, 6]]}}, [4, 5, 6, 7], 2)
     with pytest.raises(ValueError, match=r"start 0 must be in \[1, 4\)"):
         api.build_score_request([4, 5, 6, 7], 0)
+
+
+def test_a_rows_cap_shortens_its_turn_below_the_runs_limits(standins):
+    """``caps(row)``, asked as each turn starts, is the turn's ``max_new_tokens`` when below the run's limit and
+    the room left; above them, they apply."""
+    server = standins()
+    cap, turns = {0: 3}, []
+
+    def on_turns(ends):
+        turns.extend(ends)
+        cap[0] = 50  # the next turn's cap: above max_new_tokens and the room left
+        return [[30] * 3 if len(turns) == 1 else None for _ in ends]
+
+    asyncio.run(
+        _engine(server).generate_turns(
+            [[5] * 6], SamplingParams(max_new_tokens=8), keys=[0], max_total_tokens=16, on_turns=on_turns, caps=cap.get
+        )
+    )
+    sent = [b for p, b in server.calls if p == "/generate"]
+    assert [b["sampling_params"]["max_new_tokens"] for b in sent] == [3, 16 - 6 - 3 - 3] == [3, 4]
+    assert [len(t.ids) for t in turns] == [3, 4] and turns[0].finish_reason == "length"
