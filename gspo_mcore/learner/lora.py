@@ -226,8 +226,6 @@ def _targets(gpt, cfg: LoraConfig):
 def attach(gpt, cfg: LoraConfig) -> None:
     """Add the adapters to this rank's bare ``GPTModel`` (before the DDP wrap), initialise them, freeze every
     other parameter. ``lora.rank`` above a targeted linear's smaller size is refused, naming the key."""
-    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-
     if not cfg.enabled:
         return
     targets = _targets(gpt, cfg)
@@ -236,36 +234,43 @@ def attach(gpt, cfg: LoraConfig) -> None:
     for p in gpt.parameters():
         p.requires_grad_(False)
     for name, module, linear in targets:
-        column = linear in COLUMN
-        expected = ColumnParallelLinear if column else RowParallelLinear
-        if not isinstance(module, expected) or type(module).__module__.startswith("transformer_engine"):
-            raise ValueError(f"LoRA: {name} is a {type(module).__name__}, not Megatron-Core's {expected.__name__}")
-        if column and module.gather_output or (not column and not module.input_is_parallel):
-            raise ValueError(f"LoRA: {name} gathers its output or scatters its input; not supported")
-        size = min(module.input_size, module.output_size)
-        if cfg.rank > size:
-            raise ValueError(
-                f"lora.rank={cfg.rank} exceeds the size of {name} ({module.output_size} x {module.input_size}): "
-                f"the rank must be at most {size}"
-            )
-        weight = module.weight
-        local_out, local_in = weight.shape
-        shape_a = (cfg.rank, local_in)
-        shape_b = (local_out, cfg.rank)
-        module.lora_A = torch.nn.Parameter(torch.zeros(shape_a, dtype=weight.dtype, device=weight.device))
-        module.lora_B = torch.nn.Parameter(torch.zeros(shape_b, dtype=weight.dtype, device=weight.device))
-        for p, split in ((module.lora_A, not column), (module.lora_B, column)):
-            # Megatron's TP attributes: what its grad-norm (no double counting of replicated parameters) reads
-            p.tensor_model_parallel = split
-            p.partition_dim = (1 if not column else 0) if split else -1
-            p.partition_stride = 1
-        module.lora_column = column
-        module.lora_swiglu = linear == "linear_fc1" and bool(module.config.gated_linear_unit)
-        module.lora_scale = cfg.scale
-        module.lora_dropout = float(cfg.dropout)
-        module.__class__ = _lora_class(type(module))
-        weight.lora_owner = module  # merged_weight(weight) finds the adapters of a base weight
+        swiglu = linear == "linear_fc1" and bool(module.config.gated_linear_unit)
+        adapt_linear(module, cfg, column=linear in COLUMN, swiglu=swiglu, name=name)
     init_adapters(gpt, seed=cfg.init_seed)
+
+
+def adapt_linear(module, cfg: LoraConfig, *, column: bool, swiglu: bool = False, name: str = "linear") -> None:
+    """Turn one Megatron-Core ``ColumnParallelLinear`` (``column``) or ``RowParallelLinear`` into its LoRA
+    version, in place: zero ``lora_A``/``lora_B`` of this rank's shapes (fill them with :func:`init_adapters`).
+    ``swiglu``: a SwiGLU ``linear_fc1`` (its rows per TP rank are ``[gate_r; up_r]``)."""
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+    expected = ColumnParallelLinear if column else RowParallelLinear
+    if not isinstance(module, expected) or type(module).__module__.startswith("transformer_engine"):
+        raise ValueError(f"LoRA: {name} is a {type(module).__name__}, not Megatron-Core's {expected.__name__}")
+    if column and module.gather_output or (not column and not module.input_is_parallel):
+        raise ValueError(f"LoRA: {name} gathers its output or scatters its input; not supported")
+    size = min(module.input_size, module.output_size)
+    if cfg.rank > size:
+        raise ValueError(
+            f"lora.rank={cfg.rank} exceeds the size of {name} ({module.output_size} x {module.input_size}): "
+            f"the rank must be at most {size}"
+        )
+    weight = module.weight
+    local_out, local_in = weight.shape
+    module.lora_A = torch.nn.Parameter(torch.zeros((cfg.rank, local_in), dtype=weight.dtype, device=weight.device))
+    module.lora_B = torch.nn.Parameter(torch.zeros((local_out, cfg.rank), dtype=weight.dtype, device=weight.device))
+    for p, split in ((module.lora_A, not column), (module.lora_B, column)):
+        # Megatron's TP attributes: what its grad-norm (no double counting of replicated parameters) reads
+        p.tensor_model_parallel = split
+        p.partition_dim = (0 if column else 1) if split else -1
+        p.partition_stride = 1
+    module.lora_column = column
+    module.lora_swiglu = swiglu
+    module.lora_scale = cfg.scale
+    module.lora_dropout = float(cfg.dropout)
+    module.__class__ = _lora_class(type(module))
+    weight.lora_owner = module  # merged_weight(weight) finds the adapters of a base weight
 
 
 @torch.no_grad()
@@ -319,6 +324,7 @@ __all__ = [
     "HF_TARGETS",
     "MEGATRON_GROUPS",
     "LoraConfig",
+    "adapt_linear",
     "adapter_parameters",
     "attach",
     "check_layout",
