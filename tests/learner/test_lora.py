@@ -24,6 +24,7 @@ from gspo_mcore.learner.lora import HF_TARGETS, LoraConfig, check_layout
 from gspo_mcore.learner.model_config import ModelArch
 from gspo_mcore.learner.parallel import ParallelConfig
 from gspo_mcore.train import parse_config
+from gspo_mcore.trainer.run_dir import lora_mismatch
 
 TINY = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "tiny", "config.yaml")
 ENGINE_ATOL = 1e-5
@@ -99,6 +100,22 @@ def test_layouts_lora_cannot_run_with_are_refused(model, parallel, use_te, messa
     if model == "moe":  # the attention of a MoE model may be adapted
         check_layout(attention_only, arch=arch, parallel=ParallelConfig(**parallel), use_te=use_te)
     check_layout(LoraConfig(rank=0), arch=arch, parallel=ParallelConfig(**parallel), use_te=use_te)  # off
+
+
+def test_a_resume_between_lora_and_full_runs_is_refused():
+    lora = dict(rank=8, alpha=16, target_modules=["all-linear"])
+    assert lora_mismatch(None, None) is None and lora_mismatch(dict(rank=0), None) is None
+    assert lora_mismatch(lora, dict(lora, alpha=32)) is None  # the same parameters
+    assert lora_mismatch(lora, dict(lora, target_modules=list(HF_TARGETS))) is None
+    assert lora_mismatch(None, lora) == (
+        "was written by a full fine-tuning (lora.rank=0) run and this run is LoRA (lora.rank=8, lora.target_modules="
+        "['down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj']): the checkpoint holds other "
+        "parameters than this model; resume with the same lora section, or start from Hugging Face weights"
+    )
+    assert "LoRA (lora.rank=8" in lora_mismatch(lora, dict(rank=0)) and "this run is full fine-tuning" in (
+        lora_mismatch(lora, dict(rank=0))
+    )
+    assert lora_mismatch(lora, dict(lora, rank=4)) and lora_mismatch(lora, dict(lora, target_modules=["o_proj"]))
 
 
 # ---------------------------------------------------------------- the adapters (gloo ranks)
