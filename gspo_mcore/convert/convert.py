@@ -156,7 +156,7 @@ def mcore_to_hf(
     owned = not dist.is_initialized()
     layout = init_parallel(parallel, arch)
     try:
-        model = build_model(arch, parallel, seed=None, wrap_ddp=False)
+        model = build_model(arch, parallel, seed=None, wrap_ddp=False, lora=_run_lora(source))
         load_model(model, source)
         plan = export_plan(model, arch, dtype=dtype, layout=layout)
         total = sum(it.nbytes for it in plan)
@@ -194,6 +194,18 @@ def mcore_to_hf(
 EXPORT_META_FILE = "gspo_mcore_export.json"
 """Written into a folder exported from a training checkpoint: which checkpoint (path, step, config hash)."""
 _NOT_TOKENIZER = ("config.json", "generation_config.json")
+
+
+def _run_lora(source: ExportSource):
+    """The ``lora`` section of the run that wrote a training checkpoint, or ``None`` (full fine-tuning, or a converted
+    folder): its adapters are loaded with the model and written merged into their base weights (``W + (alpha/r) B
+    A``, gspo_mcore.learner.lora)."""
+    section = (source.training.run_config.get("lora") if source.training is not None else None) or {}
+    if not section.get("rank"):
+        return None
+    from gspo_mcore.learner.lora import LoraConfig
+
+    return LoraConfig(**section)
 
 
 def _write_side_files(source: ExportSource, out_dir: str) -> None:

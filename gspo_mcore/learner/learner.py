@@ -27,7 +27,9 @@ from gspo_mcore.algo.loss_config import LossConfig
 from gspo_mcore.learner import lm_head, shared_prefix
 from gspo_mcore.learner.forward import forward_logprobs
 from gspo_mcore.learner.kl_reference import ReferencePolicy
-from gspo_mcore.learner.model import ModelOptions, build_model
+from gspo_mcore.learner.lora import LoraConfig
+from gspo_mcore.learner.lora import check_layout as check_lora_layout
+from gspo_mcore.learner.model import ModelOptions, build_model, have_transformer_engine
 from gspo_mcore.learner.model_config import ModelArch
 from gspo_mcore.learner.optimizer import OptimConfig, build_optimizer
 from gspo_mcore.learner.parallel import Layout, ParallelConfig, destroy_parallel, init_parallel
@@ -79,6 +81,7 @@ class Learner:
         temperature: float = 1.0,
         recompute_old_logprobs: bool = False,
         progress: bool = False,
+        lora: LoraConfig = LoraConfig(),
     ) -> Learner:
         """Set up the process groups (validating the layout first), build the model, and either initialise it
         from ``init_seed`` (layout independent) or load ``hf_weights`` (a Hugging Face directory's safetensors,
@@ -87,7 +90,12 @@ class Learner:
         ``loss``, ``batch``, ``routing``, ``temperature`` and ``recompute_old_logprobs`` make the
         :class:`~gspo_mcore.learner.step.StepSettings`. A fused LM head the model cannot serve is refused here,
         naming ``loss.fused_lm_head``; ``batch.share_prompt`` is resolved (see
-        :func:`~gspo_mcore.learner.shared_prefix.resolve`)."""
+        :func:`~gspo_mcore.learner.shared_prefix.resolve`). ``lora``: LoRA adapters (off by default; see
+        :mod:`gspo_mcore.learner.lora`): the base weights frozen, the optimizer holding the adapters only; a layout
+        LoRA cannot run with is refused first, naming the keys."""
+        if lora.enabled:
+            use_te = have_transformer_engine() if options.use_te is None else bool(options.use_te)
+            check_lora_layout(lora, arch=arch, parallel=parallel, use_te=use_te)
         layout = init_parallel(parallel, arch, seed=seed)
         model = build_model(
             arch,
@@ -95,6 +103,7 @@ class Learner:
             options,
             seed=None if hf_weights else init_seed,
             use_distributed_optimizer=optim.use_distributed_optimizer,
+            lora=lora,
         )
         # batch.share_prompt: None (on where supported) resolved, true refused where not supported
         share = shared_prefix.resolve(batch.share_prompt, model=model, layout=layout, arch=arch)

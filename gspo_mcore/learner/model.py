@@ -98,6 +98,7 @@ def build_model(
     seed: int | None = 1234,
     use_distributed_optimizer: bool = False,
     wrap_ddp: bool = True,
+    lora=None,
 ):
     """This rank's model chunk, wrapped in Megatron DDP, in a one-element list (Megatron's convention).
 
@@ -105,7 +106,9 @@ def build_model(
     the :class:`~gspo_mcore.learner.optimizer.OptimConfig` (the gradient buffers are laid out for it).
     With ``seed`` the weights are filled by :func:`init_weights` (layout independent); ``seed=None`` keeps
     Megatron's own initialisation (e.g. before loading a checkpoint). ``wrap_ddp=False`` returns the bare
-    ``GPTModel`` (no gradient buffers: weight conversion, inference).
+    ``GPTModel`` (no gradient buffers: weight conversion, inference). ``lora``: a
+    :class:`~gspo_mcore.learner.lora.LoraConfig`; when enabled, the adapters are added and initialised and every
+    other parameter is frozen, before the DDP wrap (see :mod:`gspo_mcore.learner.lora`).
     """
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -161,6 +164,11 @@ def build_model(
         model.cuda(torch.cuda.current_device())
     if seed is not None:
         init_weights(model, seed=seed, std=arch.initializer_range)
+    if lora is not None and lora.enabled:
+        from gspo_mcore.learner import lora as lora_adapters
+
+        lora_adapters.check_layout(lora, arch=arch, parallel=parallel, use_te=use_te)
+        lora_adapters.attach(model, lora)
     if not wrap_ddp:
         return [model]
     ddp_config = DistributedDataParallelConfig(

@@ -25,6 +25,7 @@ from gspo_mcore.data.sampler import SamplerConfig
 from gspo_mcore.data.template import TemplateConfig
 from gspo_mcore.envs.config import EpisodeConfig
 from gspo_mcore.learner.checkpoint import CheckpointConfig
+from gspo_mcore.learner.lora import LoraConfig
 from gspo_mcore.learner.model import ModelOptions
 from gspo_mcore.learner.optimizer import OptimConfig
 from gspo_mcore.learner.parallel import ParallelConfig
@@ -225,6 +226,8 @@ class TrainConfig:
     batch: BatchConfig = field(default_factory=BatchConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     """MoE: Routing Replay and routing-volatility measurement (ignored for dense models)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters, base weights frozen (docs/lora.md); ``rank: 0`` (the default) is full fine-tuning."""
     data: DataConfig
     sampler: SamplerConfig = field(default_factory=lambda: SamplerConfig(epochs=None))
     template: TemplateConfig = field(default_factory=TemplateConfig)

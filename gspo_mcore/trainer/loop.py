@@ -100,6 +100,7 @@ def _run_checked(cfg: TrainConfig, inputs: preflight.Inputs) -> list[dict]:
         loss=cfg.loss,
         batch=cfg.batch,
         routing=cfg.routing,
+        lora=cfg.lora,
         seed=cfg.seed,
         init_seed=cfg.model.init_seed,
         hf_weights=cfg.model.hf_dir if cfg.model.load_hf_weights else None,

@@ -160,6 +160,7 @@ def check(run_config: dict, *, output_dir: str, checkpoint_dir: str, resume, ove
                 "log.overwrite=true to replace it, or choose another log.output_dir"
             )
         return RunDirPlan(output_dir=output_dir, clear=tuple(traces))
+    _check_lora_matches(run_config, checkpoint_dir, resume)
     saved = _saved_config(output_dir, checkpoint_dir, resume)
     if saved is not None:
         _check_same_run(run_config, *saved)
@@ -253,6 +254,44 @@ def _check_same_run(run_config: dict, where: str, saved: dict, recorded: str | N
             f"{len(changed)} key(s) that define the run: {shown}{more}. Resume with the same values, or start a "
             "new run (another log.output_dir) from that checkpoint with checkpoint.resume=<its step_<N> path>"
         )
+
+
+def _check_lora_matches(run_config: dict, checkpoint_dir: str, resume) -> None:
+    """A checkpoint (of this run or of another folder) whose parameters are another kind than this run's model's:
+    a LoRA checkpoint into a full fine-tuning run or the reverse, or adapters of another rank or targets."""
+    candidate = resume_candidate(checkpoint_dir, resume)
+    if candidate is None or not os.path.isfile(os.path.join(candidate, CONFIG)):
+        return
+    import yaml
+
+    with open(os.path.join(candidate, CONFIG)) as f:
+        saved = yaml.safe_load(f) or {}
+    problem = lora_mismatch(saved.get("lora"), run_config.get("lora"))
+    if problem:
+        raise RunDirError(f"checkpoint.resume: {candidate} {problem}")
+
+
+def lora_mismatch(then: dict | None, now: dict | None) -> str | None:
+    """Why a checkpoint written with the ``lora`` section ``then`` cannot be loaded into a run with ``now`` (plain
+    data; ``None``: no section, full fine-tuning), or ``None`` when its parameters match this run's."""
+    from gspo_mcore.learner.lora import ALL_LINEAR, HF_TARGETS
+
+    def kind(section):
+        section = section or {}
+        rank = int(section.get("rank") or 0)
+        targets = list(section.get("target_modules") or []) if rank else []
+        return rank, sorted(HF_TARGETS if ALL_LINEAR in targets else targets)
+
+    def words(k):
+        return f"LoRA (lora.rank={k[0]}, lora.target_modules={k[1]})" if k[0] else "full fine-tuning (lora.rank=0)"
+
+    a, b = kind(then), kind(now)
+    if a == b:
+        return None
+    return (
+        f"was written by a {words(a)} run and this run is {words(b)}: the checkpoint holds other parameters than "
+        "this model; resume with the same lora section, or start from Hugging Face weights"
+    )
 
 
 def _may_differ(key: str) -> bool:

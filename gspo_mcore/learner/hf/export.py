@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from gspo_mcore.learner.hf.mapping import MegatronParam, to_hf, tp_unshard
 from gspo_mcore.learner.hf.sharding import LocalParam, local_parameters, tp_split
+from gspo_mcore.learner.lora import merged_weight
 from gspo_mcore.learner.parallel import Layout, current_layout
 
 DEFAULT_BUCKET_BYTES = 512 * 2**20
@@ -116,7 +117,7 @@ def _gather(t: torch.Tensor, size: int, group) -> list[torch.Tensor]:
 def _produce(model, arch, layout: Layout, dtype) -> Iterator[tuple[str, torch.Tensor]]:
     """This rank's stage's Hugging Face tensors, in plan order (runs the TP/EP collectives lazily)."""
     for lp, params in _units(local_parameters(model, layout), layout):
-        t = lp.tensor.detach()
+        t = merged_weight(lp.tensor).detach()  # W + (alpha/r) B A where LoRA adapts it (this rank's shard)
         size, _, group = tp_split(layout, lp.param)
         if size > 1:
             t = tp_unshard(lp.param.kind, _gather(t, size, group))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from gspo_mcore.learner.hf.mapping import MegatronParam, parse_megatron_name
+from gspo_mcore.learner.lora import is_adapter
 from gspo_mcore.learner.model import unwrap
 from gspo_mcore.learner.parallel import Layout, current_layout
 
@@ -56,6 +57,8 @@ def local_parameters(model, layout: Layout | None = None) -> list[LocalParam]:
     out = []
     for gpt in model_chunks(model):
         for name, prm in gpt.named_parameters():
+            if is_adapter(name):
+                continue  # LoRA adapters: exported merged into their base weight (gspo_mcore.learner.lora)
             p = parse_megatron_name(_global_name(gpt, name))
             is_split = bool(getattr(prm, "tensor_model_parallel", False))
             split_size = layout.etp_size if p.kind.expert else layout.tp_size
