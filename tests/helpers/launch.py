@@ -50,3 +50,17 @@ def prepare_tiny(out, num_prompts: int, *extra: str) -> None:
         check=True,
         capture_output=True,
     )
+
+
+def run_tool(args: list[str], *, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``python <args>`` (a tool such as ``tools/bench_engine.py`` and its flags) from the repository root
+    with one OpenMP thread and warnings off; returns the finished process (its output captured, not checked)."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"),
+    )

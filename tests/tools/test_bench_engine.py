@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers.launch import run_tool
 
 pytestmark = pytest.mark.distributed  # spawns training processes: not in the fast tier
 
@@ -15,15 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_bench_engine_quick_writes_the_table_and_json(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [sys.executable, "tools/bench_engine.py", "--quick", "--threads", "1", "--repeat", "2", "--json", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"),
-    )
+    proc = run_tool(["tools/bench_engine.py", "--quick", "--threads", "1", "--repeat", "2", "--json", str(out)])
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "kv / transformers" in proc.stdout
     data = json.loads(out.read_text())
@@ -54,15 +47,9 @@ def test_bench_engine_refuses_a_repeat_below_one():
 
 def test_bench_engine_turns_writes_the_episode_rows(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [sys.executable, "tools/bench_engine.py", "--quick", "--threads", "1", "--engines", "kv"]
-        + ["--turns", "2", "--env-tokens", "3", "--json", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"),
+    proc = run_tool(
+        ["tools/bench_engine.py", "--quick", "--threads", "1", "--engines", "kv"]
+        + ["--turns", "2", "--env-tokens", "3", "--json", str(out)]
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [r for r in json.loads(out.read_text())["results"] if r["engine"] == "kv-turns"]
@@ -75,15 +62,9 @@ def test_bench_engine_turns_writes_the_episode_rows(tmp_path):
 
 def test_bench_engine_shared_and_unshared_prefill_side_by_side(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [sys.executable, "tools/bench_engine.py", "--quick", "--threads", "1", "--engines", "kv", "kv-megatron"]
-        + ["--group-size", "3", "--share-prefill", "both", "--json", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"),
+    proc = run_tool(
+        ["tools/bench_engine.py", "--quick", "--threads", "1", "--engines", "kv", "kv-megatron"]
+        + ["--group-size", "3", "--share-prefill", "both", "--json", str(out)]
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "cpu_isa" in proc.stdout and "batch 8 x 3 samples" in proc.stdout

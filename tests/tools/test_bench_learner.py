@@ -11,6 +11,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from helpers.launch import run_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -24,15 +25,9 @@ def _tool():
 
 @pytest.mark.distributed
 def test_bench_learner_groups_sharing_a_prompt_report_tokens_flops_and_gemm_rates():
-    proc = subprocess.run(
-        [sys.executable, "tools/bench_learner.py", "--layouts", "1", "--samples", "8", "--group-size", "4"]
-        + ["--prompt-len", "9", "--response-len", "5", "--steps", "1", "--warmup", "0", "--max-tokens", "64"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"),
+    proc = run_tool(
+        ["tools/bench_learner.py", "--layouts", "1", "--samples", "8", "--group-size", "4"]
+        + ["--prompt-len", "9", "--response-len", "5", "--steps", "1", "--warmup", "0", "--max-tokens", "64"]
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "cpu_isa" in proc.stdout and "GEMM bf16" in proc.stdout
