@@ -18,7 +18,7 @@ import pytest
 import torch
 from helpers import learner_toy as toy
 
-from gspo_mcore.learner import shared_prefix
+from gspo_mcore.learner import shared_prefix, shared_prefix_thd
 from gspo_mcore.learner.batching import TrainSample, build_microbatch
 
 V, D, H, HD = 32, 16, 2, 8
@@ -45,17 +45,21 @@ def _rope(t, emb):  # t: (S, R, H, HD), emb: (S, R, 1, HD), as Megatron's non-in
     return t * torch.cos(emb) + torch.cat((-x2, x1), dim=-1) * torch.sin(emb)
 
 
-def _forward(p, tokens, positions, mask):
-    """Logits ``[R, S, V]`` of rows ``tokens`` ``[R, S]`` at ``positions``; ``mask`` ``[R, 1, S, S]`` True = masked."""
+def _forward(p, tokens, positions, mask, attention=None):
+    """Logits ``[R, S, V]`` of rows ``tokens`` ``[R, S]`` at ``positions``; ``mask`` ``[R, 1, S, S]`` True = masked.
+    ``attention(q, k, v)`` (``[S, H, HD]`` each, one row) replaces the masked softmax when given."""
     emb = shared_prefix.rotary_from_positions(ROTARY, positions)  # (S, R, 1, HD)
     x = p["emb"][tokens].transpose(0, 1)  # (S, R, D)
     S, R = x.shape[:2]
     for layer in range(2):
         q, k, v = ((x @ p[f"{n}{layer}"]).view(S, R, H, HD) for n in ("q", "k", "v"))  # (S, R, H, HD)
         q, k = _rope(q, emb), _rope(k, emb)
-        scores = torch.einsum("srhd,trhd->rhst", q, k) / HD**0.5
-        scores = scores.masked_fill(mask, -1e4)
-        att = torch.einsum("rhst,trhd->srhd", scores.softmax(-1), v).reshape(S, R, H * HD)
+        if attention is not None:
+            att = attention(q[:, 0], k[:, 0], v[:, 0]).reshape(S, R, H * HD)
+        else:
+            scores = torch.einsum("srhd,trhd->rhst", q, k) / HD**0.5
+            scores = scores.masked_fill(mask, -1e4)
+            att = torch.einsum("rhst,trhd->srhd", scores.softmax(-1), v).reshape(S, R, H * HD)
         x = x + att @ p[f"o{layer}"]
     return (x @ p["out"]).transpose(0, 1)  # (R, S, V)
 
@@ -75,13 +79,13 @@ def _per_sample(p, samples, coef):
     return logps, loss
 
 
-def _shared(p, samples, units, coef, packing, *, break_positions=False, break_fanout=False):
+def _shared(p, samples, units, coef, packing, *, break_positions=False, break_fanout=False, attention=None):
     mb = shared_prefix.build_shared_microbatch(samples, units, packing=packing)
     positions = mb.position_ids
     if break_positions:  # physical positions: each row's 0..S-1
         positions = torch.arange(positions.shape[1]).expand_as(positions)
     mask = mb.attention_mask if mb.attention_mask is not None else _causal(mb.tokens.shape[1])
-    logits = _forward(p, mb.tokens, positions, mask).reshape(-1, V)
+    logits = _forward(p, mb.tokens, positions, mask, attention).reshape(-1, V)
     index = mb.score_index if mb.score_index is not None else torch.arange(mb.num_tokens)
     if break_fanout:  # every sample's segment scored at its own physical positions only (no P-1 fan-out)
         index = index.clone()
@@ -138,6 +142,60 @@ def test_the_comparison_catches_a_broken_layout(breaks):
     units = shared_prefix.find_units(samples, 1000)
     logp_diff, _, grad_diff, _ = _compare(samples, units, "padded", **breaks)
     assert logp_diff > 1e-3 and grad_diff > 1e-4, (logp_diff, grad_diff)
+
+
+def _two_part(samples, units, *, align="bottom_right", gather=True):
+    """The two-part attention of :mod:`shared_prefix_thd` for the block-diagonal row of ``units``; the breaks:
+    ``align="top_left"`` (causal from each segment's first key) or ``gather=False`` (no K/V gather: the
+    physical keys of each query segment only)."""
+    layout = shared_prefix_thd.two_part_layout(units, [s.length for s in samples])
+    if not gather:
+        layout = shared_prefix_thd.TwoPartLayout(
+            layout.cu_seqlens_q, layout.cu_seqlens_q, torch.arange(int(layout.cu_seqlens_q[-1])), 0, 0
+        )
+    if align == "top_left":  # drop the alignment: each segment's keys cut to its query count, from the front
+        kv = [
+            layout.kv_index[int(layout.cu_seqlens_kv[i]) :][: int(layout.cu_seqlens_q[i + 1] - layout.cu_seqlens_q[i])]
+            for i in range(layout.cu_seqlens_q.numel() - 1)
+        ]
+        layout = shared_prefix_thd.TwoPartLayout(layout.cu_seqlens_q, layout.cu_seqlens_q, torch.cat(kv), 0, 0)
+    return lambda q, k, v: shared_prefix_thd.reference_attention(q, k, v, layout, HD**-0.5)
+
+
+@pytest.mark.parametrize("env_spans", [False, True], ids=["single-turn", "multi-turn"])
+@pytest.mark.parametrize("max_tokens", [1000, 30])
+def test_two_part_attention_equals_the_per_sequence_loop(env_spans, max_tokens):
+    """The GPU form (varlen query / key-value segments, the prompt's K/V gathered before each sample's, causal
+    aligned to the bottom right), on the block-diagonal row: the same log-probs and gradients as per sample."""
+    samples = _samples(env_spans)
+    units = shared_prefix.find_units(samples, max_tokens)
+    assert any(u.shared for u in units) and any(not u.shared for u in units)
+    attention = _two_part(samples, units)
+    logp_diff, loss_diff, grad_diff, _ = _compare(samples, units, "block_diagonal", attention=attention)
+    assert logp_diff < 1e-12 and abs(loss_diff) < 1e-12 and grad_diff < 1e-12, (logp_diff, loss_diff, grad_diff)
+
+
+@pytest.mark.parametrize("breaks", [{"align": "top_left"}, {"gather": False}], ids=["top-left", "no-gather"])
+def test_the_two_part_comparison_catches_a_broken_mask(breaks):
+    samples = _samples()
+    units = shared_prefix.find_units(samples, 1000)
+    attention = _two_part(samples, units, **breaks)
+    logp_diff, _, grad_diff, _ = _compare(samples, units, "block_diagonal", attention=attention)
+    assert logp_diff > 1e-3 and grad_diff > 1e-4, (logp_diff, grad_diff)
+
+
+def test_two_part_layout_segments():
+    """Two shared samples on a 3-token prompt (lengths 5 and 4) and one unshared of 2: the queries keep the
+    physical order; each shared sample's keys are the prompt's then its own."""
+    units = [
+        shared_prefix.Unit(samples=(0, 1), prompt=3, length=6),
+        shared_prefix.Unit(samples=(2,), prompt=0, length=2),
+    ]
+    layout = shared_prefix_thd.two_part_layout(units, [5, 4, 2])
+    assert layout.cu_seqlens_q.tolist() == [0, 3, 5, 6, 8]
+    assert layout.cu_seqlens_kv.tolist() == [0, 3, 8, 12, 14]
+    assert layout.kv_index.tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 5, 6, 7]
+    assert (layout.max_seqlen_q, layout.max_seqlen_kv) == (3, 5)
 
 
 def test_units_follow_the_prompts():
