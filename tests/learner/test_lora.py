@@ -219,7 +219,10 @@ def test_the_peft_export_applied_to_the_base_equals_the_merged_export(results, n
         f"{part}.{proj}" for part, projs in (("self_attn", HF_TARGETS[:4]), ("mlp", HF_TARGETS[4:])) for proj in projs
     ]
     assert r["peft_names"] == sorted(
-        f"base_model.model.model.layers.{i}.{p}.lora_{ab}.weight" for i in range(LAYERS) for p in projections for ab in "AB"
+        f"base_model.model.model.layers.{i}.{p}.lora_{ab}.weight"
+        for i in range(LAYERS)
+        for p in projections
+        for ab in "AB"
     )
     assert r["peft_merge_diff"] <= PEFT_MERGE_ATOL, (name, r["peft_merge_diff"])
 
