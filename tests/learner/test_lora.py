@@ -139,6 +139,28 @@ def test_an_adapter_only_resume_onto_another_base_is_refused():
     assert "model.init_seed=2" in base_mismatch(random, dict(random, init_seed=2))
 
 
+def test_a_peft_export_of_a_checkpoint_without_adapters_is_refused():
+    from gspo_mcore.convert.convert import _base_seed, adapters_only, peft_lora
+    from gspo_mcore.convert.export_source import ExportSource, TrainingCheckpoint
+
+    def source(run_config, model="all"):
+        ckpt = TrainingCheckpoint(
+            path="/r/step_3", step=3, run_config=run_config, trainer_state={"model": model}, config_sha256=None
+        )
+        return ExportSource(ckpt_dir="/r/step_3/megatron", side_dir="/m", training=ckpt)
+
+    with pytest.raises(ValueError, match=r"--lora-format peft: /c is not a LoRA run's training checkpoint"):
+        peft_lora(ExportSource(ckpt_dir="/c", side_dir="/m"))  # a converted model
+    with pytest.raises(ValueError, match=r"/r/step_3 is not a LoRA run's training checkpoint \(lora.rank 0"):
+        peft_lora(source({"lora": {"rank": 0}}))
+    lora = {"lora": {"rank": 4, "alpha": 8.0}, "model": {"init_seed": 5}}
+    assert peft_lora(source(lora)).scale == 2.0
+    # the merged export of an adapter-only checkpoint rebuilds the run's base: its seed, or model.hf_dir's weights
+    assert adapters_only(source(lora, "adapters")) and not adapters_only(source(lora))
+    assert _base_seed(source(lora, "adapters")) == 5 and _base_seed(source(lora)) is None
+    assert _base_seed(source({**lora, "model": {"load_hf_weights": True}}, "adapters")) is None
+
+
 # ---------------------------------------------------------------- the adapters (gloo ranks)
 
 ONE_RANK = [
