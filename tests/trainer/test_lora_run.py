@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -120,13 +121,17 @@ def test_lora_checkpoints_hold_the_adapters_only(job):
     tmp_path = job["tmp"]
     step = tmp_path / "b/checkpoints/step_1"  # the one the resume loaded
     assert json.loads((step / "trainer_state.json").read_text())["model"] == "adapters"
-    keys = sorted(FileSystemReader(str(step / "megatron")).read_metadata().state_dict_metadata)
+    saved = FileSystemReader(str(step / "megatron")).read_metadata().state_dict_metadata
+    keys = sorted(saved)
     assert keys and all(k.endswith((".lora_A", ".lora_B")) for k in keys), [k for k in keys if "lora" not in k][:5]
     assert any(k.startswith("optimizer.state.exp_avg.") for k in keys), "the adapters' Adam state must be saved"
-    ckpt_bytes = sum(f.stat().st_size for f in (step / "megatron").rglob("*") if f.is_file())
-    base_bytes = (tmp_path / "model/model.safetensors").stat().st_size
-    # a full fine-tuning checkpoint holds the weights and Adam's two moments: about 3x the fp32 weights
-    assert ckpt_bytes < 0.25 * 3 * base_bytes, (ckpt_bytes, base_bytes)
+    # a full fine-tuning checkpoint holds the fp32 weights and Adam's two moments: 3x the base's weights (332 kB
+    # here). The tiny model's rank-4 adapters are 9% of its parameters: 80 kB of tensors with their moments
+    # (0.08 of a full one), 245 kB of files with the per-tensor overhead of dist_checkpointing (0.25)
+    full_bytes = 3 * (tmp_path / "model/model.safetensors").stat().st_size
+    tensor_bytes = sum(math.prod(m.size) * m.properties.dtype.itemsize for m in saved.values())
+    file_bytes = sum(f.stat().st_size for f in (step / "megatron").rglob("*") if f.is_file())
+    assert tensor_bytes < 0.12 * full_bytes and file_bytes < 0.4 * full_bytes, (tensor_bytes, file_bytes, full_bytes)
 
 
 def test_the_converter_writes_merged_weights(job):
