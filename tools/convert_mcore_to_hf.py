@@ -18,6 +18,12 @@ and optimizer they were saved with; ``config.json`` and the tokenizer come from 
 (which checkpoint, which step). Runs on one process by default (the checkpoint is resharded at load);
 ``--tp/--pp/--ep`` spread a big model over ranks (relaunched under ``torch.distributed.run``). ``--dtype``
 sets the written dtype (default: ``config.json``'s).
+
+A LoRA run's checkpoint (``lora.rank > 0``; it holds the adapters only) exports, with ``--lora-format``:
+``merged`` (default) a full model with ``W + (alpha/r) B A`` in every adapted projection (the base rebuilt as the
+run built it: ``model.hf_dir``'s weights, or ``model.init_seed``), or ``peft`` a PEFT adapter folder
+(``adapter_config.json`` + ``adapter_model.safetensors``, float32 unless ``--dtype``; the base is the run's
+``model.hf_dir``): ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(hf_dir), OUT)``.
 """
 
 from __future__ import annotations
@@ -64,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         default="5GB",
         help="split the safetensors files above this size (default 5GB)",
     )
+    parser.add_argument(
+        "--lora-format",
+        choices=("merged", "peft"),
+        default="merged",
+        help="a LoRA run's checkpoint: a merged full model (default) or a PEFT adapter folder",
+    )
     add_layout_args(parser)
     args = parser.parse_args(argv)
 
@@ -80,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         config = read_config(source.side_dir)
         check_architecture(config)
         arch = load_hf_config(config)
+        if args.lora_format == "peft":
+            from gspo_mcore.convert.convert import peft_lora
+
+            peft_lora(source)
         world = preflight_launch(parallel, arch, args.out)
     except (ValueError, KeyError, FileNotFoundError, FileExistsError, ExportSourceError) as exc:
         return fail(str(exc))
@@ -92,6 +108,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipping {bad}: not valid ({'; '.join(problems)})", file=sys.stderr)
     if world > 1 and not under_torchrun():  # the ranks export what was checked here, without checking again
         return relaunch(__file__, [*argv, "--verify", "none"] if ckpt is None else _pinned(argv, ckpt.path), world)
+    if args.lora_format == "peft":
+        from gspo_mcore.convert.convert import mcore_to_peft
+
+        mcore_to_peft(source, args.out, parallel, dtype=dtype)
+        if rank0:
+            print(f"exported the LoRA adapters of step {ckpt.step} ({ckpt.path}) to {args.out} as a PEFT adapter")
+        return 0
     files = mcore_to_hf(
         source,
         args.out,

@@ -156,7 +156,11 @@ def mcore_to_hf(
     owned = not dist.is_initialized()
     layout = init_parallel(parallel, arch)
     try:
-        model = build_model(arch, parallel, seed=None, wrap_ddp=False, lora=_run_lora(source))
+        lora = _run_lora(source)
+        base_seed = _base_seed(source)
+        model = build_model(arch, parallel, seed=base_seed, wrap_ddp=False, lora=lora)
+        if adapters_only(source) and base_seed is None:  # the base as the run built it at its start
+            load_hf_weights(model, source.side_dir, arch, layout=layout)
         load_model(model, source)
         plan = export_plan(model, arch, dtype=dtype, layout=layout)
         total = sum(it.nbytes for it in plan)
@@ -196,6 +200,83 @@ EXPORT_META_FILE = "gspo_mcore_export.json"
 _NOT_TOKENIZER = ("config.json", "generation_config.json")
 
 
+def adapters_only(source: ExportSource) -> bool:
+    """Whether ``source`` is a LoRA run's training checkpoint, which holds the adapters only (the
+    ``trainer_state.json``'s ``model: adapters``)."""
+    return source.training is not None and source.training.trainer_state.get("model") == "adapters"
+
+
+def _base_seed(source: ExportSource) -> int | None:
+    """The seed the run initialised its base from (``model.init_seed``) when a LoRA checkpoint's base is not a
+    Hugging Face folder's weights (``model.load_hf_weights: false``); ``None`` otherwise."""
+    if not adapters_only(source):
+        return None
+    model = source.training.run_config.get("model") or {}
+    if model.get("load_hf_weights"):
+        return None
+    return int(model.get("init_seed", 1234))
+
+
+def mcore_to_peft(
+    mcore_dir: str | ExportSource,
+    out_dir: str,
+    parallel=None,
+    *,
+    config_dir: str | None = None,
+    dtype: torch.dtype | None = None,
+    verify: str = "sha256",
+) -> list[str]:
+    """Write a LoRA run's adapters (a training checkpoint, see :func:`mcore_to_hf` for ``mcore_dir``) as a PEFT
+    adapter folder at ``out_dir`` (:mod:`gspo_mcore.learner.hf.export_peft`): ``adapter_config.json`` naming the
+    run's ``model.hf_dir`` as the base, ``adapter_model.safetensors`` in ``dtype`` (default float32). Only the
+    adapters are read (the base weights are not needed). Returns the files written (rank 0)."""
+    from gspo_mcore.learner.hf.export_peft import adapter_config, peft_tensors, projection_names, write_peft_adapter
+    from gspo_mcore.learner.lora import global_adapters
+    from gspo_mcore.learner.model import build_model
+    from gspo_mcore.learner.model_config import load_hf_config
+    from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
+
+    parallel = parallel or ParallelConfig()
+    source = mcore_dir
+    if not isinstance(source, ExportSource):
+        source = locate(mcore_dir, config_dir=config_dir, verify=verify)
+    lora = peft_lora(source)
+    config = read_config(source.side_dir)
+    check_architecture(config)
+    arch = load_hf_config(config)
+    owned = not dist.is_initialized()
+    init_parallel(parallel, arch)
+    try:
+        # the base's values do not matter here (Megatron's own initialisation): only the adapters are read
+        model = build_model(arch, parallel, seed=None, wrap_ddp=False, lora=lora)
+        load_model(model, source)
+        tensors = peft_tensors(global_adapters(model), arch, dtype=dtype or torch.float32)
+        files = []
+        if _rank() == 0:
+            base = (source.training.run_config.get("model") or {}).get("hf_dir") or source.side_dir
+            cfg = adapter_config(lora, base_model=base, targets=projection_names(tensors))
+            files = write_peft_adapter(out_dir, tensors, cfg)
+            _write_side_files(source, out_dir, model_files=False)
+        if dist.is_initialized():
+            dist.barrier()
+        return files
+    finally:
+        _teardown(owned)
+
+
+def peft_lora(source: ExportSource):
+    """The LoRA config of the run whose adapters a PEFT export writes; raises ``ValueError`` when ``source`` is not
+    a LoRA run's training checkpoint."""
+    lora = _run_lora(source)
+    if lora is None:
+        where = source.training.path if source.training is not None else source.ckpt_dir
+        raise ValueError(
+            f"--lora-format peft: {where} is not a LoRA run's training checkpoint (lora.rank 0, or a converted "
+            "model): it has no adapters to write; export it without --lora-format peft"
+        )
+    return lora
+
+
 def _run_lora(source: ExportSource):
     """The ``lora`` section of the run that wrote a training checkpoint, or ``None`` (full fine-tuning, or a converted
     folder): its adapters are loaded with the model and written merged into their base weights (``W + (alpha/r) B
@@ -208,11 +289,12 @@ def _run_lora(source: ExportSource):
     return LoraConfig(**section)
 
 
-def _write_side_files(source: ExportSource, out_dir: str) -> None:
-    """config.json and the other side files; the tokenizer's from its own folder when the run had one; the
-    provenance of a training checkpoint."""
-    copy_files(source.side_dir, out_dir, hf_side_files(source.side_dir))
-    if source.tokenizer_dir is not None:
+def _write_side_files(source: ExportSource, out_dir: str, *, model_files: bool = True) -> None:
+    """config.json and the other side files (``model_files``; a PEFT adapter folder has none); the tokenizer's
+    from its own folder when the run had one; the provenance of a training checkpoint."""
+    if model_files:
+        copy_files(source.side_dir, out_dir, hf_side_files(source.side_dir))
+    if source.tokenizer_dir is not None and model_files:
         files = [f for f in side_files(source.tokenizer_dir) if f not in _NOT_TOKENIZER]
         copy_files(source.tokenizer_dir, out_dir, files)
     ckpt = source.training

@@ -85,7 +85,8 @@ def load_model(model, source) -> None:
     ``source``: an :class:`~gspo_mcore.convert.export_source.ExportSource` or a converted checkpoint's
     distributed checkpoint folder. A training checkpoint's model part is read through the trainer's own
     loader (:func:`~gspo_mcore.learner.checkpoint.load_model_and_optimizer` without an optimizer: the
-    optimizer state beside it is left on disk), so every layout it saves reads back here.
+    optimizer state beside it is left on disk), so every layout it saves reads back here. A LoRA run's
+    checkpoint holds its adapters only: load the base into ``model`` first (``gspo_mcore.convert.convert``).
     """
     from megatron.core import dist_checkpointing
 
@@ -101,6 +102,7 @@ def load_model(model, source) -> None:
             saved_optimizer=state["optimizer"],
             saved_layout=state["layout"],
             layout=state["layout"],
+            part=state.get("model", "all"),  # LoRA's adapters only: the caller loaded the base
         )
         return
     ckpt_dir = getattr(source, "ckpt_dir", source)

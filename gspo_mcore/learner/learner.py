@@ -190,7 +190,8 @@ class Learner:
     def save(self, checkpointer, step: int, *, extra: dict | None = None) -> str:
         """Save model, optimizer, LR schedule and RNG states as checkpoint ``step`` (``checkpointer``: a
         :class:`~gspo_mcore.learner.checkpoint.Checkpointer`); ``extra``: the trainer's own state. Returns the
-        checkpoint's path."""
+        checkpoint's path. With LoRA the model part is the adapters only: :meth:`load` puts them over the base
+        that :meth:`build` made (``hf_weights`` or ``init_seed``), so build it as the run did."""
         return checkpointer.save(step, self.model, self.optimizer, self.scheduler, extra=extra)
 
     def load(self, checkpointer):

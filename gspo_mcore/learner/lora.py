@@ -277,14 +277,7 @@ def adapt_linear(module, cfg: LoraConfig, *, column: bool, swiglu: bool = False,
 def init_adapters(gpt, *, seed: int, b_std: float = 0.0) -> None:
     """Fill every adapter from ``seed``, identically for any layout: ``A ~ U(-1/sqrt(in), 1/sqrt(in))`` per global
     tensor (a generator keyed by its checkpoint name), ``B = 0`` (``b_std > 0``: ``N(0, b_std)``, for tests)."""
-    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
-
-    from gspo_mcore.learner.model import _flatten, unwrap
-
-    gpt = unwrap(gpt)
-    for sh in _flatten(gpt.sharded_state_dict(), ShardedTensorFactory):
-        if not isinstance(sh, ShardedTensor) or not is_adapter(sh.key):
-            continue
+    for sh in _adapter_shards(gpt):
         gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(sh.key.encode())) % (2**63))
         shape = tuple(sh.global_shape)
         if sh.key.endswith("lora_A"):
@@ -292,12 +285,70 @@ def init_adapters(gpt, *, seed: int, b_std: float = 0.0) -> None:
             full = (torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1) * bound
         else:
             full = torch.randn(shape, generator=gen, dtype=torch.float64) * b_std
-        local_shape = tuple(sh.local_shape)
-        n_prepend = sh.prepend_axis_num
-        if len(local_shape) == len(shape) - n_prepend:
-            local_shape = (1,) * n_prepend + local_shape
-        index = tuple(slice(o, o + n) for o, n in zip(sh.global_offset, local_shape))
-        sh.data.copy_(full[index].reshape(sh.data.shape).to(sh.data.dtype))
+        sh.data.copy_(full[_global_index(sh)].reshape(sh.data.shape).to(sh.data.dtype))
+
+
+def _global_index(sh) -> tuple[slice, ...]:
+    """Where a ``ShardedTensor``'s local data sits in its global tensor (prepended axes, such as the layer
+    number, count as size 1)."""
+    shape = tuple(sh.global_shape)
+    local_shape = tuple(sh.local_shape)
+    if len(local_shape) == len(shape) - sh.prepend_axis_num:
+        local_shape = (1,) * sh.prepend_axis_num + local_shape
+    return tuple(slice(o, o + n) for o, n in zip(sh.global_offset, local_shape))
+
+
+def _adapter_shards(model) -> list:
+    """This rank's adapter ``ShardedTensor`` s (factories built) across the model chunks."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+    from gspo_mcore.learner.model import _flatten, unwrap
+
+    chunks = model if isinstance(model, (list, tuple)) else [model]
+    return [
+        sh
+        for chunk in chunks
+        for sh in _flatten(unwrap(chunk).sharded_state_dict(), ShardedTensorFactory)
+        if isinstance(sh, ShardedTensor) and is_adapter(sh.key)
+    ]
+
+
+@torch.no_grad()
+def global_adapters(model) -> dict[str, torch.Tensor]:
+    """Every adapter as its full global float32 tensor, on every rank (a collective over the whole world; adapters
+    are small): ``{checkpoint key: tensor}``, e.g. ``decoder.layers.self_attention.linear_qkv.lora_B`` of shape
+    ``[layers, out, rank]`` (the layer number is the leading axis, as in the checkpoint). Each rank places the
+    main replicas of its shards (the same ``ShardedTensor`` metadata the checkpoint writes, so any TP/PP/DP
+    layout and SwiGLU's ``[gate; up]`` order of ``linear_fc1`` come out as in the checkpoint) into zeros, and the
+    sum over the ranks assembles them."""
+    import torch.distributed as dist
+    from megatron.core.dist_checkpointing.mapping import is_main_replica
+
+    shards = _adapter_shards(model)
+    mine = sorted({(sh.key, tuple(sh.global_shape)) for sh in shards})
+    everyone = [mine]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+    keys = sorted(set().union(*map(set, everyone)))
+    if len({k for k, _ in keys}) != len(keys):
+        raise RuntimeError(f"the ranks disagree on the adapters' global shapes: {keys}")
+    device = shards[0].data.device if shards else _any_device(model)
+    out = {}
+    for key, shape in keys:
+        full = torch.zeros(shape, dtype=torch.float32, device=device)
+        for sh in shards:
+            if sh.key == key and is_main_replica(sh.replica_id):
+                full[_global_index(sh)] = sh.data.reshape(full[_global_index(sh)].shape).float()
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(full)
+        out[key] = full.cpu()
+    return out
+
+
+def _any_device(model) -> torch.device:
+    chunks = model if isinstance(model, (list, tuple)) else [model]
+    return next(p.device for c in chunks for p in c.parameters())
 
 
 def merged_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -309,6 +360,11 @@ def merged_weight(weight: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         delta = module.lora_scale * (module.lora_B.float() @ module.lora_A.float())
         return (weight.float() + delta).to(weight.dtype)
+
+
+def has_adapters(model) -> bool:
+    """Whether this rank's model chunks carry LoRA adapters (the same answer on every rank)."""
+    return bool(adapter_parameters(model))
 
 
 def adapter_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
@@ -328,6 +384,8 @@ __all__ = [
     "adapter_parameters",
     "attach",
     "check_layout",
+    "global_adapters",
+    "has_adapters",
     "init_adapters",
     "is_adapter",
     "merged_weight",

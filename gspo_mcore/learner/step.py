@@ -44,7 +44,8 @@ class BatchConfig:
     and causally to themselves), with the same log-probs, loss and gradients as unshared (docs/guide.md,
     "Shared-prompt training"). ``None``: on wherever supported (Megatron-Core's local layer spec, no context
     parallelism, no MoE auxiliary loss), decided when the learner is built; ``true`` is refused where not
-    supported; ``false``: every sample runs its prompt. Not combined with LoRA (the learner has none yet)."""
+    supported; ``false``: every sample runs its prompt. Combines with LoRA (``lora.rank > 0``; tested at 1 rank and
+    TP2)."""
 
     def __post_init__(self):
         if self.num_minibatches < 1:

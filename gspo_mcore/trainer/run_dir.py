@@ -36,6 +36,7 @@ from gspo_mcore.learner.checkpoint.errors import CheckpointError
 from gspo_mcore.learner.checkpoint.files import (
     CONFIG,
     MANIFEST,
+    STATE,
     complete_checkpoints,
     config_hash,
     is_checkpoint_dir,
@@ -267,8 +268,41 @@ def _check_lora_matches(run_config: dict, checkpoint_dir: str, resume) -> None:
     with open(os.path.join(candidate, CONFIG)) as f:
         saved = yaml.safe_load(f) or {}
     problem = lora_mismatch(saved.get("lora"), run_config.get("lora"))
+    if problem is None and _holds_adapters_only(candidate):
+        problem = base_mismatch(saved.get("model"), run_config.get("model"))
     if problem:
         raise RunDirError(f"checkpoint.resume: {candidate} {problem}")
+
+
+def _holds_adapters_only(checkpoint: str) -> bool:
+    """Whether a checkpoint holds LoRA adapters only (its ``trainer_state.json``'s ``model``), not its base."""
+    try:
+        with open(os.path.join(checkpoint, STATE)) as f:
+            return json.load(f).get("model") == "adapters"
+    except (OSError, ValueError):
+        return False  # the checkpointer reports an unreadable state when it loads
+
+
+def base_mismatch(then: dict | None, now: dict | None) -> str | None:
+    """Why LoRA adapters trained on the base of the ``model`` section ``then`` cannot resume on the base of ``now``
+    (plain data), or ``None``: the same Hugging Face weights (``model.load_hf_weights`` and the folder
+    ``model.hf_dir``, compared as real paths) or the same random base (``model.init_seed``). An adapter-only
+    checkpoint holds no base: the run rebuilds it at its start, so a different one would silently apply the
+    adapters to other weights."""
+    then, now = then or {}, now or {}
+
+    def base(section):
+        if section.get("load_hf_weights"):
+            return f"the weights of model.hf_dir={os.path.realpath(str(section.get('hf_dir')))}"
+        return f"a random base from model.init_seed={section.get('init_seed', 1234)} (model.load_hf_weights=false)"
+
+    a, b = base(then), base(now)
+    if a == b:
+        return None
+    return (
+        f"holds LoRA adapters trained on {a}, and this run's base is {b}: adapters apply only to the base they were "
+        "trained on; resume with the same model.hf_dir, model.load_hf_weights and model.init_seed"
+    )
 
 
 def lora_mismatch(then: dict | None, now: dict | None) -> str | None:

@@ -316,32 +316,43 @@ def run_case(case, args):
         )
     else:
         ref = torch.load(os.path.join(args.ref, ref_name(case) + ".pt"))
-        init_diff, keys = toy.max_diff_vs(initial, ref["initial"])
-        final_diff, _ = toy.max_diff_vs(final, ref["final"])
-        diffs = torch.tensor([init_diff, final_diff, float((flat_logp - ref["logp"]).abs().max())])
-        dist.all_reduce(diffs, op=dist.ReduceOp.MAX)
-        all_keys = [None] * dist.get_world_size()
-        dist.all_gather_object(all_keys, keys)
-        covered = sorted(set().union(*all_keys))
-        result.update(
-            init_param_diff=float(diffs[0]),
-            param_diff=float(diffs[1]),
-            logp_diff=float(diffs[2]),
-            keys_missing=sorted(set(ref["initial"]) - set(covered)),
-            ref_losses=ref["result"]["losses"],
-            ref_grad_norms=ref["result"]["grad_norms"],
-        )
-        if grads is not None:
-            names = sorted(ref["grads"])
-            per_key = toy.per_key_diff_vs(grads, ref["grads"])
-            gdiff = torch.tensor([per_key.get(k, 0.0) for k in names])
-            dist.all_reduce(gdiff, op=dist.ReduceOp.MAX)
-            result.update(
-                grad_diff=dict(zip(names, gdiff.tolist())),
-                grad_ref_scale={k: float(ref["grads"][k].abs().max()) for k in names},
-            )
+        result.update(compare_with_reference(ref, final=final, logp=flat_logp, grads=grads, initial=initial))
     result["seconds"] = round(time.time() - t0, 2)
     return result
+
+
+def compare_with_reference(ref: dict, *, final, logp, grads, initial=None) -> dict:
+    """A case's update against its 1-rank reference ``ref`` (the saved ``{"final", "grads", "logp", "result"}``,
+    plus ``"initial"`` when ``initial`` is given), over every rank (collectives): the largest parameter
+    difference after the update (``param_diff``; ``init_param_diff`` before it), of the log-probs
+    (``logp_diff``), the reference's keys no rank holds (``keys_missing``), the reference's losses and gradient
+    norms, and, when ``grads`` (this rank's first-mini-batch gradient shards) are given, the largest gradient
+    difference per key with the reference's scale. ``final``/``initial``/``grads``: ``toy.local_shards`` lists."""
+    final_diff, keys = toy.max_diff_vs(final, ref["final"])
+    init_diff = toy.max_diff_vs(initial, ref["initial"])[0] if initial is not None else 0.0
+    diffs = torch.tensor([init_diff, final_diff, float((logp - ref["logp"]).abs().max())])
+    dist.all_reduce(diffs, op=dist.ReduceOp.MAX)
+    all_keys = [None] * dist.get_world_size()
+    dist.all_gather_object(all_keys, keys)
+    out = dict(
+        param_diff=float(diffs[1]),
+        logp_diff=float(diffs[2]),
+        keys_missing=sorted(set(ref["final"]) - set().union(*all_keys)),
+        ref_losses=ref["result"]["losses"],
+        ref_grad_norms=ref["result"]["grad_norms"],
+    )
+    if initial is not None:
+        out["init_param_diff"] = float(diffs[0])
+    if grads is not None:
+        names = sorted(ref["grads"])
+        per_key = toy.per_key_diff_vs(grads, ref["grads"])
+        gdiff = torch.tensor([per_key.get(k, 0.0) for k in names])
+        dist.all_reduce(gdiff, op=dist.ReduceOp.MAX)
+        out.update(
+            grad_diff=dict(zip(names, gdiff.tolist())),
+            grad_ref_scale={k: float(ref["grads"][k].abs().max()) for k in names},
+        )
+    return out
 
 
 if __name__ == "__main__":

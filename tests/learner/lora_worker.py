@@ -21,9 +21,20 @@ import torch
 import torch.distributed as dist
 from helpers import learner_toy as toy
 from helpers.worker_cases import run_cases
-from invariance_worker import ADAM_EPS, BATCH, MAX_TOKENS
+from invariance_worker import BATCH, MAX_TOKENS, compare_with_reference, token_figures
 
 LORA = dict(rank=4, alpha=8.0, target_modules=["all-linear"], init_seed=11)
+ADAM_EPS = 1e-5
+"""Adam's eps of the LoRA runs, 10x the invariance tests' (see invariance_worker.ADAM_EPS for the mechanism). With
+their 1e-6 the adapters after 2 updates differed between TP2 and 1 rank by 8.7e-6 against PARAM_ATOL 1e-5: the
+element was B of layer 1's linear_proj (row-parallel) at [27, 3], whose first-mini-batch gradient is -2.44e-7 on 1
+rank and -2.57e-7 at TP2 (its partial ``A x`` summed over TP in another order: 1.4e-8 of fp32 noise on a gradient
+that cancels to 1e-5 of its key's largest, 0.041). Adam's first step, lr * g / (|g| + eps), has slope lr * eps /
+(|g| + eps)^2, up to lr / eps = 1e3 near g = 0, which turns that noise into lr * 1.4e-8 * eps / (1.24e-6)^2 =
+9e-6 of parameter. A LoRA gradient has many such elements (B ~ N(0, 0.05) and A are small: 1% of the
+first-mini-batch gradient's elements are below 1.3e-5 in size), so the margin was thin by chance, not by a layout
+error (the gradients themselves agree within 5e-8). eps = 1e-5 divides that slope by up to 10: TP2 then differs
+by 1.3e-6 (the same element)."""
 B_STD = 0.05
 """Tests fill ``B`` with ``N(0, B_STD)`` after the bit-exact check at ``B = 0``, so that the first mini-batch's
 gradient reaches ``A`` too (with ``B = 0`` it is zero)."""
@@ -62,13 +73,21 @@ def engine_logprobs(model, layout, samples):
     return out
 
 
+def projection_weights(peft) -> list[str]:
+    """The Hugging Face weight names (``model.layers.0.self_attn.q_proj.weight``...) a PEFT state dict adapts."""
+    from gspo_mcore.learner.hf.export_peft import PEFT_PREFIX
+
+    return sorted({k.removeprefix(PEFT_PREFIX).rsplit(".lora_", 1)[0] + ".weight" for k in peft})
+
+
 def run_case(case, args):
     from gspo_mcore.algo.loss_config import LossConfig
     from gspo_mcore.learner.batching import split_minibatches
     from gspo_mcore.learner.forward import forward_logprobs
     from gspo_mcore.learner.hf.export import hf_state_dict
+    from gspo_mcore.learner.hf.export_peft import PEFT_PREFIX, peft_tensors
     from gspo_mcore.learner.hf.load import load_hf_weights
-    from gspo_mcore.learner.lora import LoraConfig, adapter_parameters, init_adapters, is_adapter
+    from gspo_mcore.learner.lora import LoraConfig, adapter_parameters, global_adapters, init_adapters, is_adapter
     from gspo_mcore.learner.model import build_model, unwrap
     from gspo_mcore.learner.model_config import load_hf_config
     from gspo_mcore.learner.optimizer import OptimConfig, build_optimizer, zero_grads
@@ -81,8 +100,12 @@ def run_case(case, args):
     layout = init_parallel(pc, arch, seed=1234)
     distopt = case.get("distopt", False)
     lora = LoraConfig(**{**LORA, **case.get("lora", {})})
-    samples = toy.toy_samples(vocab=arch.vocab_size, **BATCH)
-    fwd = dict(max_tokens=MAX_TOKENS, packing="padded")
+    # "groups": samples sharing their prompts in groups; "share": batch.share_prompt (its reference, "ref", is the
+    # same grouped batch unshared)
+    samples = toy.toy_samples(vocab=arch.vocab_size, shared_prompts=case.get("groups", False), **BATCH)
+    share = case.get("share", False)
+    fwd = dict(max_tokens=MAX_TOKENS, packing="padded", share_prompt=share)
+    ref_file = os.path.join(args.ref, f"lora-{case.get('ref', 'plain')}.pt")
 
     base = build_model(arch, pc, seed=7)
     base_logp = torch.cat(forward_logprobs(base, samples, layout, **fwd))
@@ -118,7 +141,10 @@ def run_case(case, args):
         scheduler,
         batch,
         layout,
-        StepSettings(loss=loss_cfg, batch=BatchConfig(num_minibatches=2, max_tokens_per_microbatch=MAX_TOKENS)),
+        StepSettings(
+            loss=loss_cfg,
+            batch=BatchConfig(num_minibatches=2, max_tokens_per_microbatch=MAX_TOKENS, share_prompt=share),
+        ),
     )
     final = toy.local_shards(model)
     base_changed = max(float((a[3] - b[3]).abs().max()) for a, b in zip(initial, final) if not is_adapter(a[0]))
@@ -137,6 +163,7 @@ def run_case(case, args):
         grad_norms=[m["grad_norm"] for m in metrics],
         base_changed=base_changed,
         adapters_moved=adapters_moved,
+        **token_figures(parts, batch, MAX_TOKENS, share),
     )
     if layout.pp_size == 1:
         # the in-process engine decodes from the live modules (adapters applied, unmerged)
@@ -149,6 +176,17 @@ def run_case(case, args):
     merged_logp = forward_logprobs(plain, samples, layout, **fwd)
     result["merged_diff"] = max(float((a - b).abs().max()) for a, b in zip(merged_logp, logp_after))
     result["export_has_adapters"] = any("lora" in k for k in state)
+    # the PEFT export (full adapters gathered from this layout, fused groups split into Hugging Face projections)
+    # applied to the base's weights in pure torch equals the merged export
+    peft = peft_tensors(global_adapters(model), arch)
+    base_state = hf_state_dict(base, arch, layout=layout)
+    merge_diffs = {}
+    for name in projection_weights(peft):
+        a = peft[f"{PEFT_PREFIX}{name.removesuffix('.weight')}.lora_A.weight"]
+        b = peft[f"{PEFT_PREFIX}{name.removesuffix('.weight')}.lora_B.weight"]
+        w = base_state[name] + lora.scale * b @ a
+        merge_diffs[name] = float((w - state[name]).abs().max())
+    result.update(peft_names=sorted(peft), peft_merge_diff=max(merge_diffs.values()))
     flat_after = torch.cat(logp_after)
     adapter_final = [s for s in final if is_adapter(s[0])]
     if case.get("save"):
@@ -159,31 +197,11 @@ def run_case(case, args):
                 "logp": flat_after,
                 "result": result,
             },
-            os.path.join(args.ref, "lora.pt"),
+            ref_file,
         )
     else:
-        ref = torch.load(os.path.join(args.ref, "lora.pt"))
-        diff, keys = toy.max_diff_vs(adapter_final, ref["final"])
-        diffs = torch.tensor([diff, float((flat_after - ref["logp"]).abs().max())])
-        dist.all_reduce(diffs, op=dist.ReduceOp.MAX)
-        all_keys = [None] * dist.get_world_size()
-        dist.all_gather_object(all_keys, keys)
-        result.update(
-            param_diff=float(diffs[0]),
-            logp_diff=float(diffs[1]),
-            keys_missing=sorted(set(ref["final"]) - set().union(*all_keys)),
-            ref_losses=ref["result"]["losses"],
-            ref_grad_norms=ref["result"]["grad_norms"],
-        )
-        if grads is not None:
-            names = sorted(ref["grads"])
-            per_key = toy.per_key_diff_vs(grads, ref["grads"])
-            gdiff = torch.tensor([per_key.get(k, 0.0) for k in names])
-            dist.all_reduce(gdiff, op=dist.ReduceOp.MAX)
-            result.update(
-                grad_diff=dict(zip(names, gdiff.tolist())),
-                grad_ref_scale={k: float(ref["grads"][k].abs().max()) for k in names},
-            )
+        ref = torch.load(ref_file)
+        result.update(compare_with_reference(ref, final=adapter_final, logp=flat_after, grads=grads))
     result["seconds"] = round(time.time() - t0, 2)
     return result
 

@@ -5,7 +5,9 @@ are trainable and held by the optimizer (default and distributed); one rollout b
 losses, gradient norms, first-mini-batch gradients and updated adapters at 1 rank, DP2 (also with the distributed
 optimizer), TP2 and PP2 within the aggregation-invariance tests' bounds; the base weights are unchanged by the
 updates; the in-process engine (KV-cache decode of the live, unmerged adapters) and a merged export
-(``W + (alpha/r) B A``) loaded into a model without LoRA give the learner's log-probs.
+(``W + (alpha/r) B A``) loaded into a model without LoRA give the learner's log-probs; the PEFT export's tensors
+(gathered from each layout) applied to the base in pure torch give the merged export. ``batch.share_prompt`` combines
+with LoRA: at 1 rank and TP2 one update with shared prompts equals the same grouped batch unshared.
 
 With ``B = 0`` the first mini-batch's gradient of every ``A`` is zero, so the worker redraws ``B`` from
 ``N(0, 0.05)`` after the bit-exact check (the same global tensors at every layout) and then trains."""
@@ -24,11 +26,14 @@ from gspo_mcore.learner.lora import HF_TARGETS, LoraConfig, check_layout
 from gspo_mcore.learner.model_config import ModelArch
 from gspo_mcore.learner.parallel import ParallelConfig
 from gspo_mcore.train import parse_config
-from gspo_mcore.trainer.run_dir import lora_mismatch
+from gspo_mcore.trainer.run_dir import base_mismatch, lora_mismatch
 
 TINY = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "tiny", "config.yaml")
 ENGINE_ATOL = 1e-5
 """The in-process engine's and the merged export's log-probs vs the learner's (fp32, another summation order)."""
+LAYERS = toy.MODELS["dense"]["num_hidden_layers"]
+PEFT_MERGE_ATOL = 1e-6
+"""The PEFT export's ``W + (alpha/r) B A`` in pure torch vs the merged export (fp32, B A summed per TP shard there)."""
 LAYER_RTOL = 1e-12
 """float64 wrapped linear vs the pure-torch reference, relative to the largest reference value."""
 
@@ -118,10 +123,51 @@ def test_a_resume_between_lora_and_full_runs_is_refused():
     assert lora_mismatch(lora, dict(lora, rank=4)) and lora_mismatch(lora, dict(lora, target_modules=["o_proj"]))
 
 
+def test_an_adapter_only_resume_onto_another_base_is_refused():
+    hf = dict(hf_dir="runs/m", load_hf_weights=True, init_seed=1)
+    assert base_mismatch(hf, dict(hf, init_seed=2)) is None  # the seed does not make a base of HF weights
+    assert base_mismatch(hf, dict(hf, hf_dir="runs/../runs/m")) is None  # the same folder
+    assert base_mismatch(hf, dict(hf, hf_dir="runs/other")).startswith(
+        f"holds LoRA adapters trained on the weights of model.hf_dir={os.path.realpath('runs/m')}, and this run's "
+        f"base is the weights of model.hf_dir={os.path.realpath('runs/other')}: adapters apply only to the base"
+    )
+    random = dict(hf, load_hf_weights=False)
+    assert base_mismatch(random, dict(random, hf_dir="runs/other")) is None  # config.json only: the same shapes
+    assert "from model.init_seed=1 (model.load_hf_weights=false), and this run's base is the weights" in (
+        base_mismatch(random, hf)
+    )
+    assert "model.init_seed=2" in base_mismatch(random, dict(random, init_seed=2))
+
+
+def test_a_peft_export_of_a_checkpoint_without_adapters_is_refused():
+    from gspo_mcore.convert.convert import _base_seed, adapters_only, peft_lora
+    from gspo_mcore.convert.export_source import ExportSource, TrainingCheckpoint
+
+    def source(run_config, model="all"):
+        ckpt = TrainingCheckpoint(
+            path="/r/step_3", step=3, run_config=run_config, trainer_state={"model": model}, config_sha256=None
+        )
+        return ExportSource(ckpt_dir="/r/step_3/megatron", side_dir="/m", training=ckpt)
+
+    with pytest.raises(ValueError, match=r"--lora-format peft: /c is not a LoRA run's training checkpoint"):
+        peft_lora(ExportSource(ckpt_dir="/c", side_dir="/m"))  # a converted model
+    with pytest.raises(ValueError, match=r"/r/step_3 is not a LoRA run's training checkpoint \(lora.rank 0"):
+        peft_lora(source({"lora": {"rank": 0}}))
+    lora = {"lora": {"rank": 4, "alpha": 8.0}, "model": {"init_seed": 5}}
+    assert peft_lora(source(lora)).scale == 2.0
+    # the merged export of an adapter-only checkpoint rebuilds the run's base: its seed, or model.hf_dir's weights
+    assert adapters_only(source(lora, "adapters")) and not adapters_only(source(lora))
+    assert _base_seed(source(lora, "adapters")) == 5 and _base_seed(source(lora)) is None
+    assert _base_seed(source({**lora, "model": {"load_hf_weights": True}}, "adapters")) is None
+
+
 # ---------------------------------------------------------------- the adapters (gloo ranks)
 
 ONE_RANK = [
     dict(name="1rank", save=True),
+    # batch.share_prompt with LoRA: the grouped batch unshared is the reference of the shared runs
+    dict(name="1rank-groups", save=True, groups=True, ref="groups"),
+    dict(name="1rank-share", groups=True, share=True, ref="groups"),
     dict(name="layer-column", kind="layer", column=True),
     dict(name="layer-row", kind="layer", column=False),
     dict(name="rank-too-big", kind="refuse", lora=dict(rank=65)),
@@ -131,6 +177,7 @@ TWO_RANKS = [
     dict(name="dp2-distopt", distopt=True),
     dict(name="tp2", tp=2),
     dict(name="pp2", pp=2),
+    dict(name="tp2-share", tp=2, groups=True, share=True, ref="groups"),
     dict(name="layer-column-tp2", kind="layer", column=True, tp=2),
     dict(name="layer-row-tp2", kind="layer", column=False, tp=2),
 ]
@@ -169,7 +216,7 @@ def test_a_rank_above_the_layer_size_is_refused_naming_the_key(results):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("name", ["1rank", "dp2", "dp2-distopt", "tp2", "pp2"])
+@pytest.mark.parametrize("name", ["1rank", "dp2", "dp2-distopt", "tp2", "pp2", "1rank-share", "tp2-share"])
 def test_adapters_only_are_trained(results, name):
     r = results[name]
     assert r["init_bitwise"], "at B = 0 the log-probs must equal the base model's bit for bit"
@@ -185,9 +232,31 @@ def test_adapters_only_are_trained(results, name):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("name", ["dp2", "dp2-distopt", "tp2", "pp2"])
-def test_one_update_is_layout_invariant(results, name):
+@pytest.mark.parametrize("name", ["1rank", "dp2", "tp2", "pp2"])
+def test_the_peft_export_applied_to_the_base_equals_the_merged_export(results, name):
+    """PEFT's tensors (gathered from this layout, the fused q/k/v and gate/up adapters split into their projections
+    with the shared A) give ``W + (alpha/r) B A`` of the merged export, for every projection of every layer."""
     r = results[name]
+    projections = [
+        f"{part}.{proj}" for part, projs in (("self_attn", HF_TARGETS[:4]), ("mlp", HF_TARGETS[4:])) for proj in projs
+    ]
+    assert r["peft_names"] == sorted(
+        f"base_model.model.model.layers.{i}.{p}.lora_{ab}.weight"
+        for i in range(LAYERS)
+        for p in projections
+        for ab in "AB"
+    )
+    assert r["peft_merge_diff"] <= PEFT_MERGE_ATOL, (name, r["peft_merge_diff"])
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", ["dp2", "dp2-distopt", "tp2", "pp2", "1rank-share", "tp2-share"])
+def test_one_update_is_layout_invariant(results, name):
+    """Every layout (and batch.share_prompt, at 1 rank and TP2, against the same grouped batch unshared) gives the
+    1-rank run's losses, gradient norms, first-mini-batch gradients, adapters and log-probs."""
+    r = results[name]
+    if "share" in name:  # the prompts were shared: fewer tokens computed than the samples hold
+        assert sum(r["computed_tokens"]) < sum(r["sample_tokens"]), (r["computed_tokens"], r["sample_tokens"])
     for a, b in zip(r["losses"], r["ref_losses"], strict=True):
         assert a == pytest.approx(b, rel=LOSS_RTOL, abs=1e-7), (name, "loss", r["losses"], r["ref_losses"])
     for a, b in zip(r["grad_norms"], r["ref_grad_norms"], strict=True):

@@ -4,8 +4,10 @@ One checkpoint is one directory; the model and the optimizer go through Megatron
 (``torch_dist`` format), so a checkpoint loads into a different TP/PP/EP/DP layout (see "Resharding")::
 
     <dir>/step_<N>/               the state after (0-based) step N; the loop resumes at N + 1
-        megatron/                 model + optimizer (dist_checkpointing: .metadata, *.distcp, common.pt, ...)
-        trainer_state.json        step, LR schedule, data position, weight version, layout, optimizer format
+        megatron/                 model + optimizer (dist_checkpointing: .metadata, *.distcp, common.pt, ...);
+                                  with LoRA the adapters and their optimizer state only
+        trainer_state.json        step, LR schedule, data position, weight version, layout, optimizer format,
+                                  model part (all, or LoRA adapters only)
         rng/rank_<r>.pt           rank r's RNG states (python, numpy, torch CPU/CUDA, Megatron's TP tracker)
         config.yaml               the run's configuration
         manifest.json             written last: every file with its size and sha256, the step, the config hash

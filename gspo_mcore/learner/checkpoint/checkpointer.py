@@ -49,6 +49,7 @@ from gspo_mcore.learner.checkpoint.megatron_state import (
     OptimizerFormat,
     layout_dict,
     load_model_and_optimizer,
+    model_part,
     sharded_state_dict,
     sub_optimizers,
     uses_distributed_optimizer,
@@ -170,7 +171,8 @@ class Checkpointer:
         barrier()
         distributed = uses_distributed_optimizer(optimizer)
         opt_format = self.cfg.optimizer_format if distributed else None
-        sharded = sharded_state_dict(model, optimizer, opt_format, is_loading=False)
+        part = model_part(model)  # LoRA: the adapters only (the base is rebuilt at resume as at the start)
+        sharded = sharded_state_dict(model, optimizer, opt_format, is_loading=False, part=part)
         with in_process_write_results():
             dist_checkpointing.save(
                 sharded,
@@ -187,6 +189,7 @@ class Checkpointer:
                 "step": step,
                 "scheduler": scheduler.state_dict() if scheduler is not None else None,
                 "layout": layout_dict(self.layout),
+                "model": part,
                 "optimizer": {
                     "distributed": distributed,
                     "format": opt_format,
@@ -312,6 +315,7 @@ class Checkpointer:
             saved_optimizer=state["optimizer"],
             saved_layout=saved,
             layout=here,
+            part=state.get("model", "all"),
         )
         if scheduler is not None and state.get("scheduler") is not None:
             try:

@@ -25,17 +25,37 @@ def model_keys(model) -> list[str]:
     return ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]  # Megatron-LM's keys
 
 
-def _model_sharded_state_dict(model) -> dict:
+ModelPart = typing.Literal["all", "adapters"]
+MODEL_PARTS = typing.get_args(ModelPart)
+"""What a checkpoint holds of the model (``trainer_state.json``'s ``model``): every parameter (``all``; full
+fine-tuning, and checkpoints written before LoRA's adapter-only ones) or only the LoRA adapters (``adapters``: the
+frozen base is rebuilt at resume as at the start, from ``model.hf_dir`` or ``model.init_seed``)."""
+
+
+def model_part(model) -> ModelPart:
+    """What a checkpoint of ``model`` holds: ``adapters`` when it carries LoRA adapters, else ``all``."""
+    from gspo_mcore.learner.lora import has_adapters
+
+    return "adapters" if has_adapters(model) else "all"
+
+
+def _model_sharded_state_dict(model, part: ModelPart = "all") -> dict:
+    from gspo_mcore.learner.lora import is_adapter
     from gspo_mcore.learner.model import unwrap
 
-    return {key: unwrap(chunk).sharded_state_dict() for key, chunk in zip(model_keys(model), model)}
+    out = {}
+    for key, chunk in zip(model_keys(model), model):
+        sharded = unwrap(chunk).sharded_state_dict()
+        out[key] = {k: v for k, v in sharded.items() if is_adapter(k)} if part == "adapters" else sharded
+    return out
 
 
-def sharded_state_dict(model, optimizer, opt_format: str | None, *, is_loading: bool) -> dict:
+def sharded_state_dict(model, optimizer, opt_format: str | None, *, is_loading: bool, part: ModelPart = "all") -> dict:
     """The sharded state dict of ``model`` (a list of chunks) and ``optimizer`` (unless ``None``).
 
-    ``opt_format`` is one of :data:`OPTIMIZER_FORMATS` for a distributed optimizer, else ``None``."""
-    sharded = _model_sharded_state_dict(model)
+    ``opt_format`` is one of :data:`OPTIMIZER_FORMATS` for a distributed optimizer, else ``None``. ``part``:
+    ``adapters`` keeps only the model's LoRA adapters (the optimizer holds nothing else)."""
+    sharded = _model_sharded_state_dict(model, part)
     if optimizer is not None:
         model_sd = {}
         for part in sharded.values():
@@ -64,15 +84,34 @@ def sub_optimizers(optimizer) -> list:
 
 
 def load_model_and_optimizer(
-    megatron_dir: str, model, optimizer, *, saved_optimizer: dict, saved_layout: dict, layout: dict
+    megatron_dir: str,
+    model,
+    optimizer,
+    *,
+    saved_optimizer: dict,
+    saved_layout: dict,
+    layout: dict,
+    part: ModelPart = "all",
 ) -> None:
     """Load the dist_checkpointing part into ``model`` (and ``optimizer`` unless ``None``).
 
     The optimizer kind must match the checkpoint's; a ``dp_reshardable`` distributed-optimizer state
-    only loads into the same TP/PP/EP sizes.
+    only loads into the same TP/PP/EP sizes. ``part``: what the checkpoint holds of the model (its
+    ``trainer_state.json``'s ``model``); ``adapters`` loads the LoRA adapters and leaves every other parameter
+    as it is (the base the caller built).
     """
     from megatron.core import dist_checkpointing
 
+    from gspo_mcore.learner.lora import has_adapters, is_adapter
+    from gspo_mcore.learner.model import unwrap
+
+    if part not in MODEL_PARTS:
+        raise CheckpointError(f"{megatron_dir}: unknown model part {part!r} (this code reads {MODEL_PARTS})")
+    if part == "adapters" and not has_adapters(model):
+        raise CheckpointError(
+            f"{megatron_dir}: the checkpoint holds LoRA adapters only and this model has none; resume with the "
+            "lora section the run was trained with"
+        )
     distributed = uses_distributed_optimizer(optimizer) if optimizer is not None else saved_optimizer["distributed"]
     opt_format = saved_optimizer.get("format")
     if optimizer is not None:
@@ -102,13 +141,19 @@ def load_model_and_optimizer(
         if optimizer is not None and distributed:
             for sub in sub_optimizers(optimizer):  # torch Adam has no state before its first step
                 sub._init_optimizer_states_with_dummy_values()
-        sharded = sharded_state_dict(model, optimizer, opt_format if distributed else None, is_loading=True)
+        sharded = sharded_state_dict(model, optimizer, opt_format if distributed else None, is_loading=True, part=part)
         # every requested key must be in the checkpoint; with the optimizer, also every saved key must be used
         loaded = dist_checkpointing.load(
             sharded, megatron_dir, strict="raise_all" if optimizer is not None else "raise_unexpected"
         )
         for key, chunk in zip(model_keys(model), model):
-            chunk.load_state_dict(loaded[key], strict=True)
+            if part == "all":
+                chunk.load_state_dict(loaded[key], strict=True)
+                continue
+            missing, unexpected = unwrap(chunk).load_state_dict(loaded[key], strict=False)  # DDP's returns None
+            missing = [k for k in missing if is_adapter(k)]
+            if missing or unexpected:
+                raise CheckpointError(f"{megatron_dir}: adapters missing {missing[:4]}, unexpected {unexpected[:4]}")
         if optimizer is not None:
             optimizer.load_state_dict(loaded["optimizer"])
             _check_adam_steps(optimizer, megatron_dir)
