@@ -126,7 +126,7 @@ class Endpoint:
 
     ``env`` provides ``model`` (the name reported), ``find(episode_id)`` (the open or recently ended session,
     or ``None``), ``ignore_fields`` and ``note_ignored(fields)`` (request fields let through, and counting
-    them). A session provides ``id``, ``key``, ``submit(messages, tools, max_tokens, ignored)`` (the request's
+    them). A session provides ``id``, ``key``, ``submit(messages, tools, max_tokens, ignored, stop=)`` (the request's
     :class:`~gspo_mcore.envs.agent._Turn`, whose ``when_done(callback)`` calls back from any thread). An
     exception with ``http_status`` and ``http_code`` (and maybe ``param``) is answered with them.
     """
@@ -219,7 +219,7 @@ class Endpoint:
                 chat = responses_api.parse_request(body, self.env.ignore_fields, self._previous(session.id))
             else:
                 chat = chat_api.parse_request(body, self.env.ignore_fields)
-            turn = session.submit(chat.messages, chat.tools, chat.max_tokens, chat.ignored)
+            turn = session.submit(chat.messages, chat.tools, chat.max_tokens, chat.ignored, stop=chat.stop)
             if chat.ignored:
                 self.env.note_ignored(chat.ignored)
             await _done(turn)

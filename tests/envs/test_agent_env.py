@@ -763,7 +763,6 @@ def test_usage_and_logprobs_are_the_trainers_counts_and_recorded_log_probs():
         ("parallel_tool_calls", False),
         ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
         ("n", 2),
-        ("stop", ["ab"]),
         ("top_logprobs", 2),
     ],
 )
@@ -815,7 +814,7 @@ def test_fields_the_run_lists_are_ignored_with_one_warning_and_a_count(caplog):
     assert len([w for w in warned if "temperature" in w]) == 2, warned  # once per run (two runs above)
     with pytest.raises(ValueError, match=r"rollout.env_kwargs.ignore_fields: \['n', 'user'\] cannot be ignored"):
         AgentEnv(agent, ignore_fields=["n", "user"])
-    with pytest.raises(ValueError, match=r"ignore_fields: \['max_tokens'\] are honoured \(they cap the turn\)"):
+    with pytest.raises(ValueError, match=r"ignore_fields: \['max_tokens'\] are honoured \(they limit the turn\)"):
         AgentEnv(agent, ignore_fields=["max_tokens", "top_p"])
 
 
