@@ -72,6 +72,20 @@ def openai_responses(client, row, hint: str = "\n", bonus: float = 0.0) -> float
     return _score(first.output_text, bonus)
 
 
+def openai_responses_stream(client, row, hint: str = "\n", bonus: float = 0.0) -> float:
+    """The Responses API streamed (``stream=True``): the last event's response (``response.completed``, or
+    ``response.incomplete`` for a turn cut by a length limit) is the answer."""
+    from openai import OpenAI
+
+    llm = OpenAI(base_url=client.base_url, api_key=client.api_key)
+    first = None
+    for inputs in (row["prompt"], hint):
+        previous = {"previous_response_id": first.id} if first is not None else {}
+        events = list(llm.responses.create(model=client.model, input=inputs, stream=True, **previous))
+        first = first or events[-1].response
+    return _score(first.output_text, bonus)
+
+
 def _langchain(client, row, hint, bonus, stream):
     from langchain_core.messages import HumanMessage
     from langchain_openai import ChatOpenAI
@@ -142,6 +156,10 @@ def agents_responses(client, row, hint: str = "\n", bonus: float = 0.0) -> float
     return asyncio.run(_agents(client, row, hint, bonus, "responses", streamed=False))
 
 
+def agents_responses_streamed(client, row, hint: str = "\n", bonus: float = 0.0) -> float:
+    return asyncio.run(_agents(client, row, hint, bonus, "responses", streamed=True))
+
+
 def litellm_completion(client, row, hint: str = "\n", bonus: float = 0.0, stream: bool = False) -> float:
     import litellm
 
@@ -167,11 +185,13 @@ CLIENTS = {
     "openai_async": "openai",
     "openai_stream": "openai",
     "openai_responses": "openai",
+    "openai_responses_stream": "openai",
     "langchain_invoke": "langchain_openai",
     "langchain_stream": "langchain_openai",
     "agents_chat": "agents",
     "agents_run_streamed": "agents",
     "agents_responses": "agents",
+    "agents_responses_streamed": "agents",
     "litellm_completion": "litellm",
     "litellm_stream": "litellm",
 }

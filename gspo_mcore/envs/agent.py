@@ -25,8 +25,11 @@ values. Tool-call ids are ``call_`` + random hex, unique within the episode. ``s
 as server-sent-event chunks once the turn is sampled. Every answer has ``usage`` (the trainer's token counts),
 and ``logprobs`` (the recorded log-probs) when asked. ``max_tokens`` / ``max_completion_tokens`` (the Responses
 API's ``max_output_tokens``) cap the turn below the run's limits (``Reset`` / ``Step.max_new_tokens``: the engine
-stops the turn there, finish reason ``length``). Request fields that would change the policy's distribution
-(``temperature``, ``stop``, ``tool_choice`` "required", ...: :data:`~gspo_mcore.envs.chat_api.REFUSABLE`) are
+stops the turn there, finish reason ``length``); ``stop`` strings end it (``Reset`` / ``Step.stop``: the engine
+stops at the token that completes one, that token kept; the answer's content ends before the string, finish reason
+``stop``, and that content is what the next request's history is checked against). Request fields that would
+change the policy's distribution (``temperature``, ``tool_choice`` "required", ...:
+:data:`~gspo_mcore.envs.chat_api.REFUSABLE`) are
 refused naming the field, unless ``ignore_fields`` lists them (then counted per episode, ``Step.info``'s
 ``ignored_fields``, which reach the run's metrics as ``episode_ignored_fields/<field>``).
 
@@ -63,7 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gspo_mcore.envs.base import IGNORED_FIELDS, TOOL_CALLS, Reset, Step
-from gspo_mcore.envs.chat_api import CAPS, REFUSABLE
+from gspo_mcore.envs.chat_api import CAPS, REFUSABLE, stop_strings
 from gspo_mcore.envs.endpoint import Endpoint, EndpointLimits
 from gspo_mcore.envs.tools import ToolCall, load_object, parse_tool_calls
 
@@ -95,7 +98,7 @@ class AgentRequestError(ValueError):
 class _Turn:
     """One request and its answer, shared by the request's retries."""
 
-    request: tuple  # (messages, tools, max_tokens) as plain data
+    request: tuple  # (messages, tools, max_tokens, stop) as plain data
     number: int = 0  # the episode's how-manieth answer (the completion id)
     created: int = 0  # when it was answered (Unix seconds)
     answer: dict | BaseException | None = None
@@ -131,11 +134,12 @@ class _Session:
     id: str
     key: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
     """The episode's API key: a secret of its own (never derived from the id or another key)."""
-    # ("request", messages, tools, max_tokens) | ("finished", reward) | ("failed", why) | ("closed", why)
+    # ("request", messages, tools, max_tokens, stop) | ("finished", reward) | ("failed", why) | ("closed", why)
     events: queue.Queue = field(default_factory=queue.Queue)
     conversation: list = field(default_factory=list)  # (canonical message, may be left out) so far
     tools: list | None = None
     reply: dict | None = None  # the assistant message that answered the last request
+    stop: tuple = ()  # the stop strings of the request being answered
     call_ids: set = field(default_factory=set)  # every tool-call id this episode gave
     calls: int = 0
     pending: _Turn | None = None  # the request being answered
@@ -150,20 +154,23 @@ class _Session:
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None,
         max_tokens: int | None = None,
+        stop: Sequence[str] = (),
     ) -> dict:
         """The agent side: one chat request, answered with the policy's turn (blocks until it is sampled)."""
-        turn = self.submit(messages, tools, max_tokens)
+        turn = self.submit(messages, tools, max_tokens, stop=stop)
         turn.done.wait()
         if isinstance(turn.answer, BaseException):
             raise turn.answer
         return _plain(turn.answer, "answer")  # each caller its own copy
 
-    def submit(self, messages, tools, max_tokens: int | None = None, ignored: Sequence[str] = ()) -> _Turn:
-        """The turn of a request, answered or not (never blocks). A retry (the same messages, tools and cap as
-        the request being answered, or as the last one answered) gets that turn, never a second turn; another
-        request while one is being answered is refused. ``ignored``: the fields ``ignore_fields`` let through
-        (counted for the next step's ``info``)."""
-        request = (_plain(messages, "messages"), _plain(tools or [], "tools"), max_tokens)
+    def submit(
+        self, messages, tools, max_tokens: int | None = None, ignored: Sequence[str] = (), stop: Sequence[str] = ()
+    ) -> _Turn:
+        """The turn of a request, answered or not (never blocks). A retry (the same messages, tools, cap and stop
+        strings as the request being answered, or as the last one answered) gets that turn, never a second turn;
+        another request while one is being answered is refused. ``ignored``: the fields ``ignore_fields`` let
+        through (counted for the next step's ``info``)."""
+        request = (_plain(messages, "messages"), _plain(tools or [], "tools"), max_tokens, tuple(stop))
         with self.lock:
             if self.closed is not None:
                 raise EpisodeOver(f"episode {self.id} is over: {self.closed}")
@@ -231,20 +238,23 @@ class ChatClient:
         tools: Sequence[Mapping[str, Any]] | None = None,
         *,
         max_tokens: int | None = None,
+        stop: str | Sequence[str] | None = None,
     ) -> dict:
         """The policy's next turn as an OpenAI assistant message: ``{"role": "assistant", "content": str,
         "tool_calls": [...]}`` (``tool_calls`` only when the turn has ``<tool_call>`` blocks). ``messages`` must
         extend the previous call's messages and its answer (see the module docstring). ``max_tokens`` caps the
-        turn below the run's limits (which still apply)."""
+        turn below the run's limits (which still apply); ``stop`` (a string or up to 4) ends it where its text
+        completes one, the content ending before it."""
         if max_tokens is not None and (
             isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
         ):
             raise ValueError(f"client.chat: max_tokens must be a positive integer, got {max_tokens!r}")
-        return self._session.request(messages, tools, max_tokens)
+        strings = stop_strings(list(stop) if isinstance(stop, tuple) else stop)
+        return self._session.request(messages, tools, max_tokens, strings)
 
-    async def achat(self, messages, tools=None, *, max_tokens: int | None = None) -> dict:
+    async def achat(self, messages, tools=None, *, max_tokens: int | None = None, stop=None) -> dict:
         """``chat`` for an ``async`` agent."""
-        return await asyncio.to_thread(self.chat, messages, tools, max_tokens=max_tokens)
+        return await asyncio.to_thread(self.chat, messages, tools, max_tokens=max_tokens, stop=stop)
 
 
 class AgentEnv:
@@ -291,9 +301,9 @@ class AgentEnv:
             raise ValueError(f"{KEY}.port must be an integer in [0, 65535], got {port!r}")
         if isinstance(ignore_fields, str):
             ignore_fields = [ignore_fields]
-        honoured = sorted(set(ignore_fields) & {*CAPS, "max_output_tokens"})
+        honoured = sorted(set(ignore_fields) & {*CAPS, "max_output_tokens", "stop"})
         if honoured:
-            raise ValueError(f"{KEY}.ignore_fields: {honoured} are honoured (they cap the turn): leave them out")
+            raise ValueError(f"{KEY}.ignore_fields: {honoured} are honoured (they limit the turn): leave them out")
         unknown = sorted(set(ignore_fields) - (set(REFUSABLE) - {"n"}))
         if unknown:
             raise ValueError(
@@ -356,17 +366,18 @@ class AgentEnv:
             self.end_episode(session)
             what = "returned" if event[0] == "finished" else f"failed ({event[1]})"
             raise AgentError(f"{KEY}.agent {what} before its first chat request")
-        _, messages, tools, max_tokens = event
+        _, messages, tools, max_tokens, stop = event
         if not messages:
             self.end_episode(session)
             raise AgentRequestError(f"{KEY}.agent: its first request has no messages")
-        session.conversation, session.tools = [(_canonical(m), False) for m in messages], tools
-        return Reset(observation=messages, state=session, tools=tuple(tools), max_new_tokens=max_tokens)
+        session.conversation, session.tools, session.stop = [(_canonical(m), False) for m in messages], tools, stop
+        return Reset(observation=messages, state=session, tools=tuple(tools), max_new_tokens=max_tokens, stop=stop)
 
     def step(self, session: _Session, action: str, turn=None) -> Step:
         """Answer the pending request with the policy's turn; ``turn`` (the driver's ``TurnTokens``) gives the
-        answer's ``usage``, ``logprobs`` and finish reason."""
-        session.reply = _assistant_message(action, session.call_ids)
+        answer's ``usage``, ``logprobs`` and finish reason. A turn its request's ``stop`` strings ended is answered
+        with the text before the first of them."""
+        session.reply = _assistant_message(_before_stop(action, session.stop), session.call_ids)
         calls = len(session.reply.get("tool_calls", ()))
         meta = {}
         if turn is not None:
@@ -387,13 +398,14 @@ class AgentEnv:
             raise AgentError(f"the agent failed: {event[1]}")
         if kind == "closed":
             raise EpisodeOver(event[1])
-        _, messages, tools, max_tokens = event
+        _, messages, tools, max_tokens, stop = event
         try:
             new = _new_messages(session, messages, tools)
         except AgentRequestError as e:
             session.close(str(e))
             raise
-        return Step(observation=new, info=info, max_new_tokens=max_tokens)
+        session.stop = stop
+        return Step(observation=new, info=info, max_new_tokens=max_tokens, stop=stop)
 
     def end_episode(self, session: _Session) -> None:
         """The episode is over (whatever the cause): a call still waiting raises :class:`EpisodeOver`, and so
@@ -465,6 +477,14 @@ def _assistant_message(text: str, used: set) -> dict:
             for c in calls
         ]
     return message
+
+
+def _before_stop(text: str, stop: Sequence[str]) -> str:
+    """``text`` up to the first place one of the ``stop`` strings starts (all of it when none is in it): what a
+    turn its stop strings ended answers (the engine kept the token that completed the string, whose text may go
+    past it; the ids trained on are those sampled, the text shown ends before the string, as OpenAI's does)."""
+    at = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
+    return text[:at]
 
 
 def _call_id(used: set) -> str:

@@ -43,11 +43,15 @@ class Reset:
     max_new_tokens: int | None = None
     """A cap on the first policy turn's tokens (``None``: none); the run's ``rollout.sampling.max_new_tokens``
     and the room left under ``rollout.episode.max_total_tokens`` still apply (the smallest wins)."""
+    stop: tuple[str, ...] = ()
+    """Stop strings for the first policy turn: it ends at the first sampled token whose text completes one (that
+    token kept: the turn's ids are as sampled; an agent request's ``stop``)."""
 
     def __post_init__(self):
         _check_observation(self.observation, "Reset.observation", allow_none=False)
         object.__setattr__(self, "tools", tuple(self.tools))
         _check_cap(self.max_new_tokens, "Reset.max_new_tokens")
+        object.__setattr__(self, "stop", _check_stop(self.stop, "Reset.stop"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,10 +70,13 @@ class Step:
     unhonoured)."""
     max_new_tokens: int | None = None
     """A cap on the next policy turn's tokens (``None``: none), as :attr:`Reset.max_new_tokens`."""
+    stop: tuple[str, ...] = ()
+    """Stop strings for the next policy turn, as :attr:`Reset.stop`."""
 
     def __post_init__(self):
         _check_observation(self.observation, "Step.observation", allow_none=True)
         _check_cap(self.max_new_tokens, "Step.max_new_tokens")
+        object.__setattr__(self, "stop", _check_stop(self.stop, "Step.stop"))
         if not isinstance(self.done, bool):
             raise TypeError(f"Step.done must be a bool, got {type(self.done).__name__}")
         if not isinstance(self.reward, (int, float)) or isinstance(self.reward, bool):
@@ -90,6 +97,13 @@ class Environment(Protocol):
 def _check_cap(cap, what: str) -> None:
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
         raise ValueError(f"{what} must be a positive integer or None, got {cap!r}")
+
+
+def _check_stop(stop, what: str) -> tuple[str, ...]:
+    stop = (stop,) if isinstance(stop, str) else tuple(stop)
+    if not all(isinstance(s, str) and s for s in stop):
+        raise ValueError(f"{what} must be non-empty strings, got {stop!r}")
+    return stop
 
 
 def _check_observation(obs, what: str, *, allow_none: bool) -> None:

@@ -5,7 +5,10 @@ serves them).
 Fields the trainer cannot honour without changing the policy's distribution are refused naming the field
 (:data:`REFUSABLE`), unless the run lists them in ``rollout.env_kwargs.ignore_fields``. ``max_tokens`` /
 ``max_completion_tokens`` are honoured (:data:`CAPS`): they cap the turn below the run's limits, which still
-apply (the smallest wins); a capped turn ends ``length``, each of its tokens drawn as without the cap.
+apply (the smallest wins); a capped turn ends ``length``, each of its tokens drawn as without the cap. ``stop``
+(up to :data:`MAX_STOP` strings) is honoured: the engine ends the turn at the first sampled token whose text
+completes one (that token kept, nothing sampled after it), the answer's content ends before the string and the
+finish reason is ``stop``.
 """
 
 from __future__ import annotations
@@ -24,10 +27,6 @@ REFUSABLE: dict[str, str] = {
     "presence_penalty": "penalties change the policy's distribution",
     "repetition_penalty": "penalties change the policy's distribution",
     "logit_bias": "it changes the policy's distribution",
-    "stop": (
-        "the turn ends at the model's stop token (a stop string can end inside a token, so the text answered and "
-        "the ids trained on would disagree; the in-process engine samples ids without text)"
-    ),
     "tool_choice": "only 'auto' (the model decides) leaves the policy's distribution as it is",
     "parallel_tool_calls": "the model decides how many calls a turn makes",
     "response_format": "only free text ('text') leaves the policy's distribution as it is",
@@ -38,6 +37,8 @@ REFUSABLE: dict[str, str] = {
 
 CAPS = ("max_completion_tokens", "max_tokens")
 """The fields that cap a chat turn's tokens (honoured: ``ChatRequest.max_tokens``)."""
+MAX_STOP = 4
+"""The most stop strings a request may send (OpenAI's limit)."""
 
 
 class FieldRefused(ValueError):
@@ -65,6 +66,8 @@ class ChatRequest:
     run's ``rollout.sampling.max_new_tokens`` and the room under ``rollout.episode.max_total_tokens`` still apply."""
     ignored: tuple[str, ...] = field(default=())
     """Fields set in the request that the run's ``ignore_fields`` let through."""
+    stop: tuple[str, ...] = ()
+    """The request's stop strings (``stop``: the turn ends where its text completes one; ``()``: none)."""
 
 
 def neutral(name: str, value) -> bool:
@@ -81,8 +84,6 @@ def neutral(name: str, value) -> bool:
         return value is True
     if name == "response_format":
         return isinstance(value, Mapping) and value.get("type") == "text"
-    if name == "stop":
-        return value == [] or value == ""
     if name == "logit_bias":
         return value == {}
     return False
@@ -120,7 +121,21 @@ def parse_request(body: Any, ignore: Sequence[str] = ()) -> ChatRequest:
         logprobs=bool(body.get("logprobs")),
         max_tokens=next(iter(caps.values()), None),
         ignored=tuple(ignored),
+        stop=stop_strings(body.get("stop")),
     )
+
+
+def stop_strings(value) -> tuple[str, ...]:
+    """A request's ``stop``: a string or a list of up to :data:`MAX_STOP` non-empty strings (``None``, ``""`` or
+    ``[]``: none)."""
+    if value is None or value == "" or value == []:
+        return ()
+    strings = [value] if isinstance(value, str) else value
+    if not isinstance(strings, list) or not all(isinstance(s, str) and s for s in strings):
+        raise FieldRefused("stop", f"stop must be a string or a list of non-empty strings, got {value!r:.100}")
+    if len(strings) > MAX_STOP:
+        raise FieldRefused("stop", f"stop has {len(strings)} strings, at most {MAX_STOP} are taken")
+    return tuple(dict.fromkeys(strings))
 
 
 def cap(body: Mapping, name: str) -> int | None:

@@ -1,7 +1,8 @@
 """The agent endpoint's HTTP server: aiohttp.web on a thread and event loop of its own.
 
 It serves :class:`~gspo_mcore.envs.agent.AgentEnv`'s episodes as OpenAI's API: ``GET /v1/models`` (and each
-episode's ``/episodes/<id>/v1/models``) and ``POST /episodes/<id>/v1/chat/completions``. This module owns
+episode's ``/episodes/<id>/v1/models``), ``POST /episodes/<id>/v1/chat/completions`` and ``/v1/responses`` (both
+streamed as server-sent events with ``stream: true``). This module owns
 the HTTP side only: routes, the episode's key, the limits (:class:`EndpointLimits`), reading the body, and
 writing answers and refusals. What a chat request means (its fields, the answer's shape) is
 :mod:`gspo_mcore.envs.chat_api`; the episode it talks to is the ``AgentEnv`` session.
@@ -126,7 +127,7 @@ class Endpoint:
 
     ``env`` provides ``model`` (the name reported), ``find(episode_id)`` (the open or recently ended session,
     or ``None``), ``ignore_fields`` and ``note_ignored(fields)`` (request fields let through, and counting
-    them). A session provides ``id``, ``key``, ``submit(messages, tools, max_tokens, ignored)`` (the request's
+    them). A session provides ``id``, ``key``, ``submit(messages, tools, max_tokens, ignored, stop=)`` (the request's
     :class:`~gspo_mcore.envs.agent._Turn`, whose ``when_done(callback)`` calls back from any thread). An
     exception with ``http_status`` and ``http_code`` (and maybe ``param``) is answered with them.
     """
@@ -219,7 +220,7 @@ class Endpoint:
                 chat = responses_api.parse_request(body, self.env.ignore_fields, self._previous(session.id))
             else:
                 chat = chat_api.parse_request(body, self.env.ignore_fields)
-            turn = session.submit(chat.messages, chat.tools, chat.max_tokens, chat.ignored)
+            turn = session.submit(chat.messages, chat.tools, chat.max_tokens, chat.ignored, stop=chat.stop)
             if chat.ignored:
                 self.env.note_ignored(chat.ignored)
             await _done(turn)
@@ -235,19 +236,25 @@ class Endpoint:
             self._responses[rid] = [*chat.messages, turn.answer]
             while len(self._responses) > RESPONSES_KEPT:
                 self._responses.popitem(last=False)
+            if chat.stream:
+                events = responses_api.events(self.env.model, session.id, turn, chat, body)
+                return await self._stream(request, events, named=True)
             return web.json_response(responses_api.response(self.env.model, session.id, turn, chat, body))
         if chat.stream:
             return await self._stream(request, chat_api.chunks(self.env.model, session.id, turn, chat))
         return web.json_response(chat_api.completion(self.env.model, session.id, turn, chat))
 
-    async def _stream(self, request: web.BaseRequest, events: list[dict]) -> web.StreamResponse:
-        """Server-sent events: each chunk as ``data: {json}``, then ``data: [DONE]``."""
+    async def _stream(self, request: web.BaseRequest, events: list[dict], named: bool = False) -> web.StreamResponse:
+        """Server-sent events: chat completions' chunks as ``data: {json}``, then ``data: [DONE]``; with ``named``
+        (the Responses API) each event as ``event: <its type>`` and ``data: {json}``, no ``[DONE]``."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         try:
             await response.prepare(request)
             for event in events:
-                await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-            await response.write(b"data: [DONE]\n\n")
+                head = f"event: {event['type']}\n".encode() if named else b""
+                await response.write(head + b"data: " + json.dumps(event).encode() + b"\n\n")
+            if not named:
+                await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
         except ConnectionError:
             logger.info("agent endpoint: %s: the client hung up during its stream", request.path)

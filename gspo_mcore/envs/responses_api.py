@@ -9,8 +9,9 @@ message), ``reasoning`` (its text merged into the next assistant message's think
 output). ``store`` is taken either way (responses are kept for the episode's ``previous_response_id`` only).
 Output items: a ``message`` with the turn's text (think block included, as sampled) and one ``function_call`` per
 tool call (``call_id`` the chat answer's tool-call id). ``max_output_tokens`` caps the turn as chat completions'
-``max_tokens`` does (a capped turn's response is ``incomplete``, reason ``max_output_tokens``). Not served:
-``stream`` (refused), built-in tools.
+``max_tokens`` does (a capped turn's response is ``incomplete``, reason ``max_output_tokens``, as OpenAI answers
+it: the Agents SDK's Responses model raises ``ModelBehaviorError`` on it, against OpenAI too). ``stream: true``:
+the answer as OpenAI's server-sent events once the turn is sampled (:func:`events`). Not served: built-in tools.
 """
 
 from __future__ import annotations
@@ -20,10 +21,7 @@ from typing import Any
 
 from gspo_mcore.envs.chat_api import REFUSABLE, ChatRequest, FieldRefused, cap, neutral, usage
 
-RESPONSES_REFUSABLE = {
-    **{k: v for k, v in REFUSABLE.items() if k not in ("stop", "n")},
-    "stream": "the Responses API is answered whole (chat completions stream)",
-}
+RESPONSES_REFUSABLE = {k: v for k, v in REFUSABLE.items() if k != "n"}
 """Each Responses field the endpoint refuses when set (to a non-neutral value), and why."""
 
 
@@ -88,7 +86,7 @@ def parse_request(body: Any, ignore, previous) -> ChatRequest:
     ignored = []
     for name, why in RESPONSES_REFUSABLE.items():
         if name in body and not neutral(name, body[name]):
-            if name not in ignore or name == "stream":
+            if name not in ignore:
                 raise FieldRefused(name, f"{name}={body[name]!r} cannot be honoured: {why}")
             ignored.append(name)
     text = body.get("text")
@@ -116,12 +114,14 @@ def parse_request(body: Any, ignore, previous) -> ChatRequest:
         tools=tools,
         max_tokens=cap(body, "max_output_tokens"),
         ignored=tuple(ignored),
+        stream=bool(body.get("stream")),
     )
 
 
 def response(model: str, episode: str, turn, request: ChatRequest, body: Mapping) -> dict:
     """An answered turn as a ``response`` object with its output items."""
     message, rid = turn.answer, response_id(episode, turn)
+    cut = turn.meta.get("finish_reason") == "length"
     output = []
     if message.get("content"):
         output.append(
@@ -129,7 +129,7 @@ def response(model: str, episode: str, turn, request: ChatRequest, body: Mapping
                 "type": "message",
                 "id": f"msg_{episode}_{turn.number}",
                 "role": "assistant",
-                "status": "completed",
+                "status": "incomplete" if cut else "completed",
                 "content": [{"type": "output_text", "text": message["content"], "annotations": []}],
             }
         )
@@ -150,8 +150,8 @@ def response(model: str, episode: str, turn, request: ChatRequest, body: Mapping
         "object": "response",
         "created_at": turn.created,
         "model": model,
-        "status": "completed" if turn.meta.get("finish_reason") != "length" else "incomplete",
-        "incomplete_details": None if turn.meta.get("finish_reason") != "length" else {"reason": "max_output_tokens"},
+        "status": "incomplete" if cut else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
         "error": None,
         "instructions": body.get("instructions"),
         "output": output,
@@ -166,7 +166,7 @@ def response(model: str, episode: str, turn, request: ChatRequest, body: Mapping
         "metadata": {},
         "usage": {
             "input_tokens": counts["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": counts["completion_tokens"],
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": counts["total_tokens"],
@@ -176,3 +176,41 @@ def response(model: str, episode: str, turn, request: ChatRequest, body: Mapping
 
 def response_id(episode: str, turn) -> str:
     return f"resp_{episode}_{turn.number}"
+
+
+def events(model: str, episode: str, turn, request: ChatRequest, body: Mapping) -> list[dict]:
+    """An answered turn as the Responses API's stream events (``stream: true``), sent once the turn is sampled:
+    ``response.created`` and ``response.in_progress`` (no output yet), per output item its ``output_item.added``,
+    the text (``content_part.added``, one ``output_text.delta`` with the whole text, ``output_text.done``,
+    ``content_part.done``) or the call's arguments (one ``function_call_arguments.delta``, ``.done``) and its
+    ``output_item.done``; then ``response.completed`` with the usage (``response.incomplete`` for a turn cut by a
+    length limit). Each event's ``type`` is also its SSE ``event:`` name; ``sequence_number`` counts from 0."""
+    final = response(model, episode, turn, request, body)
+    start = {**final, "status": "in_progress", "incomplete_details": None, "output": [], "usage": None}
+    out = [
+        {"type": "response.created", "response": start},
+        {"type": "response.in_progress", "response": start},
+    ]
+    for k, item in enumerate(final["output"]):
+        where = {"item_id": item["id"], "output_index": k}
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            part = {"type": "output_text", "text": "", "annotations": []}
+            out += [
+                {"type": "response.output_item.added", "output_index": k, "item": {**item, "content": []}},
+                {"type": "response.content_part.added", **where, "content_index": 0, "part": part},
+                {"type": "response.output_text.delta", **where, "content_index": 0, "delta": text, "logprobs": []},
+                {"type": "response.output_text.done", **where, "content_index": 0, "text": text, "logprobs": []},
+                {"type": "response.content_part.done", **where, "content_index": 0, "part": {**part, "text": text}},
+            ]
+        else:
+            args = item["arguments"]
+            added = {**item, "arguments": "", "status": "in_progress"}
+            out += [
+                {"type": "response.output_item.added", "output_index": k, "item": added},
+                {"type": "response.function_call_arguments.delta", **where, "delta": args},
+                {"type": "response.function_call_arguments.done", **where, "name": item["name"], "arguments": args},
+            ]
+        out.append({"type": "response.output_item.done", "output_index": k, "item": item})
+    out.append({"type": f"response.{final['status']}", "response": final})
+    return [{**e, "sequence_number": n} for n, e in enumerate(out)]

@@ -35,13 +35,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gspo_mcore.rollout.turns import EpisodeStats, TurnEnd
+from gspo_mcore.rollout.turns import EpisodeStats, TurnEnd, TurnStop
 from gspo_mcore.rollout.types import RolloutEngine, Sample, SamplingParams, derive_sample_seed
 
 Share = Callable[[Any], Any]
 # the info keys summed into the episode's stats (gspo_mcore.envs.base; rollout does not import envs, so the
-# environment's answers are read by their attributes: Reset(observation, state, tools, max_new_tokens),
-# Step(observation, done, reward, info, max_new_tokens))
+# environment's answers are read by their attributes: Reset(observation, state, tools, max_new_tokens, stop),
+# Step(observation, done, reward, info, max_new_tokens, stop))
 TOOL_CALLS, TOOL_ERRORS, IGNORED_FIELDS = "tool_calls", "tool_errors", "ignored_fields"
 
 
@@ -81,6 +81,7 @@ class _Episode:
     last: TurnEnd | None = None
     started: bool = True  # its reset succeeded (else it never reaches the engine)
     cap: int | None = None  # the environment's cap on the next policy turn (Reset/Step.max_new_tokens)
+    stop: tuple[str, ...] = ()  # the next policy turn's stop strings (Reset/Step.stop)
     ignored: dict[str, int] = field(default_factory=dict)  # request fields let through unhonoured (info)
 
 
@@ -122,12 +123,12 @@ class EpisodeDriver:
         """``n`` episodes per row; ``out[i][j]`` is episode ``j`` of ``rows[i]``. Episode ``j`` of the row at
         global index ``prompt_offset + i`` samples from the key ``derive_sample_seed(seed, prompt_offset + i, j)``."""
         starts = self._reset_all([r for r in rows for _ in range(n)]) if self.runs_env else None
-        # every rank: (prompt ids, None, the first turn's cap) or (None, the cause of the reset's failure, None)
-        prompts = self._agree([(ids, error, cap) for ids, _, error, cap in starts] if starts is not None else None)
+        # every rank: (prompt ids, None, the first turn's (cap, stop)) or (None, the reset's failure, (None, ()))
+        prompts = self._agree([(ids, error, lim) for ids, _, error, lim in starts] if starts is not None else None)
         states = [state for _, state, _, _ in starts] if starts is not None else [None] * len(prompts)
         episodes = []
-        for (ids, error, cap), state in zip(prompts, states):
-            ep = _Episode(prompt=tuple(ids or ()), state=state, started=error is None, cap=cap)
+        for (ids, error, (cap, stop)), state in zip(prompts, states):
+            ep = _Episode(prompt=tuple(ids or ()), state=state, started=error is None, cap=cap, stop=tuple(stop))
             if error is not None:
                 ep.end, ep.error = "error", error
             episodes.append(ep)
@@ -147,6 +148,7 @@ class EpisodeDriver:
                         max_total_tokens=self.config.max_total_tokens,
                         on_turns=on_turns,
                         caps=lambda row: episodes[live[row]].cap,
+                        stops=lambda row: self._turn_stop(episodes[live[row]].stop),
                     )
                 )
         finally:
@@ -156,7 +158,8 @@ class EpisodeDriver:
     # -- environment side -------------------------------------------------------------------------------
     def _reset_all(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple]:
         """Every episode's reset and first render, concurrently, each within ``step_timeout_s``: ``(ids, state,
-        None, the first turn's cap)``, or ``(None, None, cause, None)`` when it raised or timed out."""
+        None, the first turn's (cap, stop strings))``, or ``(None, None, cause, (None, ()))`` when it raised or
+        timed out."""
         results: list = [(False, "not run", 0.0)] * len(rows)
 
         def work(k, row):
@@ -169,9 +172,11 @@ class EpisodeDriver:
             t.start()
         for t in threads:
             t.join()
-        return [(value[0], value[1], None, value[2]) if ok else (None, None, value, None) for ok, value, _ in results]
+        return [
+            (value[0], value[1], None, value[2]) if ok else (None, None, value, (None, ())) for ok, value, _ in results
+        ]
 
-    def _reset_one(self, row: Mapping[str, Any]) -> tuple[list[int], Any, int | None]:
+    def _reset_one(self, row: Mapping[str, Any]) -> tuple[list[int], Any, tuple]:
         value = self.env.reset(row)
         if not all(hasattr(value, a) for a in ("observation", "state", "tools")):
             raise TypeError(f"reset returned {type(value).__name__}, not envs.Reset")
@@ -187,7 +192,7 @@ class EpisodeDriver:
             raise PromptTooLong(
                 f"the first observation has {len(ids)} tokens, no room under rollout.episode.max_total_tokens={limit}"
             )
-        return ids, value.state, _cap(value, "reset")
+        return ids, value.state, (_cap(value, "reset"), _stop(value, "reset"))
 
     def _end_all(self, episodes: list[_Episode]) -> None:
         """The environment's optional ``end_episode(state)`` for every episode, whatever ended it (an agent
@@ -214,12 +219,12 @@ class EpisodeDriver:
             ep.last = e
         outcomes = self._agree(self._step_all([episodes[e.row] for e in ends]) if self.runs_env else None)
         answers: list[list[int] | None] = []
-        for e, (kind, payload, calls, errors, reward, ignored, cap, seconds) in zip(ends, outcomes):
+        for e, (kind, payload, calls, errors, reward, ignored, (cap, stop), seconds) in zip(ends, outcomes):
             ep = episodes[e.row]
             ep.tool_calls, ep.tool_errors = ep.tool_calls + calls, ep.tool_errors + errors
             ep.env_reward += reward
             ep.env_s += seconds
-            ep.cap = cap
+            ep.cap, ep.stop = cap, tuple(stop)
             for name, count in ignored.items():
                 ep.ignored[name] = ep.ignored.get(name, 0) + count
             if kind != "continue":
@@ -243,14 +248,16 @@ class EpisodeDriver:
 
     def _step_all(self, eps: list[_Episode]) -> list[tuple]:
         """Every episode's environment step, concurrently: ``(kind, payload, tool_calls, tool_errors, reward,
-        ignored_fields, the next turn's cap, seconds)`` each; kind ``continue`` (payload: the ids to append),
-        ``done`` or ``error`` (payload: the cause)."""
+        ignored_fields, the next turn's (cap, stop strings), seconds)`` each; kind ``continue`` (payload: the ids
+        to append), ``done`` or ``error`` (payload: the cause)."""
         results: list[list] = [[False, "not run", 0.0] for _ in eps]
         threads = []
         for k, ep in enumerate(eps):
 
-            def work(k=k, state=ep.state, last=ep.last, before=len(ep.prompt) + len(ep.ids) - len(ep.last.ids)):
-                results[k] = list(_timed(lambda: self._step_one(state, last, before), self.config.step_timeout_s))
+            def work(k=k, ep=ep, before=len(ep.prompt) + len(ep.ids) - len(ep.last.ids)):
+                results[k] = list(
+                    _timed(lambda: self._step_one(ep.state, ep.last, before, ep.stop), self.config.step_timeout_s)
+                )
 
             t = threading.Thread(target=work, daemon=True, name="env-step")
             threads.append(t)
@@ -258,12 +265,13 @@ class EpisodeDriver:
         for t in threads:
             t.join()
         return [
-            (*value, seconds) if ok else ("error", value, 0, 0, 0.0, {}, None, seconds)
+            (*value, seconds) if ok else ("error", value, 0, 0, 0.0, {}, (None, ()), seconds)
             for ok, value, seconds in results
         ]
 
-    def _step_one(self, state, last: TurnEnd, before: int = 0) -> tuple:
-        """One episode's step and the render of its observation (raises on any failure of either)."""
+    def _step_one(self, state, last: TurnEnd, before: int = 0, stop: tuple[str, ...] = ()) -> tuple:
+        """One episode's step and the render of its observation (raises on any failure of either); ``stop``: the
+        turn's stop strings (a turn they ended has no stop token to strip from the template's end of turn)."""
         action = self.renderer.decode(last.ids)
         if self._takes_turn:
             tokens = tuple(self.renderer.decode([i]) for i in last.ids)
@@ -276,10 +284,27 @@ class EpisodeDriver:
         calls, errors = int(value.info.get(TOOL_CALLS, 0)), int(value.info.get(TOOL_ERRORS, 0))
         ignored = {str(k): int(v) for k, v in (value.info.get(IGNORED_FIELDS) or {}).items()}
         if value.done:
-            return "done", None, calls, errors, float(value.reward), ignored, None
-        kwargs = {"stopped": last.finish_reason == "stop"} if self._says_stopped else {}
+            return "done", None, calls, errors, float(value.reward), ignored, (None, ())
+        if self._says_stopped:
+            by_string = bool(stop) and self._turn_stop(stop).hit(last.ids)
+            kwargs = {"stopped": last.finish_reason == "stop" and not by_string}
+        else:
+            kwargs = {}
         ids = self.renderer.after_turn(value.observation, last.ids, **kwargs)
-        return "continue", tuple(ids), calls, errors, float(value.reward), ignored, _cap(value, "step")
+        limits = (_cap(value, "step"), _stop(value, "step"))
+        return "continue", tuple(ids), calls, errors, float(value.reward), ignored, limits
+
+    def _turn_stop(self, strings: tuple[str, ...]) -> TurnStop | None:
+        """The engines' :class:`TurnStop` for a turn's stop strings: a turn's ids complete one when their text
+        (``renderer.decode``, the whole turn: a string may end inside a token) holds it."""
+        if not strings:
+            return None
+
+        def hit(ids) -> bool:
+            text = self.renderer.decode(list(ids))
+            return any(s in text for s in strings)
+
+        return TurnStop(tuple(strings), hit)
 
     # -- the trajectory ---------------------------------------------------------------------------------
     def _sample(self, ep: _Episode, i: int, j: int) -> Sample:
@@ -319,6 +344,15 @@ def _cap(value, what: str) -> int | None:
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
         raise ValueError(f"{what} returned max_new_tokens={cap!r}, not a positive integer")
     return cap
+
+
+def _stop(value, what: str) -> tuple[str, ...]:
+    """A reset's or step's stop strings for the next policy turn (``stop``; ``()`` when it has none)."""
+    stop = getattr(value, "stop", None) or ()
+    stop = (stop,) if isinstance(stop, str) else tuple(stop)
+    if not all(isinstance(s, str) and s for s in stop):
+        raise ValueError(f"{what} returned stop={stop!r}, not non-empty strings")
+    return stop
 
 
 def _chars(observation) -> int:

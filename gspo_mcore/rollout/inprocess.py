@@ -34,7 +34,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from gspo_mcore.rollout.turns import OnTurns, TurnCaps, TurnEnd, turn_budget
+from gspo_mcore.rollout.turns import OnTurns, TurnCaps, TurnEnd, TurnStops, turn_budget
 from gspo_mcore.rollout.types import (
     NamedTensors,
     RolloutEngine,
@@ -301,15 +301,18 @@ class InProcessEngine(RolloutEngine):
         max_total_tokens: int,
         on_turns: OnTurns,
         caps: TurnCaps | None = None,
+        stops: TurnStops | None = None,
     ) -> None:
         """Multi-turn episodes, one per prompt (row), decoded together whatever turn each is at. A coroutine like
         every engine's (:meth:`RolloutEngine.generate_turns`) that decodes in place, without yielding: ``on_turns``
         is called on the caller's thread (tensor-parallel ranks broadcast inside it).
 
         Each policy turn samples at most ``params.max_new_tokens`` tokens, at most what is left of the row's
-        ``max_total_tokens`` and at most the row's cap (``caps``); when turns end, ``on_turns`` (see
-        :mod:`gspo_mcore.rollout.turns`) gives each row's next environment span, which is prefilled onto the row's
-        KV cache with the turn's last sampled token (nothing before it is recomputed), or ends the row.
+        ``max_total_tokens`` and at most the row's cap (``caps``), and ends at the row's stop strings (``stops``:
+        the engine has no tokenizer, so it asks the turn's ``TurnStop.hit`` after each token it samples); when turns
+        end, ``on_turns`` (see :mod:`gspo_mcore.rollout.turns`) gives each row's next environment span, which is
+        prefilled onto the row's KV cache with the turn's last sampled token (nothing before it is recomputed), or
+        ends the row.
         ``keys[i]``: row ``i``'s sampling key (as :func:`derive_sample_seed`); its ``t``-th sampled token, over all
         its turns, is drawn from the ``t``-th number of that key's stream, so an episode does not depend on the
         batch it shares."""
@@ -331,11 +334,21 @@ class InProcessEngine(RolloutEngine):
                 return on_turns(ends)
 
             chunk_caps = None if caps is None else (lambda b, _start=start: caps(b + _start))
-            self._decode_turns(prompts[start:stop], params, chunk_keys, max_total_tokens, shifted, chunk_caps)
+            chunk_stops = None if stops is None else (lambda b, _start=start: stops(b + _start))
+            self._decode_turns(
+                prompts[start:stop], params, chunk_keys, max_total_tokens, shifted, chunk_caps, chunk_stops
+            )
 
     @torch.no_grad()
     def _decode_turns(
-        self, prompts, params: SamplingParams, keys: np.ndarray, max_total: int, on_turns, caps: TurnCaps | None
+        self,
+        prompts,
+        params: SamplingParams,
+        keys: np.ndarray,
+        max_total: int,
+        on_turns,
+        caps: TurnCaps | None,
+        stops: TurnStops | None = None,
     ) -> None:
         B = len(prompts)
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else {self.eos_token_id})
@@ -347,6 +360,7 @@ class InProcessEngine(RolloutEngine):
         turn_ids: list[list[int]] = [[] for _ in range(B)]
         turn_lps: list[list[float]] = [[] for _ in range(B)]
         budget = [turn_budget(params.max_new_tokens, max_total - n, caps, b) for b, n in enumerate(total)]
+        stop_at = [stops(b) if stops is not None else None for b in range(B)]  # each row's turn's TurnStop
         live = list(range(B))  # the session's rows, as row indices
         running = set(live)
         tau = params.logprob_temperature
@@ -373,8 +387,9 @@ class InProcessEngine(RolloutEngine):
                 drawn[b] += 1
                 total[b] += 1
                 feeds[i] = [t]
-                if t in stop_ids or len(turn_ids[b]) >= budget[b]:
-                    reason = "stop" if t in stop_ids else "length"
+                stopped = t in stop_ids or (stop_at[b] is not None and stop_at[b].hit(turn_ids[b]))
+                if stopped or len(turn_ids[b]) >= budget[b]:
+                    reason = "stop" if stopped else "length"
                     ends.append(
                         TurnEnd(b, tuple(turn_ids[b]), tuple(turn_lps[b]), (self._version,) * len(turn_ids[b]), reason)
                     )
@@ -398,6 +413,7 @@ class InProcessEngine(RolloutEngine):
                     feeds[position[b]] += more
                     total[b] += len(more)
                     budget[b] = turn_budget(params.max_new_tokens, max_total - total[b], caps, b)
+                    stop_at[b] = stops(b) if stops is not None else None
             if not running:
                 break
             if len(running) <= self.compact_below * len(live):

@@ -41,7 +41,7 @@ from gspo_mcore.rollout import _http
 from gspo_mcore.rollout import sglang_api as api
 from gspo_mcore.rollout.sglang_control import SGLangClientConfig, SGLangControl
 from gspo_mcore.rollout.sglang_server import RestartPolicy
-from gspo_mcore.rollout.turns import OnTurns, TurnCaps, TurnEnd, turn_budget
+from gspo_mcore.rollout.turns import OnTurns, TurnCaps, TurnEnd, TurnStops, turn_budget
 from gspo_mcore.rollout.types import (
     NamedTensors,
     RolloutEngine,
@@ -176,10 +176,13 @@ class SGLangEngine(RolloutEngine):
         urls = self.generate_urls
         return {u: asyncio.Semaphore(self.config.max_inflight_per_server) for u in urls}, dict.fromkeys(urls, 0)
 
-    async def _generate_group(self, index, prompt, n, params, slots, inflight, *, home=None) -> list[Sample]:
-        """``n`` samples of ``prompt``; ``home``: the episode affinity of a turn (see :class:`_Home`)."""
+    async def _generate_group(self, index, prompt, n, params, slots, inflight, *, home=None, stop=()) -> list[Sample]:
+        """``n`` samples of ``prompt``; ``home``: the episode affinity of a turn (see :class:`_Home`); ``stop``: a
+        turn's stop strings (SGLang's ``sampling_params.stop``)."""
         dims = self.config.routed_experts
         body = api.build_generate_request(prompt, n, params, prompt_index=index, routed_experts=dims is not None)
+        if stop:
+            body["sampling_params"]["stop"] = list(stop)
         what = f"prompt {index} ({len(prompt)} tokens, n={n})"
         return await self._request(
             body,
@@ -272,6 +275,7 @@ class SGLangEngine(RolloutEngine):
         max_total_tokens: int,
         on_turns: OnTurns,
         caps: TurnCaps | None = None,
+        stops: TurnStops | None = None,
     ) -> None:
         """Multi-turn episodes, one per prompt (row); the contract of :mod:`gspo_mcore.rollout.turns` (the
         in-process engine's ``generate_turns``, here a coroutine).
@@ -280,7 +284,8 @@ class SGLangEngine(RolloutEngine):
         prompt, every sampled id as SGLang returned it, every environment span as ``on_turns`` gave it), so the
         server's radix cache serves the prefix and only the new environment span is prefilled; it samples at
         most ``params.max_new_tokens``, at most what is left of ``max_total_tokens`` and at most the row's cap
-        (``caps``, asked as the turn starts). Rows run independently:
+        (``caps``, asked as the turn starts), and ends at the row's stop strings (``stops``, sent as SGLang's
+        ``sampling_params.stop``: it keeps the token that completes one). Rows run independently:
         whenever requests finish, ``on_turns`` gets their turns (in a thread, so the other rows keep decoding
         while the environments step), and each answered row sends its next turn. Each turn's ``sampling_seed``
         is derived from the row's key and the turn's index. With routed experts asked for (R3), each turn's
@@ -306,7 +311,11 @@ class SGLangEngine(RolloutEngine):
             turn_params = dataclasses.replace(
                 params, max_new_tokens=budget, seed=derive_sample_seed(int(keys[b]), 0, turn[b])
             )
-            return asyncio.create_task(self._turn(b, tuple(seqs[b]), turn[b], turn_params, slots, inflight, homes[b]))
+            stop = stops(b) if stops is not None else None
+            strings = stop.strings if stop is not None else ()
+            return asyncio.create_task(
+                self._turn(b, tuple(seqs[b]), turn[b], turn_params, slots, inflight, homes[b], strings)
+            )
 
         pending = {start(b) for b in range(len(rows))}
         try:
@@ -335,10 +344,12 @@ class SGLangEngine(RolloutEngine):
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
 
-    async def _turn(self, row: int, seq: tuple[int, ...], turn: int, params: SamplingParams, slots, inflight, home):
+    async def _turn(
+        self, row: int, seq: tuple[int, ...], turn: int, params: SamplingParams, slots, inflight, home, stop=()
+    ):
         """One policy turn of ``row``: sample a continuation of ``seq`` (all of it sent as ``input_ids``) on the
-        episode's server (``home``)."""
-        sample = (await self._generate_group(row, seq, 1, params, slots, inflight, home=home))[0]
+        episode's server (``home``), ending at the ``stop`` strings."""
+        sample = (await self._generate_group(row, seq, 1, params, slots, inflight, home=home, stop=stop))[0]
         if sample.finish_reason == "abort":
             raise RolloutError(
                 f"episode row {row}, turn {turn}: the SGLang request was aborted (a pause or weight update inside "

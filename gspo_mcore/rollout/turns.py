@@ -28,8 +28,9 @@ class TurnEnd:
     versions: tuple[int, ...]
     """The weight version that sampled each id."""
     finish_reason: FinishReason
-    """``stop`` (a stop token, the last id), ``length`` (the turn's budget: ``max_new_tokens``, the room left
-    under the episode's ``max_total_tokens`` or the row's cap, :data:`TurnCaps`) or ``abort``."""
+    """``stop`` (a stop token, the last id, or a stop string, :class:`TurnStop`), ``length`` (the turn's budget:
+    ``max_new_tokens``, the room left under the episode's ``max_total_tokens`` or the row's cap, :data:`TurnCaps`)
+    or ``abort``."""
     routed_experts: object = None
     """SGLang with R3: the experts of the whole sequence so far (prompt, earlier turns, this turn)."""
 
@@ -68,6 +69,24 @@ TurnCaps = Callable[[int], "int | None"]
 """``caps(row)``: a cap on the tokens of ``row``'s next policy turn (``None``: none), asked when the turn starts
 (after ``on_turns`` answered the previous one): an environment's per-turn limit, e.g. an agent request's
 ``max_tokens``."""
+
+
+@dataclass(frozen=True)
+class TurnStop:
+    """Stop strings for one policy turn (an agent request's ``stop``): the turn ends, finish reason ``stop``, at
+    the first sampled token whose text completes one of ``strings``. That token is kept (the turn's ids are as
+    sampled; the text past the string inside it is the environment's to hide), no later token is sampled."""
+
+    strings: tuple[str, ...]
+    """The strings (SGLang matches them itself: its ``sampling_params.stop``)."""
+    hit: Callable[[Sequence[int]], bool]
+    """``hit(ids)``: whether the turn's ids so far complete one of the strings (the driver decodes them with the
+    episode's tokenizer; an engine that samples ids without text asks it after each sampled token)."""
+
+
+TurnStops = Callable[[int], "TurnStop | None"]
+"""``stops(row)``: the stop strings of ``row``'s next policy turn (``None``: none), asked when the turn starts, as
+:data:`TurnCaps`."""
 
 
 def turn_budget(max_new_tokens: int, room: int, caps: TurnCaps | None, row: int) -> int:

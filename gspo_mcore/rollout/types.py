@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     import torch
 
-    from gspo_mcore.rollout.turns import OnTurns, TurnCaps
+    from gspo_mcore.rollout.turns import OnTurns, TurnCaps, TurnStops
 
 FinishReason = Literal["stop", "length", "abort"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
@@ -222,14 +222,16 @@ class RolloutEngine(abc.ABC):
         max_total_tokens: int,
         on_turns: OnTurns,
         caps: TurnCaps | None = None,
+        stops: TurnStops | None = None,
     ) -> None:
         """Multi-turn episodes, one per prompt (row), for the episode driver (:mod:`gspo_mcore.rollout.episode`):
         the contract of :mod:`gspo_mcore.rollout.turns`. Each policy turn samples at most
         ``params.max_new_tokens``, at most what is left of ``max_total_tokens`` and at most the row's cap
-        (``caps(row)`` when the turn starts, :func:`gspo_mcore.rollout.turns.turn_budget`); whenever turns end,
-        ``on_turns(ends)`` gives each row's next environment span (appended as given, never re-tokenised) or
-        ``None`` (the row is over). ``keys[i]``: row ``i``'s sampling key (as :func:`derive_sample_seed`).
-        Returns when every row is over."""
+        (``caps(row)`` when the turn starts, :func:`gspo_mcore.rollout.turns.turn_budget`), and ends at the
+        row's stop strings (``stops(row)`` when the turn starts, :class:`gspo_mcore.rollout.turns.TurnStop`);
+        whenever turns end, ``on_turns(ends)`` gives each row's next environment span (appended as given, never
+        re-tokenised) or ``None`` (the row is over). ``keys[i]``: row ``i``'s sampling key (as
+        :func:`derive_sample_seed`). Returns when every row is over."""
 
     @abc.abstractmethod
     async def update_weights(self, buckets: Iterable[NamedTensors], version: int) -> None:

@@ -7,11 +7,15 @@ missing one fails.
 
 Each agent below is the snippet docs/agents.md shows for its client (test_the_documented_snippets_are_these)."""
 
+import asyncio
 import importlib
 import inspect
+import json
 import os
 import re
 import time
+import typing
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -142,8 +146,10 @@ async def openai_agents_streamed(client, row):
     return await openai_agents(client, row, streamed=True)
 
 
-async def openai_agents_responses(client, row):
-    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+def _finder(client, row, responses=False, **openai_kwargs):
+    """The Agents SDK's lookup agent (as ``openai_agents`` builds it) over an ``AsyncOpenAI`` client with
+    ``openai_kwargs``: its chat-completions model, or its default Responses model."""
+    from agents import Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, function_tool, set_tracing_disabled
     from openai import AsyncOpenAI
 
     set_tracing_disabled(True)
@@ -157,10 +163,30 @@ async def openai_agents_responses(client, row):
         """
         return row["metadata"]["table"][key]
 
-    llm = AsyncOpenAI(base_url=client.base_url, api_key=client.api_key)
-    agent = Agent(name="finder", tools=[lookup], model=OpenAIResponsesModel(client.model, openai_client=llm))
-    result = await Runner.run(agent, row["prompt"])
+    llm = AsyncOpenAI(base_url=client.base_url, api_key=client.api_key, **openai_kwargs)
+    model = (OpenAIResponsesModel if responses else OpenAIChatCompletionsModel)(client.model, openai_client=llm)
+    return Agent(name="finder", tools=[lookup], model=model)
+
+
+async def _run_agent(agent, inputs, streamed=False):
+    """``Runner.run``, or ``Runner.run_streamed`` with its events drained."""
+    from agents import Runner
+
+    if not streamed:
+        return await Runner.run(agent, inputs)
+    result = Runner.run_streamed(agent, inputs)
+    async for _ in result.stream_events():
+        pass
+    return result
+
+
+async def openai_agents_responses(client, row, streamed=False):
+    result = await _run_agent(_finder(client, row, responses=True), row["prompt"], streamed)
     return 1.0 if result.final_output == row["metadata"]["expect"] else 0.0
+
+
+async def openai_agents_responses_streamed(client, row):
+    return await openai_agents_responses(client, row, streamed=True)
 
 
 def openai_responses(client, row):
@@ -176,6 +202,26 @@ def openai_responses(client, row):
             return 1.0 if answer.output_text == row["metadata"]["expect"] else 0.0
         results = [{"type": "function_call_output", "call_id": c.call_id, "output": "ab-42"} for c in calls]
         answer = llm.responses.create(model=client.model, input=results, tools=tools, previous_response_id=answer.id)
+
+
+def openai_responses_stream(client, row):
+    """The Responses API streamed (the SDK's ``responses.stream`` helper), with previous_response_id."""
+    from openai import OpenAI
+
+    llm = OpenAI(base_url=client.base_url, api_key=client.api_key)
+    tools = [{"type": "function", **t["function"]} for t in TOOLS]
+    inputs, previous = row["prompt"], None
+    while True:
+        with llm.responses.stream(
+            model=client.model, input=inputs, tools=tools, previous_response_id=previous
+        ) as stream:
+            answer = stream.get_final_response()
+        assert answer.usage.output_tokens > 0
+        calls = [item for item in answer.output if item.type == "function_call"]
+        if not calls:
+            return 1.0 if answer.output_text == row["metadata"]["expect"] else 0.0
+        inputs = [{"type": "function_call_output", "call_id": c.call_id, "output": "ab-42"} for c in calls]
+        previous = answer.id
 
 
 def litellm_agent(client, row):
@@ -233,7 +279,9 @@ CLIENTS = {
     "litellm": ("litellm", litellm_agent),
     "litellm-stream": ("litellm", litellm_stream),
     "agents-responses": ("agents", openai_agents_responses),
+    "agents-responses-streamed": ("agents", openai_agents_responses_streamed),
     "openai-responses": ("openai", openai_responses),
+    "openai-responses-stream": ("openai", openai_responses_stream),
 }
 
 
@@ -261,19 +309,74 @@ def _run(env, turns=TURNS, model=None):
         env.close()
 
 
-def openai_impatient(client, row):
-    """The openai SDK with a timeout shorter than the policy's turn: it re-sends the request (retries)."""
+# -- the same loops with other client settings (the snippets above stay whole: users copy them) --------------------
+def _openai_loop(client, row, go_on=False, **openai_kwargs):
+    """``openai_sync``'s loop over ``OpenAI(**openai_kwargs)``; ``go_on``: an empty answer is followed by
+    :data:`GO_ON`."""
     from openai import OpenAI
 
-    llm = OpenAI(base_url=client.base_url, api_key=client.api_key, timeout=0.5, max_retries=5)
+    llm = OpenAI(base_url=client.base_url, api_key=client.api_key, **openai_kwargs)
     messages = [{"role": "user", "content": row["prompt"]}]
     while True:
         reply = llm.chat.completions.create(model=client.model, messages=messages, tools=TOOLS).choices[0].message
         messages.append(reply.model_dump(exclude_none=True))
+        if go_on and not reply.tool_calls and not reply.content:
+            messages.append(GO_ON)
+            continue
         if not reply.tool_calls:
             return 1.0 if reply.content == row["metadata"]["expect"] else 0.0
         for c in reply.tool_calls:
             messages.append({"role": "tool", "tool_call_id": c.id, "content": row["metadata"]["table"]["ab"]})
+
+
+def _langchain_loop(client, row, go_on=False, **chat_kwargs):
+    """``langchain_invoke``'s loop over ``ChatOpenAI(**chat_kwargs)``; ``go_on`` as :func:`_openai_loop`."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=client.model, base_url=client.base_url, api_key=client.api_key, **chat_kwargs)
+    llm = llm.bind_tools(TOOLS)
+    messages = [HumanMessage(row["prompt"])]
+    while True:
+        reply = llm.invoke(messages)
+        messages.append(reply)
+        if go_on and not reply.tool_calls and not reply.content:
+            messages.append(HumanMessage(GO_ON["content"]))
+            continue
+        if not reply.tool_calls:
+            return 1.0 if reply.content == row["metadata"]["expect"] else 0.0
+        for c in reply.tool_calls:
+            messages.append(ToolMessage(row["metadata"]["table"][c["args"]["key"]], tool_call_id=c["id"]))
+
+
+def _litellm_loop(client, row, go_on=False, **completion_kwargs):
+    """``litellm_agent``'s loop with ``completion(**completion_kwargs)``; ``go_on`` as :func:`_openai_loop`."""
+    import litellm
+
+    messages = [{"role": "user", "content": row["prompt"]}]
+    while True:
+        answer = litellm.completion(
+            model=f"openai/{client.model}",
+            api_base=client.base_url,
+            api_key=client.api_key,
+            messages=messages,
+            tools=TOOLS,
+            **completion_kwargs,
+        )
+        reply = answer.choices[0].message
+        messages.append(reply.model_dump())
+        if go_on and not reply.tool_calls and not reply.content:
+            messages.append(GO_ON)
+            continue
+        if not reply.tool_calls:
+            return 1.0 if reply.content == row["metadata"]["expect"] else 0.0
+        for c in reply.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": c.id, "content": row["metadata"]["table"]["ab"]})
+
+
+def openai_impatient(client, row):
+    """The openai SDK with a timeout shorter than the policy's turn: it re-sends the request (retries)."""
+    return _openai_loop(client, row, timeout=0.5, max_retries=5)
 
 
 def _slow_first_turn(turns, seconds):
@@ -289,65 +392,18 @@ def _slow_first_turn(turns, seconds):
 
 def langchain_impatient(client, row):
     """LangChain with a timeout shorter than the policy's turn (its openai client retries)."""
-    from langchain_core.messages import HumanMessage, ToolMessage
-    from langchain_openai import ChatOpenAI
-
-    llm = ChatOpenAI(
-        model=client.model, base_url=client.base_url, api_key=client.api_key, timeout=0.5, max_retries=5
-    ).bind_tools(TOOLS)
-    messages = [HumanMessage(row["prompt"])]
-    while True:
-        reply = llm.invoke(messages)
-        messages.append(reply)
-        if not reply.tool_calls:
-            return 1.0 if reply.content == row["metadata"]["expect"] else 0.0
-        for c in reply.tool_calls:
-            messages.append(ToolMessage(row["metadata"]["table"][c["args"]["key"]], tool_call_id=c["id"]))
+    return _langchain_loop(client, row, timeout=0.5, max_retries=5)
 
 
 async def agents_impatient(client, row):
     """The Agents SDK over an AsyncOpenAI client whose timeout is shorter than the policy's turn."""
-    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
-    from openai import AsyncOpenAI
-
-    set_tracing_disabled(True)
-
-    @function_tool
-    def lookup(key: str) -> str:
-        """Look a key up.
-
-        Args:
-            key: the key.
-        """
-        return row["metadata"]["table"][key]
-
-    llm = AsyncOpenAI(base_url=client.base_url, api_key=client.api_key, timeout=0.5, max_retries=5)
-    agent = Agent(name="finder", tools=[lookup], model=OpenAIChatCompletionsModel(client.model, openai_client=llm))
-    result = await Runner.run(agent, row["prompt"])
+    result = await _run_agent(_finder(client, row, timeout=0.5, max_retries=5), row["prompt"])
     return 1.0 if result.final_output == row["metadata"]["expect"] else 0.0
 
 
 def litellm_impatient(client, row):
     """litellm with a timeout shorter than the policy's turn, retrying."""
-    import litellm
-
-    messages = [{"role": "user", "content": row["prompt"]}]
-    while True:
-        answer = litellm.completion(
-            model=f"openai/{client.model}",
-            api_base=client.base_url,
-            api_key=client.api_key,
-            messages=messages,
-            tools=TOOLS,
-            timeout=0.5,
-            num_retries=5,
-        )
-        reply = answer.choices[0].message
-        messages.append(reply.model_dump())
-        if not reply.tool_calls:
-            return 1.0 if reply.content == row["metadata"]["expect"] else 0.0
-        for c in reply.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": c.id, "content": row["metadata"]["table"]["ab"]})
+    return _litellm_loop(client, row, timeout=0.5, num_retries=5)
 
 
 THINK = ["<think>\nlook it up\n</think>\n\n" + call("lookup", key="ab"), "<think>\nfound\n</think>\n\ncab ab"]
@@ -397,87 +453,26 @@ GO_ON = {"role": "user", "content": "go on"}
 
 
 def openai_empty(client, row):
-    from openai import OpenAI
-
-    llm = OpenAI(base_url=client.base_url, api_key=client.api_key)
-    messages = [{"role": "user", "content": row["prompt"]}]
-    while True:
-        reply = llm.chat.completions.create(model=client.model, messages=messages, tools=TOOLS).choices[0].message
-        messages.append(reply.model_dump(exclude_none=True))
-        if not reply.tool_calls and not reply.content:
-            messages.append(GO_ON)
-            continue
-        if not reply.tool_calls:
-            return 1.0 if reply.content == row["metadata"]["expect"] else 0.0
-        for c in reply.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": c.id, "content": row["metadata"]["table"]["ab"]})
+    return _openai_loop(client, row, go_on=True)
 
 
 def langchain_empty(client, row):
-    from langchain_core.messages import HumanMessage, ToolMessage
-    from langchain_openai import ChatOpenAI
-
-    llm = ChatOpenAI(model=client.model, base_url=client.base_url, api_key=client.api_key).bind_tools(TOOLS)
-    messages = [HumanMessage(row["prompt"])]
-    while True:
-        reply = llm.invoke(messages)
-        messages.append(reply)
-        if not reply.tool_calls and not reply.content:
-            messages.append(HumanMessage(GO_ON["content"]))
-            continue
-        if not reply.tool_calls:
-            return 1.0 if reply.content == row["metadata"]["expect"] else 0.0
-        for c in reply.tool_calls:
-            messages.append(ToolMessage(row["metadata"]["table"][c["args"]["key"]], tool_call_id=c["id"]))
+    return _langchain_loop(client, row, go_on=True)
 
 
 def litellm_empty(client, row):
-    import litellm
-
-    messages = [{"role": "user", "content": row["prompt"]}]
-    while True:
-        answer = litellm.completion(
-            model=f"openai/{client.model}",
-            api_base=client.base_url,
-            api_key=client.api_key,
-            messages=messages,
-            tools=TOOLS,
-        )
-        reply = answer.choices[0].message
-        messages.append(reply.model_dump())
-        if not reply.tool_calls and not reply.content:
-            messages.append(GO_ON)
-            continue
-        if not reply.tool_calls:
-            return 1.0 if reply.content == row["metadata"]["expect"] else 0.0
-        for c in reply.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": c.id, "content": row["metadata"]["table"]["ab"]})
+    return _litellm_loop(client, row, go_on=True)
 
 
 async def agents_empty(client, row):
     """Two runs of the Agents SDK: the first ends on the empty answer; the second goes on from
     ``to_input_list()``, which leaves the empty assistant turn out."""
-    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
-    from openai import AsyncOpenAI
-
-    set_tracing_disabled(True)
-
-    @function_tool
-    def lookup(key: str) -> str:
-        """Look a key up.
-
-        Args:
-            key: the key.
-        """
-        return row["metadata"]["table"][key]
-
-    llm = AsyncOpenAI(base_url=client.base_url, api_key=client.api_key)
-    agent = Agent(name="finder", tools=[lookup], model=OpenAIChatCompletionsModel(client.model, openai_client=llm))
-    first = await Runner.run(agent, row["prompt"])
+    agent = _finder(client, row)
+    first = await _run_agent(agent, row["prompt"])
     assert not first.final_output, first.final_output
     history = first.to_input_list()
     assert not any(item.get("role") == "assistant" for item in history), history  # the empty turn left out
-    result = await Runner.run(agent, [*history, GO_ON])
+    result = await _run_agent(agent, [*history, GO_ON])
     return 1.0 if result.final_output == row["metadata"]["expect"] else 0.0
 
 
@@ -537,3 +532,136 @@ def test_a_missing_client_fails_under_ci_and_skips_elsewhere(monkeypatch):
     monkeypatch.setenv("CI", "false")
     with pytest.raises(pytest.skip.Exception):
         _need("no_such_client_module")
+
+
+# -- the Responses API streamed, and a turn cut by a length limit -------------------------------------------------
+def _sse(url, body, key):
+    """A streamed answer as its server-sent events: ``(event name, data)`` each."""
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    with urllib.request.urlopen(request, timeout=10) as r:
+        text = r.read().decode()
+    events = []
+    for block in text.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines())
+        events.append((fields.get("event"), json.loads(fields["data"])))
+    return events
+
+
+def _post(url, body, key):
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    with urllib.request.urlopen(request, timeout=10) as r:
+        return json.loads(r.read())
+
+
+CALL_EVENTS = ["output_item.added", "function_call_arguments.delta", "function_call_arguments.done", "output_item.done"]
+TEXT_EVENTS = ["output_item.added", "content_part.added", "output_text.delta", "output_text.done"]
+TEXT_EVENTS += ["content_part.done", "output_item.done"]
+
+
+def test_the_responses_stream_is_openais_event_sequence():
+    """Each event validates as the openai SDK's typed event (every required field), is named by its type, and
+    numbered in order; the final response is the one a request without ``stream`` gets (a retry: the same turn)."""
+    _need("openai")
+    from openai.types.responses import ResponseStreamEvent
+
+    union = typing.get_args(typing.get_args(ResponseStreamEvent)[0])  # Annotated[Union[...], discriminator]
+    typed = {typing.get_args(c.model_fields["type"].annotation)[0]: c for c in union}
+    got = {}
+    tools = [{"type": "function", **t["function"]} for t in TOOLS]
+
+    def agent(client, row):
+        url = client.base_url + "/responses"
+        body = {"model": client.model, "input": row["prompt"], "tools": tools, "stream": True}
+        first = _sse(url, body, client.api_key)
+        final = first[-1][1]["response"]
+        whole = _post(url, dict(body, stream=False), client.api_key)
+        [call_] = final["output"]
+        results = [{"type": "function_call_output", "call_id": call_["call_id"], "output": "ab-42"}]
+        body = dict(body, input=results, previous_response_id=final["id"])
+        got[client.episode] = first, whole, _sse(url, body, client.api_key)
+        return 1.0
+
+    samples = _run(AgentEnv(agent, serve=True), turns=[TURNS[0], TURNS[2]])
+    assert [s.episode.end for s in samples] == ["done"] * 2, samples[0].episode.error
+    first, whole, second = next(iter(got.values()))
+    for events, items in ((first, CALL_EVENTS), (second, TEXT_EVENTS)):
+        assert [name for name, _ in events] == [e["type"] for _, e in events]
+        assert [e["type"] for _, e in events] == [
+            "response.created",
+            "response.in_progress",
+            *(f"response.{t}" for t in items),
+            "response.completed",
+        ]
+        assert [e["sequence_number"] for _, e in events] == list(range(len(events)))
+        for _, e in events:
+            typed[e["type"]].model_validate(e)  # raises naming a missing or mistyped field
+        final = events[-1][1]["response"]
+        assert final["status"] == "completed" and final["usage"]["output_tokens"] > 0
+    assert first[-1][1]["response"] == whole
+    assert second[-1][1]["response"]["output"][0]["content"][0]["text"] == "cab ab"
+    assert second[4][1]["delta"] == "cab ab"
+
+
+CUT = 3  # max_output_tokens: the first turn (a tool call) is cut
+
+
+def _cut_stream(client, row):
+    """The raw stream of a cut turn."""
+    url = client.base_url + "/responses"
+    body = {"model": client.model, "input": row["prompt"], "max_output_tokens": CUT, "stream": True}
+    return _sse(url, body, client.api_key)
+
+
+async def _cut_agents_sdk(client, row, responses=True, streamed=False):
+    """The Agents SDK with its Responses (or chat-completions) model capped at ``CUT`` tokens: the error it raises,
+    or its final output."""
+    from agents import ModelSettings
+    from agents.exceptions import ModelBehaviorError
+
+    agent = _finder(client, row, responses=responses).clone(model_settings=ModelSettings(max_tokens=CUT))
+    try:
+        return (await _run_agent(agent, row["prompt"], streamed)).final_output
+    except ModelBehaviorError as e:
+        return e
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["stream", "agents-responses", "agents-responses-streamed", "agents-chat"],
+)
+def test_a_length_cut_responses_turn_is_incomplete_as_openai_answers_it(how):
+    """A turn cut by ``max_output_tokens`` is ``incomplete`` (reason ``max_output_tokens``), whole or streamed
+    (``response.incomplete`` ends the stream), as OpenAI answers it. The Agents SDK's Responses model raises
+    ``ModelBehaviorError`` on such a response (``agents/models/openai_responses.py``: a ``failed`` or
+    ``incomplete`` status raises, against OpenAI too), in ``Runner.run`` and ``run_streamed``; its
+    chat-completions model takes the cut turn (finish reason ``length``) as the answer."""
+    _need("openai" if how == "stream" else "agents")
+    got = []
+
+    def agent(client, row):
+        if how == "stream":
+            got.append(_cut_stream(client, row))
+        else:
+            responses, streamed = how != "agents-chat", how.endswith("streamed")
+            got.append(asyncio.run(_cut_agents_sdk(client, row, responses, streamed)))
+        return 1.0
+
+    samples = _run(AgentEnv(agent, serve=True))
+    for s in samples:  # the episode's one turn, cut; the agent returned
+        assert (s.episode.end, s.episode.turns, s.finish_reason) == ("done", 1, "length"), s.episode.error
+    for answer in got:
+        if how == "stream":
+            names = [name for name, _ in answer]
+            assert names[-1] == "response.incomplete" and "response.completed" not in names
+            final = answer[-1][1]["response"]
+            assert final["status"] == "incomplete" and final["incomplete_details"] == {"reason": "max_output_tokens"}
+            assert final["output"][0]["status"] == "incomplete" and final["usage"]["output_tokens"] == CUT
+        elif how == "agents-chat":
+            assert answer == TURNS[0][:CUT]
+        else:
+            from agents.exceptions import ModelBehaviorError
+
+            assert isinstance(answer, ModelBehaviorError), answer
+            assert "status=incomplete" in str(answer) and "max_output_tokens" in str(answer), answer

@@ -763,7 +763,6 @@ def test_usage_and_logprobs_are_the_trainers_counts_and_recorded_log_probs():
         ("parallel_tool_calls", False),
         ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
         ("n", 2),
-        ("stop", ["ab"]),
         ("top_logprobs", 2),
     ],
 )
@@ -815,7 +814,7 @@ def test_fields_the_run_lists_are_ignored_with_one_warning_and_a_count(caplog):
     assert len([w for w in warned if "temperature" in w]) == 2, warned  # once per run (two runs above)
     with pytest.raises(ValueError, match=r"rollout.env_kwargs.ignore_fields: \['n', 'user'\] cannot be ignored"):
         AgentEnv(agent, ignore_fields=["n", "user"])
-    with pytest.raises(ValueError, match=r"ignore_fields: \['max_tokens'\] are honoured \(they cap the turn\)"):
+    with pytest.raises(ValueError, match=r"ignore_fields: \['max_tokens'\] are honoured \(they limit the turn\)"):
         AgentEnv(agent, ignore_fields=["max_tokens", "top_p"])
 
 
@@ -979,7 +978,7 @@ def test_the_responses_api_answers_with_output_items_and_refuses_what_it_cannot_
         url = client.base_url + "/responses"
         tools = [{"type": "function", **t["function"]} for t in TOOLS]
         body = {"input": row["prompt"], "tools": tools}
-        answers["stream"] = _post(url, dict(body, stream=True), client.api_key)
+        answers["temperature"] = _post(url, dict(body, temperature=0.5), client.api_key)
         answers["builtin"] = _post(url, dict(body, tools=[{"type": "web_search"}]), client.api_key)
         answers["unknown"] = _post(url, dict(body, previous_response_id="resp_other_1"), client.api_key)
         answers["first"] = _post(url, body, client.api_key)
@@ -992,7 +991,7 @@ def test_the_responses_api_answers_with_output_items_and_refuses_what_it_cannot_
 
     [s], _ = _served(agent)
     assert s.episode.end == "done" and s.episode.turns == 2, s.episode.error
-    for what, param in (("stream", "stream"), ("builtin", "tools"), ("unknown", "previous_response_id")):
+    for what, param in (("temperature", "temperature"), ("builtin", "tools"), ("unknown", "previous_response_id")):
         assert answers[what][0] == 400 and answers[what][1]["error"]["param"] == param, answers[what]
     status, first = answers["first"]
     assert status == 200 and first["object"] == "response" and first["status"] == "completed"

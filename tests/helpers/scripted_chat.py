@@ -20,7 +20,8 @@ def chars(text):
 
 def scripted_model(turns):
     """A logits_fn whose greedy policy writes ``turns[t]`` character by character (then EOS) in its t-th
-    assistant turn: it finds the last assistant header of each row and counts what follows it."""
+    assistant turn (a list of ids: those ids, e.g. the merged 'ab'): it finds the last assistant header of each
+    row and counts what follows it."""
     V = len(TOK)
 
     def fn(tokens):  # (B, L) right-padded with 0 -> (B, L, V)
@@ -31,7 +32,8 @@ def scripted_model(turns):
             end = max(i for i, t in enumerate(row) if t != 0) + 1
             heads = [i for i in range(end - len(HEADER) + 1) if row[i : i + len(HEADER)] == HEADER]
             turn, k = len(heads) - 1, end - (heads[-1] + len(HEADER))
-            script = chars(turns[min(turn, len(turns) - 1)]) + [TOK.eos_token_id]
+            text = turns[min(turn, len(turns) - 1)]
+            script = (chars(text) if isinstance(text, str) else list(text)) + [TOK.eos_token_id]
             out[b, end - 1, script[min(k, len(script) - 1)]] = 12.0
         return out
 

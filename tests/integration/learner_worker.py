@@ -285,7 +285,7 @@ class Worker:
         log: dict[int, list] = {}
 
         class Recorded:
-            async def generate_turns(_, prompts, params, *, keys, max_total_tokens, on_turns, caps=None):
+            async def generate_turns(_, prompts, params, *, keys, max_total_tokens, on_turns, caps=None, stops=None):
                 def on(ends):
                     answers = on_turns(ends)
                     for e, more in zip(ends, answers):
@@ -295,7 +295,7 @@ class Worker:
                     return answers
 
                 await self.engine.generate_turns(
-                    prompts, params, keys=keys, max_total_tokens=max_total_tokens, on_turns=on, caps=caps
+                    prompts, params, keys=keys, max_total_tokens=max_total_tokens, on_turns=on, caps=caps, stops=stops
                 )
 
         config = EpisodeConfig(max_turns=max_turns, max_total_tokens=max_total_tokens)

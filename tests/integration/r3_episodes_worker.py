@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
     turns: dict[int, list] = {}  # row -> [(sequence length before the turn, the turn's TurnEnd)]
 
     class Recorded:
-        async def generate_turns(_, prompts, params, *, keys, max_total_tokens, on_turns, caps=None):
+        async def generate_turns(_, prompts, params, *, keys, max_total_tokens, on_turns, caps=None, stops=None):
             lengths = {b: len(p) for b, p in enumerate(prompts)}
 
             def on(ends):
@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
             async with SGLangEngine(spec["urls"], config=config) as engine:
                 await engine.check_routed_experts()
                 await engine.generate_turns(
-                    prompts, params, keys=keys, max_total_tokens=max_total_tokens, on_turns=on, caps=caps
+                    prompts, params, keys=keys, max_total_tokens=max_total_tokens, on_turns=on, caps=caps, stops=stops
                 )
 
     sp = SamplingParams(**spec["params"])

@@ -123,3 +123,30 @@ def test_a_rows_cap_shortens_its_turn_below_the_runs_limits(standins):
     sent = [b for p, b in server.calls if p == "/generate"]
     assert [b["sampling_params"]["max_new_tokens"] for b in sent] == [3, 16 - 6 - 3 - 3] == [3, 4]
     assert [len(t.ids) for t in turns] == [3, 4] and turns[0].finish_reason == "length"
+
+
+def test_a_rows_stop_strings_go_to_sglang_as_its_sampling_params_stop(standins):
+    """``stops(row)``, asked as each turn starts, is sent as ``sampling_params.stop`` (SGLang ends the turn at the
+    token that completes one and keeps it); a turn without stop strings sends none."""
+    from gspo_mcore.rollout.turns import TurnStop
+
+    server = standins()
+    stop, turns = {0: TurnStop(("END", "\n\n"), lambda ids: False)}, []
+
+    def on_turns(ends):
+        turns.extend(ends)
+        stop.clear()  # the next turn has none
+        return [[30] * 3 if len(turns) == 1 else None for _ in ends]
+
+    asyncio.run(
+        _engine(server).generate_turns(
+            [[5] * 6],
+            SamplingParams(max_new_tokens=4),
+            keys=[0],
+            max_total_tokens=32,
+            on_turns=on_turns,
+            stops=stop.get,
+        )
+    )
+    sent = [b["sampling_params"] for p, b in server.calls if p == "/generate"]
+    assert [sp.get("stop") for sp in sent] == [["END", "\n\n"], None] and len(turns) == 2
