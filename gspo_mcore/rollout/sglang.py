@@ -470,11 +470,14 @@ class SGLangEngine(RolloutEngine):
             self._restarted(url, ok, w)
 
     def _watched(self) -> dict[str, Any]:
-        """The launched servers the monitor watches now: not given up, with restart attempts left."""
+        """The launched servers the monitor watches now: not given up, with restart attempts left, and not being
+        restarted (a server still starting does not answer yet)."""
         return {
             url: entry[0]
             for url, entry in list(self._launched.items())
-            if url not in self._given_up and self._restarts[url] < self.restart.attempts
+            if url not in self._given_up
+            and self._restarts[url] < self.restart.attempts
+            and not self._restart_locks[url].locked()
         }
 
     def _restart_in_background(self, url: str, why: str) -> None:

@@ -71,7 +71,10 @@ class ServerMonitor:
     def check(self) -> list[str]:
         """One round: restart each dead or silent server; returns the URLs handed to ``restart``."""
         handed = []
-        for url, proc in list(self.targets().items()):
+        targets = dict(self.targets())
+        for url in [u for u in self._failing_since if u not in targets]:  # not watched now (being restarted)
+            del self._failing_since[url]
+        for url, proc in targets.items():
             if self._stop.is_set():
                 break
             why = self._why_restart(url, proc)
