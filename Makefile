@@ -84,11 +84,13 @@ distill-demo: install
 # CPU, several GB, a few minutes) on first use, then starts real servers on loopback. Not part of `make test`
 # on its own (the tier skips itself there, having no .venv-sglang); `.ci/run` calls both.
 # SGLANG_VENV=DIR keeps that environment elsewhere (e.g. outside a fresh clone, to reuse it).
+# SGLANG_TESTS=tests/integration/test_real_kill_run.py runs one file (or any pytest selection) of the tier.
 SGLANG_VENV ?= .venv-sglang
+SGLANG_TESTS ?= tests/integration
 .PHONY: test-sglang
 test-sglang: install
 	bash tests/integration/setup_sglang_env.sh $(abspath $(SGLANG_VENV))
-	GSPO_SGLANG_TESTS=1 GSPO_SGLANG_VENV=$(abspath $(SGLANG_VENV)) $(PY) -m pytest -q tests/integration
+	GSPO_SGLANG_TESTS=1 GSPO_SGLANG_VENV=$(abspath $(SGLANG_VENV)) $(PY) -m pytest -q $(SGLANG_TESTS)
 
 # The GSPO paper in miniature (examples/paper_miniature/README.md): GSPO, GSPO-token, SAPO, CISPO, GMPO, GRPO
 # on the tiny task, dense and MoE, + GRPO with Routing Replay on MoE, 3 seeds: 39 single-process runs of 150

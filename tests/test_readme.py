@@ -141,7 +141,23 @@ def test_ci_stops_at_a_failing_tier_with_a_nonzero_status(tmp_path):
     fake = tmp_path / "make"
     fake.write_text(f'#!/bin/sh\necho "$@" >> "{log}"\n[ "$1" != test ]\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    # a Slurm root given: .ci/run keeps it instead of downloading the packages (tools/slurm/ci_slurm.sh)
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", "GSPO_SLURM_ROOT": str(tmp_path)}
     proc = subprocess.run(["bash", os.path.join(ROOT, ".ci", "run")], capture_output=True, text=True, env=env)
     assert proc.returncode != 0
     assert log.read_text().split("\n")[:-1] == ["install", "lint", "test"]
+
+
+def test_ci_runs_the_suite_with_slurm(tmp_path):
+    """`make test` runs with GSPO_SLURM_TESTS=1 and the Slurm root tools/slurm/ci_slurm.sh gives (here one given
+    beforehand, which .ci/run keeps), so the single-node Slurm test runs in CI and cannot pass by skipping."""
+    log = tmp_path / "calls"
+    fake = tmp_path / "make"
+    fake.write_text(f'#!/bin/sh\necho "$1 $GSPO_SLURM_TESTS $GSPO_SLURM_ROOT" >> "{log}"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = {k: v for k, v in os.environ.items() if k != "GSPO_SLURM_TESTS"}
+    env.update(PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}", GSPO_SLURM_ROOT="/opt/slurm-root")
+    proc = subprocess.run(["bash", os.path.join(ROOT, ".ci", "run")], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    calls = dict(line.split(" ", 1) for line in log.read_text().splitlines())
+    assert calls["test"] == "1 /opt/slurm-root"

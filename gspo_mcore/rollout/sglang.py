@@ -14,8 +14,11 @@ missed a sync while out of reach, or was restarted on other weights) is not sent
 weights: it loads them at once when the last sync came from disk (:meth:`SGLangControl.resync`), else it gets them
 with the next weight update (which goes to every reachable worker) and is checked again. A server this engine
 launched whose process died, or that failed its health probe for ``restart.after_s``, is restarted on its port (at
-most ``restart.attempts`` times, with back-off), then re-synced and checked the same way. Fewer than
-``restart.min_servers`` workers in rotation stops the step with the reasons (and a given-up server's last log lines).
+most ``restart.attempts`` times, with back-off), then re-synced and checked the same way. With
+``restart.probe_interval_s`` a background thread (:class:`~gspo_mcore.rollout.sglang_monitor.ServerMonitor`) also
+watches the launched servers between steps and restarts a dead one at once, so it is up by the next step; the engine
+takes it back the same way (its weights checked first). Fewer than ``restart.min_servers`` workers in rotation stops
+the step with the reasons (and a given-up server's last log lines), after waiting for restarts in progress.
 
 A request that fails in transport (connection refused or reset, timeout, truncated body) or with a 5xx status
 is retried on another server, up to ``max_attempts`` tries per prompt; a server that failed in transport is
@@ -31,10 +34,12 @@ them to every worker. All wire-format details live in :mod:`gspo_mcore.rollout.s
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from gspo_mcore.rollout import _http
@@ -94,9 +99,25 @@ class SGLangEngine(RolloutEngine):
         self._given_up: dict[str, str] = {}  # launched workers that could not be restarted -> why (with log tail)
         self._launched: dict[str, list] = {p.url: [p, c] for p, c in launched}
         self._restarts: dict[str, int] = dict.fromkeys(self._launched, 0)
+        self._restart_locks = {u: threading.Lock() for u in self._launched}  # held while a server is restarted
+        self._restart_outcomes: collections.deque = collections.deque()  # (url, ok, why) of background restarts
+        self._closing = False
         self.restart = restart or RestartPolicy()
         self.restarted = 0
         """Servers restarted so far."""
+        self.monitor = None
+        """The background :class:`~gspo_mcore.rollout.sglang_monitor.ServerMonitor` of the launched servers (when
+        ``restart.attempts`` and ``restart.probe_interval_s`` are both set), else None."""
+        if self._launched and self.restart.attempts > 0 and self.restart.probe_interval_s > 0:
+            from gspo_mcore.rollout.sglang_monitor import ServerMonitor
+
+            self.monitor = ServerMonitor(
+                self._watched,
+                self._restart_in_background,
+                interval_s=self.restart.probe_interval_s,
+                after_s=self.restart.after_s,
+                probe_timeout_s=self.config.probe_timeout_s,
+            ).start()
         self.prompt_tokens = self.cached_tokens = 0
         """Prompt tokens sent in ``/generate`` requests so far, and how many of them the servers' prefix caches served
         (SGLang's ``meta_info.cached_tokens``): the prefix-cache hit rate is their ratio."""
@@ -152,8 +173,13 @@ class SGLangEngine(RolloutEngine):
         )
 
     async def close(self) -> None:
-        """Stop the processes this engine launched and close this event loop's pooled connections."""
+        """Stop the background monitor, the processes this engine launched (a server being restarted included) and
+        close this event loop's pooled connections."""
+        self._closing = True
+        if self.monitor is not None:
+            self.monitor.stop()
         procs, self._processes = self._processes, []
+        procs += [e[0] for e in self._launched.values() if e[0] not in procs]
         for p in procs:
             await asyncio.to_thread(p.shutdown)
         await _http.close_pool()
@@ -413,6 +439,15 @@ class SGLangEngine(RolloutEngine):
         await self._readmit_down_servers()
         await self._check_versions()
         up = [u for u in self.worker_urls if u not in self._down]
+        if len(up) < self.restart.min_servers and any(lock.locked() for lock in self._restart_locks.values()):
+            # too few servers, but some are being restarted in the background: wait for them rather than stop
+            for lock in self._restart_locks.values():
+                await asyncio.to_thread(lock.acquire)
+                lock.release()
+            await self._restart_dead()
+            await self._readmit_down_servers()
+            await self._check_versions()
+            up = [u for u in self.worker_urls if u not in self._down]
         if len(up) < self.restart.min_servers:
             why = "; ".join(f"{u}: {r}" for u, r in self._down.items())
             given_up = "".join(f"\n--- {u} ---\n{r}" for u, r in self._given_up.items())
@@ -422,9 +457,10 @@ class SGLangEngine(RolloutEngine):
             )
 
     async def _restart_dead(self) -> None:
+        self._take_background_restarts()
         for url, entry in list(self._launched.items()):
             proc, cfg = entry
-            if url in self._given_up:
+            if url in self._given_up or self._restart_locks[url].locked():  # being restarted in the background
                 continue
             code = proc.popen.poll()
             silent = url in self._down and url not in self._stale
@@ -436,35 +472,83 @@ class SGLangEngine(RolloutEngine):
                 self._give_up(url, proc, f"{why}, and no restart attempts are left ({self.restart.attempts} allowed)")
                 continue
             self._mark_down(url, why)
-            await self._restart(url, entry, why)
+            await self._restart(url, why)
 
-    async def _restart(self, url: str, entry: list, why: str) -> None:
-        from gspo_mcore.rollout import sglang_server
+    async def _restart(self, url: str, why: str) -> None:
+        outcomes: list[tuple[bool, str]] = []
+        await asyncio.to_thread(self._restart_now, url, why, lambda ok, w: outcomes.append((ok, w)))
+        for ok, w in outcomes:
+            self._restarted(url, ok, w)
 
-        proc, cfg = entry
-        port = int(url.rsplit(":", 1)[1])
-        while self._restarts[url] < self.restart.attempts:
-            self._restarts[url] += 1
-            k = self._restarts[url]
-            log.warning("restarting SGLang server %s (%s): attempt %d of %d", url, why, k, self.restart.attempts)
-            await asyncio.to_thread(proc.shutdown, 5.0)
-            await asyncio.sleep(k * self.restart.backoff_s)
-            new_cfg = dataclasses.replace(cfg, port=port, log_path=str(proc.log_path))
-            new = await asyncio.to_thread(sglang_server.start_server, new_cfg, name=proc.name)
-            try:
-                await asyncio.to_thread(new.wait_healthy, cfg.startup_timeout_s)
-            except sglang_server.ServerLaunchError as e:
-                log.warning("restart of %s failed: %s", url, e)
-                self._processes = [new if p is proc else p for p in self._processes]
-                entry[0] = proc = new  # so close() and the next attempt stop this one
-                why = str(e).split(";", 1)[0]
-                continue
-            self._processes = [new if p is entry[0] else p for p in self._processes]
-            entry[0] = new
+    def _watched(self) -> dict[str, Any]:
+        """The launched servers the monitor watches now: not given up, with restart attempts left, and not being
+        restarted (a server still starting does not answer yet)."""
+        return {
+            url: entry[0]
+            for url, entry in list(self._launched.items())
+            if url not in self._given_up
+            and self._restarts[url] < self.restart.attempts
+            and not self._restart_locks[url].locked()
+        }
+
+    def _restart_in_background(self, url: str, why: str) -> None:
+        """The monitor's restart: the outcome is taken into the engine's state by the next generation or update."""
+        self._restart_now(url, why, lambda ok, w: self._restart_outcomes.append((url, ok, w)))
+
+    def _take_background_restarts(self) -> None:
+        while self._restart_outcomes:
+            url, ok, why = self._restart_outcomes.popleft()
+            self._mark_down(url, why)
+            self._restarted(url, ok, why)
+
+    def _restarted(self, url: str, ok: bool, why: str) -> None:
+        if ok:
             self.restarted += 1
             self._down[url] = f"restarted ({why}); its weights are checked before it serves"
+            self._down_since[url] = time.monotonic()
+        else:
+            self._give_up(url, self._launched[url][0], why)
+
+    def _restart_now(self, url: str, why: str, report: Callable[[bool, str], None]) -> None:
+        """Restart the launched server at ``url`` on its port, blocking (run it in a thread), and ``report(True, why)``
+        once it is healthy or ``report(False, why)`` when the attempts are used up, before another thread may restart
+        it; nothing when another thread is restarting it or the engine is closing. Only the process is touched here:
+        ``report`` brings the outcome into the engine's state."""
+        from gspo_mcore.rollout import sglang_server
+
+        lock = self._restart_locks[url]
+        if not lock.acquire(blocking=False):
             return
-        self._give_up(url, proc, f"{why}; {self.restart.attempts} restart attempt(s) failed")
+        try:
+            entry = self._launched[url]
+            proc, cfg = entry
+            port = int(url.rsplit(":", 1)[1])
+            while self._restarts[url] < self.restart.attempts:
+                if self._closing:
+                    return
+                self._restarts[url] += 1
+                k = self._restarts[url]
+                log.warning("restarting SGLang server %s (%s): attempt %d of %d", url, why, k, self.restart.attempts)
+                proc.shutdown(5.0)
+                time.sleep(k * self.restart.backoff_s)
+                new_cfg = dataclasses.replace(cfg, port=port, log_path=str(proc.log_path))
+                new = sglang_server.start_server(new_cfg, name=proc.name)
+                self._processes = [new if p is proc else p for p in self._processes]
+                entry[0] = new  # so close() and the next attempt stop this one
+                if self._closing:
+                    new.shutdown(5.0)
+                    return
+                try:
+                    new.wait_healthy(cfg.startup_timeout_s)
+                except sglang_server.ServerLaunchError as e:
+                    log.warning("restart of %s failed: %s", url, e)
+                    proc = new
+                    why = str(e).split(";", 1)[0]
+                    continue
+                return report(True, why)
+            report(False, f"{why}; {self.restart.attempts} restart attempt(s) failed")
+        finally:
+            lock.release()
 
     def _give_up(self, url: str, proc, why: str) -> None:
         log.error("SGLang server %s given up: %s", url, why)

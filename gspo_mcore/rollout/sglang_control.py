@@ -135,13 +135,38 @@ class SGLangControl:
         return [u for u in self.worker_urls if u not in self.excluded]
 
     # ------------------------------------------------------------------------------- plumbing
-    async def post(self, url: str, path: str, body: dict | None, timeout_s: float) -> dict:
+    async def _send(
+        self, method: str, url: str, path: str, body: dict | None = None, timeout_s: float | None = None
+    ) -> _http.HttpResponse:
+        """One request to ``url + path`` (``timeout_s`` default: ``control_timeout_s``); no complete response is a
+        :class:`RolloutError` naming both."""
         try:
-            resp = await _http.request(
-                "POST", url + path, body, timeout_s=timeout_s, connect_timeout_s=self.config.connect_timeout_s
+            return await _http.request(
+                method,
+                url + path,
+                body,
+                timeout_s=timeout_s or self.config.control_timeout_s,
+                connect_timeout_s=self.config.connect_timeout_s,
             )
+        except _http.TransportError as e:
+            raise RolloutError(f"{url}{path} failed: {e}") from None
+
+    async def _get(self, url: str, path: str, parse: Callable[[Any], Any]) -> Any:
+        """``GET url + path`` and ``parse`` its JSON; any failure (transport, a status other than 200, a body of
+        another shape) is a :class:`RolloutError` naming ``url + path``."""
+        resp = await self._send("GET", url, path)
+        try:
+            if resp.status != 200:
+                raise api.ProtocolError(f"HTTP {resp.status}: {api.error_message(resp)}")
+            return parse(api.decode_json(resp))
+        except api.ProtocolError as e:
+            raise RolloutError(f"{url}{path} failed: {e}") from None
+
+    async def post(self, url: str, path: str, body: dict | None, timeout_s: float) -> dict:
+        resp = await self._send("POST", url, path, body, timeout_s)
+        try:
             return api.check_control_response(resp)
-        except (_http.TransportError, api.ProtocolError) as e:
+        except api.ProtocolError as e:
             raise RolloutError(f"{url}{path} failed: {e}") from None
 
     async def post_all(
@@ -208,15 +233,7 @@ class SGLangControl:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.flush_timeout_s
         while True:
-            try:
-                resp = await _http.request(
-                    "POST",
-                    url + api.FLUSH_CACHE,
-                    timeout_s=self.config.control_timeout_s,
-                    connect_timeout_s=self.config.connect_timeout_s,
-                )
-            except _http.TransportError as e:
-                raise RolloutError(f"{url}{api.FLUSH_CACHE} failed: {e}") from None
+            resp = await self._send("POST", url, api.FLUSH_CACHE)
             if resp.status == 200:
                 return
             if loop.time() >= deadline:
@@ -242,33 +259,12 @@ class SGLangControl:
         return dict(self._infos)
 
     async def _server_info(self, url: str) -> api.ServerInfo:
-        try:
-            resp = await _http.request(
-                "GET",
-                url + api.SERVER_INFO,
-                timeout_s=self.config.control_timeout_s,
-                connect_timeout_s=self.config.connect_timeout_s,
-            )
-            if resp.status != 200:
-                raise api.ProtocolError(f"HTTP {resp.status}: {api.error_message(resp)}")
-            return api.parse_server_info(api.decode_json(resp))
-        except (_http.TransportError, api.ProtocolError) as e:
-            raise RolloutError(f"{url}{api.SERVER_INFO} failed: {e}") from None
+        return await self._get(url, api.SERVER_INFO, api.parse_server_info)
 
     async def weight_version_of(self, url: str) -> int:
         """The weight version ``url`` reports now (``GET /model_info``), as a training step."""
-        try:
-            resp = await _http.request(
-                "GET",
-                url + api.MODEL_INFO,
-                timeout_s=self.config.control_timeout_s,
-                connect_timeout_s=self.config.connect_timeout_s,
-            )
-            if resp.status != 200:
-                raise api.ProtocolError(f"HTTP {resp.status}: {api.error_message(resp)}")
-            return api.parse_model_info_version(api.decode_json(resp), self.config.initial_weight_version)
-        except (_http.TransportError, api.ProtocolError) as e:
-            raise RolloutError(f"{url}{api.MODEL_INFO} failed: {e}") from None
+        initial = self.config.initial_weight_version
+        return await self._get(url, api.MODEL_INFO, lambda info: api.parse_model_info_version(info, initial))
 
     async def resync(self, url: str) -> bool:
         """Give one returning server the current weights, the way every server got them, if this client can do it
@@ -447,16 +443,7 @@ class SGLangControl:
         async def begin(url: str) -> str | None:
             if self._has_session.get(url) is False:
                 return None
-            try:
-                resp = await _http.request(
-                    "POST",
-                    url + api.BEGIN_WEIGHT_UPDATE,
-                    api.begin_weight_update_body(),
-                    timeout_s=self.config.control_timeout_s,
-                    connect_timeout_s=self.config.connect_timeout_s,
-                )
-            except _http.TransportError as e:
-                raise RolloutError(f"{url}{api.BEGIN_WEIGHT_UPDATE} failed: {e}") from None
+            resp = await self._send("POST", url, api.BEGIN_WEIGHT_UPDATE, api.begin_weight_update_body())
             if resp.status == 404:
                 log.info("%s has no %s (SGLang < 0.5.23); no session", url, api.BEGIN_WEIGHT_UPDATE)
                 self._has_session[url] = False

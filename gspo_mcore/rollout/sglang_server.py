@@ -94,6 +94,9 @@ class RestartPolicy:
     backoff_s: float = 5.0
     after_s: float = 60.0
     min_servers: int = 1
+    probe_interval_s: float = 0.0
+    """Seconds between the background monitor's checks of the launched servers (0: no monitor; a dead server is then
+    noticed when the next generation or weight update starts)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -131,6 +134,12 @@ class SGLangServers:
     """A launched server still out of rotation (failing its health probe) this long is restarted."""
     min_servers: int = 1
     """Servers that must stay in rotation (serving the current weights); fewer stops the run."""
+    restart_probe_interval_s: float = 10.0
+    """Launched servers that may be restarted: every this many seconds a background thread checks that each one's
+    process runs and that it answers ``/health``; a server whose process died, or that has not answered for
+    ``restart_after_s``, is restarted then, while the learner trains, so it is ready for the next step (it still gets
+    the current weights, and its version is checked, before it serves). 0: no background checks (a dead server is
+    noticed, and restarted, when the next generation or weight update starts)."""
 
     def __post_init__(self):
         object.__setattr__(self, "urls", tuple(self.urls))
@@ -159,7 +168,7 @@ class SGLangServers:
                     f"restart_attempts={self.restart_attempts}: the servers at urls were not launched by this run, "
                     "so it cannot restart them (set restart_attempts: 0, or leave urls empty to launch servers)"
                 )
-        for key in ("restart_backoff_s", "restart_after_s"):
+        for key in ("restart_backoff_s", "restart_after_s", "restart_probe_interval_s"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise ValueError(f"{key} must be a number >= 0, got {v!r}")
@@ -172,6 +181,7 @@ class SGLangServers:
             backoff_s=float(self.restart_backoff_s),
             after_s=float(self.restart_after_s),
             min_servers=self.min_servers,
+            probe_interval_s=float(self.restart_probe_interval_s),
         )
 
     def launch_configs(self, model_path: str, *, gpus: bool | None = None) -> list[SGLangServerConfig]:

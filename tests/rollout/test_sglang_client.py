@@ -422,3 +422,16 @@ def test_pause_resume_and_server_info(standins):
     assert dict(a.calls)["/pause_generation"] == {"mode": "abort"}
     info = asyncio.run(eng.control.server_info())[a.url]
     assert info.version == "0.5.22"  # logged as a mismatch with SGLANG_VERSION, not an error
+
+
+def test_control_reads_that_fail_name_the_url_and_path(standins):
+    """``/model_info`` and ``/server_info`` share one read: a body of another shape and a status other than 200
+    are each a RolloutError naming the server URL and the path."""
+    a = standins(weight_version="v-bogus")
+    eng = engine([a])
+    with pytest.raises(RolloutError, match=f"{a.url}/model_info failed: .*'v-bogus' is not a training step"):
+        asyncio.run(eng.control.weight_version_of(a.url))
+    with pytest.raises(RolloutError, match=f"{a.url}/nowhere/model_info failed: HTTP 404"):
+        asyncio.run(eng.control.weight_version_of(a.url + "/nowhere"))
+    with pytest.raises(RolloutError, match=f"{a.url}/nowhere/server_info failed: HTTP 404"):
+        asyncio.run(SGLangEngine([a.url + "/nowhere"], config=SGLangClientConfig(**FAST)).control.server_info())

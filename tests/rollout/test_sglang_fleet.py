@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import signal
+import time
 import urllib.request
 
 import pytest
@@ -134,6 +135,60 @@ def test_a_server_that_cannot_be_restarted_stops_the_run_below_min_servers(tmp_p
         generate(engine)  # enough servers left: the run goes on
     finally:
         asyncio.run(engine.close())
+
+
+def wait_for_background_restart(engine, url, old, timeout_s: float) -> None:
+    """Until the monitor has put a new, healthy process on ``url`` (and its restart is over)."""
+    deadline = time.monotonic() + timeout_s
+    while engine._launched[url][0] is old or engine._restart_locks[url].locked():
+        assert time.monotonic() < deadline, f"{url} was not restarted in the background within {timeout_s} s"
+        time.sleep(0.05)
+
+
+def test_a_server_that_dies_between_steps_is_restarted_in_the_background(tmp_path):
+    engine = launch(2, tmp_path, probe_interval_s=0.2)
+    try:
+        asyncio.run(engine.update_weights_from_disk(str(tmp_path), 7))
+        victim = engine.worker_urls[1]
+        old = engine._launched[victim][0]
+        os.killpg(old.popen.pid, signal.SIGKILL)
+        # no generation or weight update runs: the monitor alone brings it back, healthy, on the base weights
+        wait_for_background_restart(engine, victim, old, 30.0)
+        new = engine._launched[victim][0]
+        assert old.popen.poll() is not None and new.popen.poll() is None
+        assert model_info_version(victim) == "0"
+        out = generate(engine)  # the next step takes it back (re-synced first) without restarting it again
+        assert engine._launched[victim][0] is new and engine.restarted == 1
+        assert model_info_version(victim) == "7"
+        assert {s.weight_version for g in out for s in g} == {7} and engine._down == {}
+    finally:
+        asyncio.run(engine.close())
+    assert all(p.popen.poll() is not None for p, _ in engine._launched.values())
+
+
+def test_a_server_that_stops_answering_is_restarted_in_the_background(tmp_path, caplog):
+    engine = launch(1, tmp_path, probe_interval_s=0.2, after_s=1.0)
+    engine.monitor.probe_timeout_s = 0.5
+    try:
+        url = engine.worker_urls[0]
+        old = engine._launched[url][0]
+        os.kill(old.popen.pid, signal.SIGSTOP)  # alive, but answers nothing
+        with caplog.at_level("WARNING", logger="gspo_mcore.rollout.sglang_monitor"):
+            wait_for_background_restart(engine, url, old, 60.0)
+        assert "has not answered /health" in caplog.text
+        assert old.popen.poll() is not None  # stopped, then killed by the restart
+        generate(engine)
+        assert engine.restarted == 1 and engine._down == {}
+    finally:
+        asyncio.run(engine.close())
+
+
+def test_no_background_monitor_unless_asked():
+    servers = SGLangServers()
+    assert servers.restart_policy().probe_interval_s == servers.restart_probe_interval_s > 0
+    assert RestartPolicy(attempts=2).probe_interval_s == 0  # the engine's own default: checks before each step only
+    with pytest.raises(ValueError, match="restart_probe_interval_s must be a number >= 0"):
+        SGLangServers(restart_probe_interval_s=-1)
 
 
 def test_fleet_settings_are_checked_naming_the_key():
