@@ -151,7 +151,7 @@ example-agent-multihop: smollm2-model
 	$(PY) -m examples.smollm2_multihop.prepare_data
 	OMP_NUM_THREADS=2 $(PY) -m torch.distributed.run --standalone --nproc_per_node 1 \
 	  -m gspo_mcore.train --config examples/smollm2_multihop/config.yaml
-	$(PY) -m examples.smollm2_agent.analyze runs/smollm2/multihop --data runs/smollm2/data/multihop/eval.jsonl --json runs/smollm2/multihop/analysis.json
+	$(PY) -m examples.smollm2_multihop.analyze runs/smollm2/multihop --json runs/smollm2/multihop/analysis.json --show 1
 	$(PY) tools/plot_metrics.py runs/smollm2/multihop/metrics.jsonl --title "SmolLM2-135M-Instruct + lookup + calculator, GSPO (1 CPU rank)"
 
 # The in-process engine (KV cache) vs its recompute baseline and transformers' generate (docs/engine.md).

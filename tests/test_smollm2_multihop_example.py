@@ -1,7 +1,8 @@
 """The SmolLM2 multi-hop example (examples/smollm2_multihop) and its environment (gspo_mcore.envs.lookup): the
 config parses and its environment builds over the generated table; the data keeps held-out people out of training;
 the lookup tool answers, errs and refuses an empty table; a worked exchange is what an episode renders; one whole
-episode (lookup, calculator, answer) runs through the environment; the screen's scoring counts calls right."""
+episode (lookup, calculator, answer) runs through the environment; the screen's and the analysis' scoring count
+calls right."""
 
 import json
 import os
@@ -10,8 +11,8 @@ import pytest
 from helpers import ROOT
 from helpers.agent_tokenizer import CHATML, make_tokenizer
 
-from examples.smollm2_multihop import prepare_data, screen
-from examples.smollm2_multihop.env import EXAMPLE_PEOPLE, INSTRUCTION, MultihopEnv, worked_example
+from examples.smollm2_multihop import analyze, prepare_data, screen
+from examples.smollm2_multihop.env import EXAMPLE_PEOPLE, INSTRUCTION, INSTRUCTIONS, MultihopEnv, worked_example
 from examples.smollm2_multihop.make_items import make_items, make_table
 from gspo_mcore.envs import ChatRenderer, load_env
 from gspo_mcore.envs.lookup import LookupEnv, load_table
@@ -37,7 +38,7 @@ def test_config_parses_and_its_environment_builds_over_the_table(data):
     cfg = parse_config(["--config", CONFIG])
     r = cfg.rollout
     assert r.env == "examples.smollm2_multihop.env:MultihopEnv" and r.episode.tool_format == "fallback"
-    assert r.episode.max_turns == 3 and r.engine == "inprocess" and cfg.model.hf_dir == "runs/smollm2/model"
+    assert r.episode.max_turns == 4 and r.engine == "inprocess" and cfg.model.hf_dir == "runs/smollm2/model"
     assert r.env_kwargs["table"] == "runs/smollm2/data/multihop/table.json"
     assert list(cfg.data.paths) == ["runs/smollm2/data/multihop/train.jsonl"]
     assert [d.data.paths for d in cfg.eval.datasets] == [("runs/smollm2/data/multihop/eval.jsonl",)]
@@ -58,13 +59,21 @@ def test_held_out_people_are_never_asked_about_in_training(data):
         age = table[r["name"]]["age"]
         assert str(age) in r["expression"] and eval(r["expression"]) == int(r["answer"])  # noqa: S307
     assert make_table(60) == make_table(60) and make_table(60, seed=1) != make_table(60)
+    # the example asks only "in N years" (the default); both forms on request, and no unknown one
+    assert all("will" in r["messages"][0]["content"] and "+" in r["expression"] for r in train + held)
+    both = make_items(table, sorted(train_names), 4, templates=(0, 1))
+    assert {"+" in r["expression"] for r in both} == {True, False}
+    with pytest.raises(ValueError, match="templates"):
+        make_items(table, sorted(train_names), 1, templates=(2,))
 
 
 def test_lookup_answers_errs_and_an_empty_table_is_refused():
     env = LookupEnv(table={"Bexmel": {"age": 34}, "Tom": {"age": 5, "price": 3}})
     state = env.reset({"prompt": "q", "metadata": {}}).state
     step = env.step(state, _call("lookup", name=" bexmel "))
-    assert step.observation[0]["content"] == "34" and step.info == {"tool_calls": 1, "tool_errors": 0}
+    assert step.observation[0]["content"] == "age: 34" and step.info == {"tool_calls": 1, "tool_errors": 0}
+    bare = LookupEnv(table={"Bexmel": {"age": 34}}, name_fields=False)
+    assert bare.step(state, _call("lookup", name="Bexmel")).observation[0]["content"] == "34"
     assert env.step(state, _call("lookup", name="Tom")).observation[0]["content"] == "age: 5, price: 3"
     assert env.step(state, _call("lookup", name="Tom", field="price")).observation[0]["content"] == "3"
     bad = env.step(state, _call("lookup", name="Nobody"))
@@ -88,7 +97,7 @@ def test_one_whole_episode_looks_up_computes_and_answers(data):
     assert len(start.observation) == 2 + 6 * 2
     first = env.step(start.state, _call("lookup", name=row["name"]))
     age = first.observation[0]["content"]
-    assert not first.done and age in row["expression"]
+    assert not first.done and age.startswith("age: ") and age[5:] in row["expression"]
     second = env.step(start.state, _call("calculator", expression=row["expression"]))
     assert second.observation[0]["content"] == row["answer"]
     assert env.step(start.state, row["answer"]).done
@@ -102,6 +111,36 @@ def test_one_whole_episode_looks_up_computes_and_answers(data):
     miss = {**episode, "text": ["", "1"], "calls": [ToolCall("calculator", {"expression": "1"})]}
     s = screen.summarize([episode, miss], 2)
     assert (s["pass@1"], s["both_calls"], s["group_has_pass"], s["lookups_per_episode"]) == (0.5, 0.5, 1.0, 0.5)
+    with pytest.raises(ValueError, match="instruction must be one of"):
+        MultihopEnv(table=str(data / "table.json"), instruction="nope")
+    old = MultihopEnv(table=str(data / "table.json"), instruction="two_tools", name_fields=False)
+    start = old.reset({"messages": row["messages"], "metadata": row})
+    assert start.observation[0]["content"] == INSTRUCTIONS["two_tools"] and "\n41\n" in start.observation[3]["content"]
+
+
+def test_analysis_counts_the_policy_calls_not_the_environment_messages():
+    """The analysis of an evaluation episode: the calls in the policy's turns (a call quoted in a tool result is
+    not one), the right person looked up, a calculator call that gives the answer, the looked-up age answered."""
+    item = {"name": "Bexmel", "expression": "34 + 5", "answer": "39", "messages": []}
+    lookup, calc = _call("lookup", name="bexmel"), _call("calculator", expression="34 + 5")
+    end, user = "<|im_end|>\n", "<|im_start|>user\n<tool_response>\n"
+    good = (
+        f"{lookup}{end}{user}age: 34\n</tool_response>{end}<|im_start|>assistant\n{calc}{end}{user}39\n</tool_response>"
+    )
+    good += f"{end}<|im_start|>assistant\n39<|im_end|>"
+    f = analyze.episode_figures({"transcript": good, "response": "39", "reward": 1.0}, item)
+    assert f == {
+        "correct": 1.0,
+        "calls": 2.0,
+        "lookups": 1.0,
+        "calculator_calls": 1.0,
+        "both_calls": 1.0,
+        "right_computation": 1.0,
+        "answers_age": 0.0,
+    }
+    quoted = f"{lookup}{end}{user}{calc}\n</tool_response>{end}<|im_start|>assistant\n34<|im_end|>"
+    f = analyze.episode_figures({"transcript": quoted, "response": "34", "reward": 0.0}, item)
+    assert (f["calls"], f["both_calls"], f["right_computation"], f["answers_age"]) == (1.0, 0.0, 0.0, 1.0)
 
 
 def test_worked_example_is_rendered_as_an_episode_renders_its_calls():

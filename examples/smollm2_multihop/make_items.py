@@ -52,11 +52,18 @@ def question(name: str, age: int, n: int, template: int) -> dict:
     }
 
 
-def make_items(table: dict[str, dict[str, int]], names: list[str], per_name: int, seed: int = 0) -> list[dict]:
-    """``per_name`` questions about each of ``names`` (templates alternate; ``n`` from 2 to 49, below the age for
-    "ago"), shuffled with ``seed``."""
+def make_items(
+    table: dict[str, dict[str, int]], names: list[str], per_name: int, seed: int = 0, templates: tuple[int, ...] = (0,)
+) -> list[dict]:
+    """``per_name`` questions about each of ``names`` (the ``templates``, indices of :data:`TEMPLATES`, alternate;
+    ``n`` from 2 to 49, below the age for "ago"), shuffled with ``seed``. The default asks only "How old will X be
+    in N years?" (lookup, then an addition): the form the untrained model gets right now and then (screen)."""
     if not table:
         raise ValueError("make_items: the table is empty")
+    if not templates or any(t not in range(len(TEMPLATES)) for t in templates):
+        raise ValueError(
+            f"make_items: templates must be indices of TEMPLATES (0 to {len(TEMPLATES) - 1}), got {templates}"
+        )
     missing = [n for n in names if n not in table]
     if missing:
         raise ValueError(f"make_items: {missing[0]!r} is not in the table")
@@ -65,7 +72,7 @@ def make_items(table: dict[str, dict[str, int]], names: list[str], per_name: int
     for name in names:
         age = table[name]["age"]
         for k in range(per_name):
-            template = (k + rng.randint(0, 1)) % len(TEMPLATES)
+            template = templates[(k + rng.randint(0, 1)) % len(templates)]
             n = rng.randint(2, min(49, age - 1) if TEMPLATES[template][2] < 0 else 49)
             rows.append(question(name, age, n, template))
     rng.shuffle(rows)

@@ -45,9 +45,11 @@ def load_table(table: str | Mapping[str, Mapping[str, Any]], key: str = "table")
     return out
 
 
-def lookup_tool(table: Mapping[str, Mapping[str, Any]]) -> Tool:
+def lookup_tool(table: Mapping[str, Mapping[str, Any]], *, name_fields: bool = True) -> Tool:
     """The ``lookup(name, field="")`` tool over ``table`` (names matched without regard to case or surrounding
-    spaces): one field's value, or ``field: value`` pairs for all of them when ``field`` is empty."""
+    spaces): one field's value, or ``field: value`` pairs for all of them when ``field`` is empty. With
+    ``name_fields``, a lone field is named too (``age: 34``, not ``34``): a result that says what it is reads less
+    like a final answer (a small model otherwise tends to answer the looked-up number itself)."""
     by_name = {name.lower(): (name, fields) for name, fields in table.items()}
 
     def lookup(name: str, field: str = "") -> str:
@@ -65,7 +67,7 @@ def lookup_tool(table: Mapping[str, Mapping[str, Any]]) -> Tool:
             if field.strip() not in fields:
                 raise ValueError(f"{name!r} has no field {field!r}; fields: {', '.join(fields)}")
             return str(fields[field.strip()])
-        if len(fields) == 1:
+        if len(fields) == 1 and not name_fields:
             return str(next(iter(fields.values())))
         return ", ".join(f"{k}: {v}" for k, v in fields.items())
 
@@ -79,12 +81,20 @@ class LookupEnv(ToolEnv):
         table: ``{name: {field: value}}``, or the path of a JSON file holding it (refused when empty).
         system_prompt: a system message put before the row's messages.
         max_result_chars: a tool's result is cut to this many characters.
+        name_fields: a lookup of a lone field answers ``field: value`` (see :func:`lookup_tool`).
     """
 
     def __init__(
-        self, *, table: str | Mapping[str, Mapping[str, Any]], system_prompt: str = "", max_result_chars: int = 200
+        self,
+        *,
+        table: str | Mapping[str, Mapping[str, Any]],
+        system_prompt: str = "",
+        max_result_chars: int = 200,
+        name_fields: bool = True,
     ):
         self.table = load_table(table, key="LookupEnv(table=...)")
         super().__init__(
-            [lookup_tool(self.table), calculator], system_prompt=system_prompt, max_result_chars=max_result_chars
+            [lookup_tool(self.table, name_fields=name_fields), calculator],
+            system_prompt=system_prompt,
+            max_result_chars=max_result_chars,
         )
