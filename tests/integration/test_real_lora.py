@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import types
 
 import pytest
-from sglang_cpu import LOGPROB_TOL, get_json
+import torch
+from sglang_cpu import LOGPROB_TOL, PYTHON, get_json
 from test_real_gspo_run import STEPS, _run_tiny
 
 pytestmark = pytest.mark.sglang
@@ -48,6 +50,46 @@ def test_lora_run_syncs_merged_weights(server, tmp_path, figures):
     assert adapted and changed == adapted, sorted(changed ^ adapted)
     delta = max(float((pushed[n] - base[n]).abs().max()) for n in adapted)
     figures("tiny LoRA run (merged): max |merged - base| of the pushed weights", delta, worst=min)
+
+
+NO_GPU = (
+    "needs a CUDA GPU: SGLang 0.5.23 cannot serve LoRA adapters on a CPU (its LoRA layers pin memory, which needs a "
+    "GPU driver), and the trainer refuses rollout.sglang.lora_mode: adapter there"
+)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
+@pytest.mark.parametrize("weight_sync", ["tensor", "disk"])
+def test_lora_run_through_sglangs_adapter_path(weight_sync, tiny_ckpt, tmp_path, figures):
+    """The tiny LoRA run with ``lora_mode: adapter``: the trainer launches a GPU server with LoRA enabled, pushes each
+    step's adapter as a new version (``/load_lora_adapter_from_tensors``, or ``/load_lora_adapter`` from a PEFT
+    folder) and samples with it. Every step's ``logprob_mismatch`` stays at the parity level (the adapter reached
+    the server, and the requests named it), and the server ends at the last version, serving ``gspo-policy-v3``.
+    Written without a GPU at hand (not yet run)."""
+    launched = types.SimpleNamespace(base_dir=tiny_ckpt, url="", holds_base=False, log_tail=lambda lines=60: "")
+    sglang = {
+        "urls": [],
+        "num_servers": 1,
+        "python": PYTHON,
+        "colocate": False,
+        "weight_sync": weight_sync,
+        "lora_mode": "adapter",
+        "extra_args": ["--dtype", "float32", "--mem-fraction-static", "0.3"],
+        "restart_attempts": 0,
+    }
+    rows = _run_tiny(
+        launched,
+        tmp_path,
+        figures,
+        f"tiny LoRA run (adapter, {weight_sync}), {STEPS} steps (s)",
+        weight_sync,
+        overrides={"lora": LORA, "rollout": {"sglang": sglang}, "model": {"options": {"use_te": False}}},
+    )
+    for r in rows:
+        figures(f"tiny LoRA run (adapter, {weight_sync}): logprob_mismatch, worst step", r["logprob_mismatch"])
+        assert r["logprob_mismatch"] < 1e-3, (r["step"], r["logprob_mismatch"])
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "run" / "sglang_logs").glob("*.log"))
+    assert f"gspo-policy-v{STEPS}" in logs
 
 
 def _tensors(folder: str) -> dict:
