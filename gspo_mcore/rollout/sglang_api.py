@@ -42,6 +42,13 @@ Shapes relied on:
   or 400. ``GET /server_info`` gives the resolved server arguments plus ``version``;
   ``GET /health_generate`` runs a one-token generation (200 or 503); ``GET /health`` only checks the
   HTTP front end.
+- LoRA adapters (``rollout.sglang.lora_mode: adapter``; a server started with ``--enable-lora``):
+  ``/load_lora_adapter_from_tensors {lora_name, config_dict, serialized_named_tensors}`` (one base64 pickle of
+  ``{peft_name: tensor}`` per TP rank), ``/load_lora_adapter {lora_name, lora_path, pinned}``,
+  ``/unload_lora_adapter {lora_name}``: 200 or 400 with ``{success, error_message, loaded_adapters}``; a loaded
+  name cannot be loaded again. An adapter load leaves the weight version alone: ``/update_weight_version
+  {new_version, abort_all_requests}`` sets it (``abort_all_requests`` defaults to true there). ``/generate`` names
+  the adapter with ``"lora_path": name`` (absent: the base model).
 - Routed experts (R3, ``SGLangClientConfig.routed_experts``): ``"return_routed_experts": true`` on
   ``/generate`` (a server started with ``--enable-return-routed-experts``; otherwise the key is silently
   ignored and ``meta_info`` has no ``routed_experts``) and ``routed_experts_start_len`` 0 (the whole
