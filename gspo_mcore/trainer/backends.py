@@ -299,7 +299,9 @@ class SGLangRollout(RolloutBackend):
                     tensors = {k: v.cuda() for k, v in tensors.items()}
                 self._run(self.engine.update_adapter(version, tensors=tensors, config_dict=config))
             else:
-                path = os.path.join(self.output_dir, "adapters", f"step_{version}")
+                path = os.path.abspath(
+                    os.path.join(self.output_dir, "adapters", f"step_{version}")
+                )  # read by the servers
                 shutil.rmtree(path, ignore_errors=True)
                 write_peft_adapter(path, tensors, config)
                 self._run(self.engine.update_adapter(version, path=path))

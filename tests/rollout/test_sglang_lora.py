@@ -17,7 +17,6 @@ import dataclasses
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -337,5 +336,35 @@ def test_server_lora_args():
         server_lora_args(0, TARGETS)
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
+def test_the_trainers_adapter_push_from_disk(standins, tmp_path, monkeypatch):
+    """``SGLangRollout`` with ``lora_mode: adapter`` and ``weight_sync: disk`` (a GPU pretended: the check passes):
+    each sync writes the PEFT folder under the run's output and loads it under a new name; the samples name it."""
+    import gspo_mcore.learner.hf.export_peft as export_peft
+    from gspo_mcore.learner.lora import LoraConfig
+    from gspo_mcore.trainer.backends import SGLangConfig, SGLangRollout
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(export_peft, "live_adapter", lambda model, arch, lora, **kw: (_adapter(), _config()))
+    a = standins()
+    cfg = SGLangConfig(
+        urls=(a.url,), lora_mode="adapter", weight_sync="disk", colocate=False, client=SGLangClientConfig(**FAST)
+    )
+    layout = dataclasses.make_dataclass("L", [("rank", int), ("world_size", int)])(0, 1)
+    out = tmp_path / "run"
+    rollout = SGLangRollout(cfg, model_dir="m", output_dir=str(out), layout=layout, lora=LoraConfig(rank=RANK))
+    learner = dataclasses.make_dataclass("Learner", [("model", object), ("arch", object)])(None, None)
+    try:
+        rollout.sync_weights(learner, 1)
+        rollout.sync_weights(learner, 2)
+        groups = rollout.generate([[1, 2, 3]], 2, SamplingParams(max_new_tokens=3, temperature=1.0), seed=1)
+    finally:
+        rollout.close()
+    loads = [body for p, body in a.calls if p == "/load_lora_adapter"]
+    assert [b["lora_name"] for b in loads] == ["gspo-policy-v1", "gspo-policy-v2"]
+    assert loads[1]["lora_path"] == str(out.resolve() / "adapters" / "step_2")
+    assert sorted(os.listdir(loads[1]["lora_path"])) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert not (out / "adapters" / "step_1").exists()  # only the served version is kept
+    assert a.loras == {"gspo-policy-v2": loads[1]["lora_path"]}
+    assert rollout.last_sync_bytes == adapter_nbytes(_adapter())
+    assert all(s.weight_version == 2 for g in groups for s in g)
+    assert [b["lora_path"] for p, b in a.calls if p == "/generate"] == ["gspo-policy-v2"]
