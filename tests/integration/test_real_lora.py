@@ -3,10 +3,11 @@
 SGLang 0.5.23 cannot serve LoRA adapters on a CPU (its LoRA layers pin memory, which needs a GPU driver;
 docs/lora.md), so there the learner merges ``W + (alpha/r) B A`` and pushes the merged weights through the
 ordinary weight sync (``rollout.sglang.lora_mode: merged``, the default). The tiny job trains rank-4 adapters
-on every linear for 3 steps against the session's server, pushing after every step. With
+on every linear for 3 steps against the session's server, pushing after every step (``weight_sync`` disk, and
+tensor: shared CPU tensors). With
 ``old_logprobs=recompute`` each step's ``logprob_mismatch`` (mean |SGLang log-prob - learner log-prob| over
 the step's response tokens) stays at the parity level only if each step's rollout ran on the merged weights
-of the step before. Control: the last pushed folder differs from the base checkpoint in every adapted
+of the step before. Control (disk): the last pushed folder differs from the base checkpoint in every adapted
 projection (the adapters moved) and equals it bit for bit elsewhere (only the merge changed it).
 """
 
@@ -27,20 +28,23 @@ LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["all-linear"], "init_seed": 
 ADAPTED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def test_lora_run_syncs_merged_weights(server, tmp_path, figures):
+@pytest.mark.parametrize("weight_sync", ["disk", "tensor"])
+def test_lora_run_syncs_merged_weights(weight_sync, server, tmp_path, figures):
     rows = _run_tiny(
         server,
         tmp_path,
         figures,
-        f"tiny LoRA run (merged sync), {STEPS} steps (s)",
-        "disk",
+        f"tiny LoRA run (merged, {weight_sync}), {STEPS} steps (s)",
+        weight_sync,
         overrides={"lora": LORA},
     )
     for r in rows:
         assert not r.get("update_skipped", False), r
-        figures("tiny LoRA run (merged): logprob_mismatch, worst step", r["logprob_mismatch"])
+        figures(f"tiny LoRA run (merged, {weight_sync}): logprob_mismatch, worst step", r["logprob_mismatch"])
         assert r["logprob_mismatch"] < LOGPROB_TOL, (r["step"], r["logprob_mismatch"])
     assert get_json(server.url + "/model_info")["weight_version"] == str(STEPS)
+    if weight_sync != "disk":
+        return
 
     # what the server was given: merged weights, different from the base exactly where adapters sit
     base, pushed = _tensors(server.base_dir), _tensors(str(tmp_path / "run" / "weights" / f"step_{STEPS}"))
@@ -84,6 +88,7 @@ def test_lora_run_through_sglangs_adapter_path(weight_sync, tiny_ckpt, tmp_path,
         f"tiny LoRA run (adapter, {weight_sync}), {STEPS} steps (s)",
         weight_sync,
         overrides={"lora": LORA, "rollout": {"sglang": sglang}, "model": {"options": {"use_te": False}}},
+        nproc=1,  # one GPU: the learner's rank and the server share it
     )
     for r in rows:
         figures(f"tiny LoRA run (adapter, {weight_sync}): logprob_mismatch, worst step", r["logprob_mismatch"])
