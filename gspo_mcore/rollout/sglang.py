@@ -126,6 +126,9 @@ class SGLangEngine(RolloutEngine):
         failed or was out of rotation)."""
         self.control: SGLangControl = SGLangControl(self.worker_urls, self.config)
         """The control client (pause/resume, memory, cache, ``/server_info``, weight updates) of every worker."""
+        self.lora_name: str | None = None
+        """The LoRA adapter every ``/generate`` names (``lora_path``), set by :meth:`update_adapter`; None: the base
+        model (and merged LoRA weights)."""
 
     @property
     def generate_urls(self) -> list[str]:
@@ -206,7 +209,9 @@ class SGLangEngine(RolloutEngine):
         """``n`` samples of ``prompt``; ``home``: the episode affinity of a turn (see :class:`_Home`); ``stop``: a
         turn's stop strings (SGLang's ``sampling_params.stop``)."""
         dims = self.config.routed_experts
-        body = api.build_generate_request(prompt, n, params, prompt_index=index, routed_experts=dims is not None)
+        body = api.build_generate_request(
+            prompt, n, params, prompt_index=index, routed_experts=dims is not None, lora_name=self.lora_name
+        )
         if stop:
             body["sampling_params"]["stop"] = list(stop)
         what = f"prompt {index} ({len(prompt)} tokens, n={n})"
@@ -655,6 +660,33 @@ class SGLangEngine(RolloutEngine):
             await self.control.update_from_distributed(buckets, version, broadcast=group.broadcast)
         else:
             await self.control.update_from_tensor(buckets, version)
+
+    async def update_adapter(
+        self,
+        version: int,
+        *,
+        tensors: dict | None = None,
+        config_dict: dict | None = None,
+        path: str | None = None,
+    ) -> str:
+        """SGLang's adapter path: load LoRA adapter ``version`` on every server under a new name
+        (:func:`~gspo_mcore.rollout.sglang_lora.adapter_name`; SGLang loads a name once), tag the servers
+        ``version``, name it in every later ``/generate``, then unload the previous version. Returns the name."""
+        from gspo_mcore.rollout.sglang_lora import adapter_name
+
+        name = adapter_name(version)
+        previous = self.lora_name
+        if previous == name:
+            raise ValueError(f"LoRA adapter version {version} is already loaded as {name!r}")
+        await self._before_update()
+        await self.control.update_adapter(name, version, tensors=tensors, config_dict=config_dict, path=path)
+        self.lora_name = name
+        if previous is not None:
+            try:
+                await self.control.unload_adapter(previous)
+            except RolloutError as e:  # a leftover adapter only holds memory; requests name the new one
+                log.warning("could not unload the previous LoRA adapter %r: %s", previous, e)
+        return name
 
     async def _before_update(self) -> None:
         """A weight update goes to every reachable worker: restart dead launched servers and probe the unreachable

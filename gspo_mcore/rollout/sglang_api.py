@@ -42,6 +42,13 @@ Shapes relied on:
   or 400. ``GET /server_info`` gives the resolved server arguments plus ``version``;
   ``GET /health_generate`` runs a one-token generation (200 or 503); ``GET /health`` only checks the
   HTTP front end.
+- LoRA adapters (``rollout.sglang.lora_mode: adapter``; a server started with ``--enable-lora``):
+  ``/load_lora_adapter_from_tensors {lora_name, config_dict, serialized_named_tensors}`` (one base64 pickle of
+  ``{peft_name: tensor}`` per TP rank), ``/load_lora_adapter {lora_name, lora_path, pinned}``,
+  ``/unload_lora_adapter {lora_name}``: 200 or 400 with ``{success, error_message, loaded_adapters}``; a loaded
+  name cannot be loaded again. An adapter load leaves the weight version alone: ``/update_weight_version
+  {new_version, abort_all_requests}`` sets it (``abort_all_requests`` defaults to true there). ``/generate`` names
+  the adapter with ``"lora_path": name`` (absent: the base model).
 - Routed experts (R3, ``SGLangClientConfig.routed_experts``): ``"return_routed_experts": true`` on
   ``/generate`` (a server started with ``--enable-return-routed-experts``; otherwise the key is silently
   ignored and ``meta_info`` has no ``routed_experts``) and ``routed_experts_start_len`` 0 (the whole
@@ -87,6 +94,10 @@ DESTROY_GROUP = "/destroy_weights_update_group"
 UPDATE_FROM_DISTRIBUTED = "/update_weights_from_distributed"
 RELEASE_MEMORY = "/release_memory_occupation"
 RESUME_MEMORY = "/resume_memory_occupation"
+LOAD_LORA = "/load_lora_adapter"
+LOAD_LORA_FROM_TENSORS = "/load_lora_adapter_from_tensors"
+UNLOAD_LORA = "/unload_lora_adapter"
+UPDATE_WEIGHT_VERSION = "/update_weight_version"
 MEMORY_TAGS = ("weights", "kv_cache")
 
 DEFAULT_GROUP_NAME = "weight_update_group"
@@ -127,11 +138,20 @@ def sampling_params_json(params: SamplingParams, *, n: int = 1, seed: int | None
 
 
 def build_generate_request(
-    prompt_ids: Sequence[int], n: int, params: SamplingParams, *, prompt_index: int, routed_experts: bool = False
+    prompt_ids: Sequence[int],
+    n: int,
+    params: SamplingParams,
+    *,
+    prompt_index: int,
+    routed_experts: bool = False,
+    lora_name: str | None = None,
 ) -> dict[str, Any]:
     """The ``/generate`` body for the ``n`` samples of one prompt (token ids, never text); ``routed_experts``:
-    also ask for the experts every position was routed to (prompt included)."""
+    also ask for the experts every position was routed to (prompt included); ``lora_name``: sample with that loaded
+    LoRA adapter (``lora_path``, which takes the adapter's name; None: the base model)."""
     body: dict[str, Any] = {"return_logprob": True, "logprob_start_len": -1, "stream": False}
+    if lora_name is not None:
+        body["lora_path"] = lora_name
     if routed_experts:
         body["return_routed_experts"] = True
         body["routed_experts_start_len"] = 0
@@ -482,6 +502,44 @@ def update_from_distributed_body(
     return body
 
 
+def load_lora_from_tensors_body(name: str, config_dict: dict, serialized: list[str]) -> dict:
+    """``/load_lora_adapter_from_tensors`` (``LoadLoRAAdapterFromTensorsReqInput``): the adapter ``name`` (new:
+    a loaded name cannot be loaded again), its PEFT ``adapter_config.json`` as a dict, and one serialized
+    ``{peft_name: tensor}`` per TP rank of the server (:func:`serialize_tensor_dict`; full tensors, each rank slices
+    its own part)."""
+    return {"lora_name": name, "config_dict": dict(config_dict), "serialized_named_tensors": list(serialized)}
+
+
+def load_lora_body(name: str, path: str) -> dict:
+    """``/load_lora_adapter`` (``LoadLoRAAdapterReqInput``): a PEFT adapter folder on the server's file system (a
+    path that is not a local directory is looked up on the Hugging Face hub by SGLang)."""
+    return {"lora_name": name, "lora_path": str(path), "pinned": False}
+
+
+def unload_lora_body(name: str) -> dict:
+    """``/unload_lora_adapter`` (``UnloadLoRAAdapterReqInput``)."""
+    return {"lora_name": name}
+
+
+def weight_version_body(version: int) -> dict:
+    """``/update_weight_version`` (``UpdateWeightVersionReqInput``): an adapter load does not change the server's
+    weight version, so it is set here; ``abort_all_requests`` is false (SGLang's default, true, would abort
+    running requests)."""
+    return {"new_version": str(version), "abort_all_requests": False}
+
+
+def check_lora_response(resp: HttpResponse) -> dict:
+    """The answer of a LoRA load/unload (``LoRAUpdateOutput``: ``success``, ``error_message``, ``loaded_adapters``);
+    raises :class:`ProtocolError` unless it reports success."""
+    if resp.status != 200:
+        raise ProtocolError(f"HTTP {resp.status}: {error_message(resp)}")
+    body = decode_json(resp)
+    if not isinstance(body, dict) or body.get("success") is not True:
+        detail = body.get("error_message") if isinstance(body, dict) else body
+        raise ProtocolError(f"success=false: {detail}")
+    return body
+
+
 def check_control_response(resp: HttpResponse) -> dict:
     """A control endpoint's JSON answer; raises :class:`ProtocolError` unless it reports success."""
     if resp.status != 200:
@@ -513,6 +571,28 @@ def serialize_named_tensors(bucket: NamedTensors, num_ranks: int) -> list[str]:
             "sending CPU tensors to SGLang needs torch.multiprocessing.set_sharing_strategy('file_system') "
             f"(the current strategy {tmp.get_sharing_strategy()!r} passes file descriptors, which SGLang "
             "0.5.23 cannot receive over HTTP)"
+        )
+    out = []
+    for _ in range(num_ranks):
+        buf = io.BytesIO()
+        ForkingPickler(buf).dump(items)
+        out.append(base64.b64encode(buf.getvalue()).decode("ascii"))
+    return out
+
+
+def serialize_tensor_dict(tensors: dict, num_ranks: int) -> list[str]:
+    """``serialized_named_tensors`` for ``/load_lora_adapter_from_tensors``: like :func:`serialize_named_tensors`
+    (same sharing rules), but each rank's pickle is a ``{name: tensor}`` dict, which is what SGLang's LoRA loader
+    reads (``tp_worker.load_lora_adapter_from_tensors``)."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing as tmp
+
+    items = {str(name): t for name, t in tensors.items()}
+    if any(t.device.type == "cpu" for t in items.values()) and tmp.get_sharing_strategy() != "file_system":
+        raise RuntimeError(
+            "sending CPU tensors to SGLang needs torch.multiprocessing.set_sharing_strategy('file_system') "
+            f"(the current strategy is {tmp.get_sharing_strategy()!r})"
         )
     out = []
     for _ in range(num_ranks):

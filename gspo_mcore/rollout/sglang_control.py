@@ -313,6 +313,61 @@ class SGLangControl:
 
         await self._update_in_session(buckets, version, push, "update_weights_from_tensor")
 
+    async def update_adapter(
+        self,
+        name: str,
+        version: int,
+        *,
+        tensors: dict | None = None,
+        config_dict: dict | None = None,
+        path: str | None = None,
+    ) -> None:
+        """Load a LoRA adapter version on every server under the new ``name`` and tag the servers ``version``
+        (SGLang's adapter path; the servers run with ``--enable-lora``, see :mod:`~gspo_mcore.rollout.sglang_lora`).
+        From ``tensors`` (``{peft_name: tensor}``, shared like :meth:`update_from_tensor`'s, with their PEFT
+        ``config_dict``) through ``/load_lora_adapter_from_tensors``, or from a PEFT folder ``path`` on the servers'
+        file system through ``/load_lora_adapter``. Pause, flush, load, ``/update_weight_version`` (an adapter load
+        leaves the version alone), continue. The previous version is unloaded by the caller
+        (:meth:`unload_adapter`) once requests name the new one."""
+        if (tensors is None) == (path is None):
+            raise ValueError("update_adapter: give tensors (with config_dict) or path, not both")
+        if tensors is not None and config_dict is None:
+            raise ValueError("update_adapter: tensors need their PEFT config_dict")
+        await self._pause_and_flush()
+        try:
+            if tensors is not None:
+                infos = await self.server_info()
+                bodies = {
+                    u: api.load_lora_from_tensors_body(
+                        name, config_dict, api.serialize_tensor_dict(tensors, infos[u].tp_size)
+                    )
+                    for u in self.live_urls
+                }
+                await self._post_lora_all(api.LOAD_LORA_FROM_TENSORS, bodies)
+            else:
+                await self._post_lora_all(api.LOAD_LORA, self._to_all(api.load_lora_body(name, path)))
+            body = api.weight_version_body(version)
+            await self.post_all(api.UPDATE_WEIGHT_VERSION, self._to_all(body), self.config.control_timeout_s)
+        except RolloutError as e:
+            raise WeightUpdateError(f"loading LoRA adapter {name!r} (version {version}) failed: {e}") from None
+        await self.resume()
+        self.version = version
+        self.last_disk_update = None
+
+    async def unload_adapter(self, name: str) -> None:
+        """Unload the adapter ``name`` on every server (SGLang waits for its running requests first)."""
+        await self._post_lora_all(api.UNLOAD_LORA, self._to_all(api.unload_lora_body(name)))
+
+    async def _post_lora_all(self, path: str, bodies: dict[str, dict]) -> None:
+        async def one(url: str, body: dict) -> None:
+            resp = await self._send("POST", url, path, body, self.config.weight_update_timeout_s)
+            try:
+                api.check_lora_response(resp)
+            except api.ProtocolError as e:
+                raise RolloutError(f"{url}{path} failed: {e}") from None
+
+        await asyncio.gather(*(one(u, b) for u, b in bodies.items()))
+
     async def init_group(
         self,
         *,

@@ -102,6 +102,11 @@ class SGLangConfig(SGLangServers):
     """dtype of the exported weights."""
     bucket_mb: int = 512
     """Weight-sync bucket size."""
+    lora_mode: Literal["merged", "adapter"] = "merged"
+    """A LoRA run (``lora.rank > 0``): ``merged`` pushes the merged weights ``W + (alpha/r) B A`` through
+    ``weight_sync`` (the model's size; the only mode on a CPU); ``adapter`` (GPU servers, ``weight_sync`` tensor or
+    disk) starts launched servers with LoRA enabled and pushes only the adapter each update, as a new adapter
+    version the requests name (docs/lora.md)."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -155,6 +160,9 @@ ROUTED_EXPERTS_FLAG = "--enable-return-routed-experts"
 class SGLangRollout(RolloutBackend):
     """Rollouts from SGLang servers, driven by global rank 0."""
 
+    last_sync_bytes: int | None = None
+    """``lora_mode: adapter``: the bytes of the last adapter push (rank 0)."""
+
     def __init__(
         self,
         cfg: SGLangConfig,
@@ -163,10 +171,28 @@ class SGLangRollout(RolloutBackend):
         output_dir: str,
         layout,
         routed_experts: tuple[int, int] | None = None,
+        lora=None,
     ):
         """``routed_experts``: ``(num_layers, topk)`` to ask the servers for the experts they routed every token
         to (``routing.replay: rollout``); launched servers get ``--enable-return-routed-experts``, and every
-        server must report it in ``/server_info``."""
+        server must report it in ``/server_info``. ``lora``: the run's
+        :class:`~gspo_mcore.learner.lora.LoraConfig` (for ``lora_mode: adapter``; launched servers then get
+        LoRA enabled for its rank and targets)."""
+        self.lora = lora
+        if cfg.lora_mode == "adapter":
+            from gspo_mcore.learner.lora import ALL_LINEAR, HF_TARGETS
+            from gspo_mcore.rollout.sglang_lora import check_lora_mode, server_lora_args
+
+            if lora is None:
+                raise ValueError(
+                    "rollout.sglang.lora_mode: adapter is not wired for this rollout (multi-turn episodes); use merged"
+                )
+            check_lora_mode(
+                cfg.lora_mode, lora_rank=lora.rank, weight_sync=cfg.weight_sync, has_gpu=torch.cuda.is_available()
+            )
+            if not cfg.urls and "--enable-lora" not in cfg.extra_args:
+                targets = HF_TARGETS if ALL_LINEAR in lora.target_modules else lora.target_modules
+                cfg = dataclasses.replace(cfg, extra_args=(*cfg.extra_args, *server_lora_args(lora.rank, targets)))
         if routed_experts is not None:
             cfg = dataclasses.replace(cfg, client=dataclasses.replace(cfg.client, routed_experts=routed_experts))
             if not cfg.urls and ROUTED_EXPERTS_FLAG not in cfg.extra_args:
@@ -241,7 +267,9 @@ class SGLangRollout(RolloutBackend):
 
     def _push(self, learner, version: int) -> None:
         dtype = getattr(torch, self.cfg.sync_dtype)
-        if self.cfg.weight_sync in ("tensor", "distributed"):
+        if self.cfg.lora_mode == "adapter":
+            self._push_adapter(learner, dtype, version)
+        elif self.cfg.weight_sync in ("tensor", "distributed"):
             buckets = learner.export_weights(dtype=dtype, bucket_bytes=self.cfg.bucket_mb * 2**20)
             if self.is_driver:
                 if self.cfg.weight_sync == "distributed" and self.group is None:
@@ -256,6 +284,28 @@ class SGLangRollout(RolloutBackend):
                 self._run(self.engine.update_weights_from_disk(path, version))
         if self.layout.world_size > 1:
             dist.barrier()
+
+    def _push_adapter(self, learner, dtype, version: int) -> None:
+        """``lora_mode: adapter``: every rank gathers the adapters; rank 0 loads them on the servers as a new adapter
+        version, from shared tensors (``weight_sync: tensor``) or a PEFT folder ``adapters/step_<v>`` (``disk``)."""
+        from gspo_mcore.learner.hf.export_peft import live_adapter, write_peft_adapter
+        from gspo_mcore.rollout.sglang_lora import adapter_nbytes
+
+        tensors, config = live_adapter(learner.model, learner.arch, self.lora, base_model=self.model_dir, dtype=dtype)
+        if self.is_driver:
+            self.last_sync_bytes = adapter_nbytes(tensors)
+            if self.cfg.weight_sync == "tensor":
+                if torch.cuda.is_available():
+                    tensors = {k: v.cuda() for k, v in tensors.items()}
+                self._run(self.engine.update_adapter(version, tensors=tensors, config_dict=config))
+            else:
+                path = os.path.abspath(
+                    os.path.join(self.output_dir, "adapters", f"step_{version}")
+                )  # read by the servers
+                shutil.rmtree(path, ignore_errors=True)
+                write_peft_adapter(path, tensors, config)
+                self._run(self.engine.update_adapter(version, path=path))
+                shutil.rmtree(os.path.join(self.output_dir, "adapters", f"step_{version - 1}"), ignore_errors=True)
 
     def _init_group(self) -> None:
         """Create the weight-update group with every server (learner rank 0 is its rank 0)."""

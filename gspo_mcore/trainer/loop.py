@@ -421,6 +421,7 @@ def _rollout_backend(cfg: TrainConfig, learner: Learner, tokenizer, *, env=None)
             output_dir=cfg.log.output_dir,
             layout=learner.layout,
             routed_experts=routed,
+            lora=cfg.lora,
         )
     if cfg.rollout.env:
         return AgentRollout(learner, tokenizer, cfg.rollout, env=env)

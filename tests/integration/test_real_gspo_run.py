@@ -81,10 +81,12 @@ def test_partial_rollouts_gspo_run_with_sglang(server, tmp_path, figures):
     assert get_json(server.url + "/model_info")["weight_version"] == str(STEPS)
 
 
-def _run_tiny(server, tmp_path, figures, what, weight_sync, max_staleness=0, steps=STEPS, overrides=None, first_step=0):
+def _run_tiny(
+    server, tmp_path, figures, what, weight_sync, max_staleness=0, steps=STEPS, overrides=None, first_step=0, nproc=2
+):
     """The tiny job for ``steps`` steps against the session's server; its metrics rows. ``overrides``:
     nested ``{section: {key: value}}`` merged into the config last (e.g. ``{"loss": {"off_policy": {...}}}``).
-    ``first_step``: the step a resumed run starts at."""
+    ``first_step``: the step a resumed run starts at. ``nproc``: learner ranks."""
     from examples.tiny.task import make_rows
 
     with open(os.path.join(ROOT, "examples", "tiny", "config.yaml")) as f:
@@ -120,7 +122,7 @@ def _run_tiny(server, tmp_path, figures, what, weight_sync, max_staleness=0, ste
     server.holds_base = False
     from gspo_mcore.platform.launch import torchrun_prefix
 
-    cmd = [*torchrun_prefix(2), "-m", "gspo_mcore.train", "--config", str(cfg_path)]
+    cmd = [*torchrun_prefix(nproc), "-m", "gspo_mcore.train", "--config", str(cfg_path)]
     t0 = time.monotonic()
     log_path = tmp_path / "train.log"
     with open(log_path, "wb") as log:  # a file, not a pipe (see conftest.learner)

@@ -221,7 +221,8 @@ def run_layer_case(case, args):
     config = transformer_config(arch, tensor=tp, on_gpu=False, bf16=False)
     config.params_dtype = torch.float64
     n_in, n_out, rank, alpha = 12, 16, 3, 5.0
-    cfg = LoraConfig(rank=rank, alpha=alpha)
+    p = float(case.get("dropout", 0.0))  # on the adapter's input only, in the training forward only
+    cfg = LoraConfig(rank=rank, alpha=alpha, dropout=p)
     column = case["column"]
     gen = torch.Generator().manual_seed(5)
     W, A, B = (
@@ -243,12 +244,35 @@ def run_layer_case(case, args):
         layer.lora_A.copy_(A if column else A[:, cols])
         layer.lora_B.copy_(B[rows] if column else B)
     x_in = (x if column else x[..., cols]).clone().requires_grad_(True)
+    layer.train()
+    torch.manual_seed(99)  # the dropout mask's draw (the reference redraws it from the same seed)
     out, _ = layer(x_in)
     (out * (G[..., rows] if column else G)).sum().backward()
 
+    # the reference form: base(x) + (alpha/r) B A (mask * x / (1 - p)); the base sees the undropped x
+    mask = torch.ones_like(x)
+    if p > 0:
+        if tp != 1:
+            raise ValueError("the dropout case runs at 1 rank (the mask is drawn per rank)")
+        torch.manual_seed(99)
+        mask = torch.nn.functional.dropout(torch.ones_like(x), p=p, training=True)
     ref = [t.clone().requires_grad_(True) for t in (x, A, B)]
-    ref_out = ref[0] @ W.t() + (alpha / rank) * (ref[0] @ ref[1].t()) @ ref[2].t()
+    ref_out = ref[0] @ W.t() + (alpha / rank) * ((ref[0] * mask) @ ref[1].t()) @ ref[2].t()
     (ref_out * G).sum().backward()
+    extra = {}
+    if p > 0:
+        undropped = (x @ W.t() + (alpha / rank) * (x @ A.t()) @ B.t()).detach()
+        with torch.no_grad():  # forward-only (log-probs, the engine's decode): no dropout, even in train mode
+            no_grad_out = layer(x_in.detach())[0]
+        layer.eval()  # eval mode: no dropout, even with a gradient
+        eval_out = layer(x_in.detach())[0]
+        layer.train()
+        extra = dict(
+            dropped=float((mask == 0).double().mean()),
+            no_grad_out=float((no_grad_out - undropped).abs().max()),
+            eval_out=float((eval_out - undropped).abs().max()),
+            out_vs_undropped=float((out.detach() - undropped).abs().max()),
+        )
     ref_x, ref_a, ref_b = (t.grad for t in ref)
     if column:
         checks = dict(
@@ -267,7 +291,7 @@ def run_layer_case(case, args):
     diffs = torch.tensor([float((a - b).abs().max()) for a, b in checks.values()], dtype=torch.float64)
     dist.all_reduce(diffs, op=dist.ReduceOp.MAX)
     scale = max(float(b.abs().max()) for _, b in checks.values())
-    return dict(case=case["name"], world=layout.world_size, scale=scale, **dict(zip(checks, diffs.tolist())))
+    return dict(case=case["name"], world=layout.world_size, scale=scale, **dict(zip(checks, diffs.tolist())), **extra)
 
 
 def run_refusal_case(case, args):

@@ -207,6 +207,37 @@ def test_one_lora_linear_matches_the_float64_reference(results, name):
         assert r[key] <= LAYER_RTOL * r["scale"], (name, key, r[key])
 
 
+@pytest.fixture(scope="module")
+def dropout_results(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("lora_dropout")
+    path = folder / "out.jsonl"
+    cases = [
+        dict(name="layer-column-dropout", kind="layer", column=True, dropout=0.5),
+        dict(name="layer-row-dropout", kind="layer", column=False, dropout=0.5),
+    ]
+    run_ranks(
+        "learner/lora_worker.py",
+        1,
+        ["--ref", str(folder), "--out", str(path), "--cases", json.dumps(cases)],
+        timeout=600,
+    )
+    return {r["case"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", ["layer-column-dropout", "layer-row-dropout"])
+def test_lora_dropout_drops_the_adapters_input_in_training_forwards_only(dropout_results, name):
+    """``lora.dropout: 0.5`` on one wrapped linear (float64): the training forward and its gradients equal the
+    reference ``base(x) + (alpha/r) B A (mask * x / (1 - p))`` with the same mask (the base sees the undropped
+    ``x``); a forward without a gradient (log-probs, the engine's decode) and an eval-mode forward apply none."""
+    r = dropout_results[name]
+    assert 0.3 < r["dropped"] < 0.7, r["dropped"]  # a real mask was drawn
+    for key in ("out", "grad_A", "grad_B", "grad_x"):
+        assert r[key] <= LAYER_RTOL * r["scale"], (name, key, r[key])
+    assert r["no_grad_out"] <= LAYER_RTOL * r["scale"] and r["eval_out"] <= LAYER_RTOL * r["scale"], r
+    assert r["out_vs_undropped"] > 1e-3 * r["scale"], r  # the check can see the dropout
+
+
 @pytest.mark.distributed
 def test_a_rank_above_the_layer_size_is_refused_naming_the_key(results):
     assert results["rank-too-big"]["error"] == (

@@ -113,6 +113,8 @@ class StandIn:
         self.calls: list[tuple[str, object]] = []  # (path, decoded JSON body) in arrival order
         self.headers: list[dict[str, str]] = []  # each call's request headers (lower-cased names), same order
         self.received_tensors: list[list[tuple[str, object]]] = []
+        self.loras: dict[str, str] = {}  # loaded LoRA adapters: name -> path ("__tensor__" for tensors)
+        self.received_adapters: dict[str, dict] = {}  # name -> {peft_name: tensor} of /load_lora_adapter_from_tensors
         self.generate_served = 0
         self._session_open = False
         self._paused = False
@@ -237,11 +239,41 @@ class StandIn:
             if path == "/update_weights_from_distributed":
                 self.weight_version = body.get("weight_version") or self.weight_version
             return _result(h, True, "Success")
+        if path in ("/load_lora_adapter", "/load_lora_adapter_from_tensors", "/unload_lora_adapter"):
+            return self._lora(h, path, body)
+        if path == "/update_weight_version":  # SGLang 0.5.23: answers {success, message, new_version}
+            self.weight_version = body["new_version"]
+            return _send(h, 200, {"success": True, "message": "ok", "new_version": body["new_version"]})
         if path == "/destroy_weights_update_group":
             return _result(h, True, "Success")
         return _send(h, 404, {"detail": "Not Found"})
 
+    def _lora(self, h, path: str, body) -> None:
+        """SGLang 0.5.23's LoRA endpoints: ``LoRAUpdateOutput`` (``success``, ``error_message``, ``loaded_adapters``),
+        400 on failure; a loaded name cannot be loaded again."""
+        name = body["lora_name"]
+        error = None
+        if path == "/unload_lora_adapter":
+            if self.loras.pop(name, None) is None:
+                error = f"LoRA adapter {name} is not loaded"
+        elif name in self.loras:
+            error = f"LoRA adapter {name} is already loaded"
+        elif path == "/load_lora_adapter":
+            self.loras[name] = body["lora_path"]
+        else:
+            payloads = body["serialized_named_tensors"]
+            if len(payloads) != self.tp_size:
+                error = f"expected {self.tp_size} serialized payloads, got {len(payloads)}"
+            else:
+                self.received_adapters[name] = pickle.loads(base64.b64decode(payloads[0]))
+                self.loras[name] = "__tensor__"
+        answer = {"success": error is None, "error_message": error, "loaded_adapters": dict(self.loras)}
+        return _send(h, 400 if error else 200, answer)
+
     def _generate(self, h, body) -> None:
+        lora = (body or {}).get("lora_path")
+        if lora is not None and lora not in self.loras:  # SGLang 0.5.23 refuses an adapter it has not loaded
+            return _send(h, 400, {"error": f"The following requested LoRA adapters are not loaded: {lora}"})
         with self._lock:
             index = self.generate_served
             self.generate_served += 1

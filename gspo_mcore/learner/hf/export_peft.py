@@ -105,3 +105,13 @@ def write_peft_adapter(out_dir: str, tensors: dict[str, torch.Tensor], config: d
 def projection_names(tensors: dict[str, torch.Tensor]) -> list[str]:
     """The Hugging Face projections (``q_proj``...) that ``tensors`` adapt."""
     return sorted({name.split(".")[-3] for name in tensors})
+
+
+def live_adapter(model, arch, lora, *, base_model: str, dtype: torch.dtype | None = None) -> tuple[dict, dict]:
+    """The model's current adapters as a PEFT adapter: ``({peft_name: tensor}, adapter_config)`` (what SGLang's
+    adapter loading takes, and what :func:`write_peft_adapter` writes). A collective over the whole world (every rank
+    must call it, see :func:`~gspo_mcore.learner.lora.global_adapters`); every rank gets the result."""
+    from gspo_mcore.learner.lora import global_adapters
+
+    tensors = peft_tensors(global_adapters(model), arch, dtype=dtype)
+    return tensors, adapter_config(lora, base_model=base_model, targets=projection_names(tensors))
