@@ -37,3 +37,30 @@ def test_bench_sglang_client_drives_the_server_and_reports(tmp_path):
 def test_bench_sglang_client_refuses_a_tree_without_the_client(tmp_path):
     proc = run_tool(["tools/bench_sglang_client.py", "--url", "http://127.0.0.1:1", "--tree", f"x={tmp_path}"])
     assert proc.returncode == 2 and "gspo_mcore/rollout/_http.py" in proc.stderr
+
+
+def test_bench_sglang_client_times_rollouts_through_each_trees_engine(tmp_path):
+    server = StandIn()
+    server.start()
+    try:
+        # the warm-up's requests (one prompt, one sample or episode); per rollout: requests (a group's n samples are
+        # one request; an episode's turn is one) and at most these sampled tokens (the stand-in may end a turn early)
+        for kind, warm, requests, tokens in (("group", 1, 3, 3 * 2 * 3), ("episodes", 2, 3 * 2 * 2, 3 * 2 * 2 * 3)):
+            out = tmp_path / f"{kind}.json"
+            before = server.generate_served
+            proc = run_tool(
+                ["tools/bench_sglang_client.py", "--url", server.url, "--tree", f"a={ROOT}", "--tree", f"b={ROOT}"]
+                + ["--rollout", kind, "--prompts", "3", "--n", "2", "--turns", "2", "--max-new-tokens", "3"]
+                + ["--rounds", "2", "--rollouts", "2", "--json", str(out)],
+                timeout=300,
+            )
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            # trees x rounds x (the warm-up + timed rollouts x their requests)
+            assert server.generate_served - before == 2 * 2 * (warm + 2 * requests), kind
+            figures = json.loads(out.read_text())["trees"]
+            for f in figures.values():
+                assert len(f["rollout_s"]) == 4 and 0 < f["rollout_s_min"] <= f["rollout_s_median"]
+                assert 0 < f["tokens_per_rollout"] <= tokens and f["tokens_per_s"] > 0
+            assert "median s" in proc.stdout and f"rollout {kind}" in proc.stdout
+    finally:
+        server.stop()
