@@ -18,7 +18,11 @@ most ``restart.attempts`` times, with back-off), then re-synced and checked the 
 ``restart.probe_interval_s`` a background thread (:class:`~gspo_mcore.rollout.sglang_monitor.ServerMonitor`) also
 watches the launched servers between steps and restarts a dead one at once, so it is up by the next step; the engine
 takes it back the same way (its weights checked first). Fewer than ``restart.min_servers`` workers in rotation stops
-the step with the reasons (and a given-up server's last log lines), after waiting for restarts in progress.
+the step with the reasons (and a given-up server's last log lines), after waiting for restarts in progress and looking
+at the processes again (a server that died during these checks is restarted first). A weight update leaves out the
+servers out of rotation or being restarted, and drops one that fails in transport during it (out of rotation, restarted
+or re-synced before it serves again) while ``min_servers`` remain; with fewer it fails as
+:class:`~gspo_mcore.rollout.types.WeightUpdateError`.
 
 A request that fails in transport (connection refused or reset, timeout, truncated body) or with a 5xx status
 is retried on another server, up to ``max_attempts`` tries per prompt; a server that failed in transport is

@@ -90,6 +90,22 @@ def test_a_server_that_misses_a_sync_is_left_out_then_caught_up(standins, tmp_pa
     assert a.weight_version == "1" and b.weight_version == "0"
 
 
+def test_a_worker_lost_before_a_tensor_update_is_dropped_from_it_while_enough_remain(standins, file_system_sharing):
+    a, b, c = standins(), standins(), standins()
+    engine = SGLangEngine(
+        [a.url, b.url, c.url], config=SGLangClientConfig(**FAST), restart=RestartPolicy(min_servers=2)
+    )
+    bucket = [("w", torch.zeros(2))]
+    asyncio.run(engine.update_weights([bucket], 3))  # /server_info is read (and kept) while all three answer
+    c.stop()  # refuses connections from now on
+    asyncio.run(engine.update_weights([bucket], 4))  # pause, flush, session, update, continue go to a and b
+    assert a.weight_version == b.weight_version == "4" and engine.control.version == 4
+    assert c.url in engine.control.excluded and "lost during a weight update" in engine._down[c.url]
+    b.stop()  # one worker left, below min_servers: the update fails, as before
+    with pytest.raises(WeightUpdateError, match=rf"{b.url}/pause_generation failed"):
+        asyncio.run(engine.update_weights([bucket], 5))
+
+
 def launch(n, tmp_path, **restart):
     cfg = SGLangServerConfig(
         model_path="stand-in", module="sglang_standin", env={"PYTHONPATH": HERE}, startup_timeout_s=20.0
@@ -242,8 +258,9 @@ def test_a_server_killed_between_the_process_look_and_the_version_check_is_resta
 
 def test_a_server_being_restarted_in_the_background_is_left_out_of_a_weight_update(tmp_path):
     # Issue 40, bug B: the update skipped restarting a server the monitor was restarting, but still sent it the
-    # pause, which failed (connection refused) and stopped the run.
-    engine = launch(2, tmp_path)
+    # pause, which failed (connection refused) and stopped the run. It is left out whatever min_servers says (like a
+    # server already out of rotation), not dropped when its pause fails (that needs min_servers left, see below).
+    engine = launch(2, tmp_path, min_servers=2)
     victim = engine.worker_urls[1]
     try:
         kill(engine, victim)
