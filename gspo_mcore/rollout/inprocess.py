@@ -24,11 +24,19 @@ Shared prefill: the rows of a batch that hold the same prompt (the samples of a 
 start from one prefill of it: the model prefills each distinct prompt once and the session's ``select`` copies
 its cache to every row of that prompt before the first token is drawn (``share_prefill=False``: one prefill row
 per sample, the reference for the tests and the benchmark).
+
+Threads: decoding is many small operations per token (a few rows, one position each), which gain little from
+intra-op threads and, on a CPU that other jobs share, lose a lot: each operation waits at a thread barrier for a
+thread the scheduler has not run yet. ``decode_threads=k`` runs prefill and decoding with ``k`` torch threads
+(``torch.set_num_threads``) and restores the caller's count afterwards, so the learner's update keeps its own.
+On the 2-core machine of docs/results/agent-multihop.md, loaded by other jobs, 2 threads made small bf16
+matmuls some 25 times slower than 1 (big ones 3 times); that, not the evaluation, made its evaluation crawl.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -151,6 +159,8 @@ class InProcessEngine(RolloutEngine):
             the finished ones are dropped from the cache (``DecodeSession.select``); 0 never drops them.
         share_prefill: prefill each distinct prompt of a batch once and copy its cache to the rows that hold it
             (``DecodeSession.select`` with repeated rows); ``False``: one prefill row per sample.
+        decode_threads: torch's intra-op threads while prefilling and decoding (restored afterwards); ``None``:
+            the caller's count.
     """
 
     def __init__(
@@ -164,9 +174,12 @@ class InProcessEngine(RolloutEngine):
         version: int = 0,
         compact_below: float = 0.75,
         share_prefill: bool = True,
+        decode_threads: int | None = None,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if decode_threads is not None and not (isinstance(decode_threads, int) and decode_threads >= 1):
+            raise ValueError(f"decode_threads must be None or an integer >= 1, got {decode_threads!r}")
         if not 0 <= compact_below <= 1:
             raise ValueError(f"compact_below must be in [0, 1], got {compact_below}")
         self.model: DecodeModel = model if hasattr(model, "start") else RecomputeModel(model, pad_token_id=pad_token_id)
@@ -176,6 +189,7 @@ class InProcessEngine(RolloutEngine):
         self.max_batch_size = max_batch_size
         self.compact_below = compact_below
         self.share_prefill = share_prefill
+        self.decode_threads = decode_threads
         self._version = version
         self._paused = False
         self._calls = 0
@@ -210,7 +224,8 @@ class InProcessEngine(RolloutEngine):
         for start in range(0, len(rows), self.max_batch_size):
             chunk = rows[start : start + self.max_batch_size]
             keys = np.array([derive_sample_seed(seed, prompt_offset + i, j) for i, j in chunk], dtype=np.int64)
-            decoded = self._decode([prompts[i] for i, _ in chunk], params, keys.view(np.uint64))
+            with self._threads():
+                decoded = self._decode([prompts[i] for i, _ in chunk], params, keys.view(np.uint64))
             for (i, j), (ids, lps, reason) in zip(chunk, decoded):
                 out[i][j] = Sample(
                     prompt_index=i,
@@ -335,9 +350,23 @@ class InProcessEngine(RolloutEngine):
 
             chunk_caps = None if caps is None else (lambda b, _start=start: caps(b + _start))
             chunk_stops = None if stops is None else (lambda b, _start=start: stops(b + _start))
-            self._decode_turns(
-                prompts[start:stop], params, chunk_keys, max_total_tokens, shifted, chunk_caps, chunk_stops
-            )
+            with self._threads():  # on_turns (the environment) runs inside: it does not compute with torch
+                self._decode_turns(
+                    prompts[start:stop], params, chunk_keys, max_total_tokens, shifted, chunk_caps, chunk_stops
+                )
+
+    @contextlib.contextmanager
+    def _threads(self) -> Iterator[None]:
+        """torch's intra-op thread count set to ``decode_threads`` inside (unchanged with ``None``), restored after."""
+        before = torch.get_num_threads()
+        if self.decode_threads is None or self.decode_threads == before:
+            yield
+            return
+        torch.set_num_threads(self.decode_threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
 
     @torch.no_grad()
     def _decode_turns(

@@ -118,8 +118,9 @@ class SGLangConfig(SGLangServers):
 class InProcessRollout(RolloutBackend):
     """Sampling from the learner's live model on the same ranks (see :mod:`gspo_mcore.rollout.inprocess`)."""
 
-    def __init__(self, learner, tokenizer, *, max_batch_size: int):
-        """``learner``: the :class:`~gspo_mcore.learner.Learner` whose live model samples."""
+    def __init__(self, learner, tokenizer, *, max_batch_size: int, decode_threads: int | None = None):
+        """``learner``: the :class:`~gspo_mcore.learner.Learner` whose live model samples; ``decode_threads``:
+        the engine's (``rollout.decode_threads``)."""
         from gspo_mcore.rollout.inprocess import InProcessEngine
 
         self.layout = learner.layout
@@ -129,6 +130,7 @@ class InProcessRollout(RolloutBackend):
             vocab_size=learner.arch.vocab_size,
             pad_token_id=tokenizer.pad_token_id or 0,
             max_batch_size=max_batch_size,
+            decode_threads=decode_threads,
         )
 
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, *, seed: int):

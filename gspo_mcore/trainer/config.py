@@ -110,6 +110,10 @@ class RolloutConfig:
     log-prob (``Sample.token_versions``); its staleness is its oldest token's. See docs/async.md."""
     max_batch_size: int = 512
     """In-process engine: rows per forward pass."""
+    decode_threads: int | None = None
+    """In-process engine: torch's intra-op threads while it samples (the learner's count is restored for the update);
+    ``None``: the process's count (``OMP_NUM_THREADS``). 1 suits a CPU that other jobs share: decoding is many small
+    operations, and each waits at a thread barrier for threads the scheduler has not run."""
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
     """The SGLang servers and weight sync (``engine: sglang``)."""
     env: str = ""
@@ -139,6 +143,9 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.overlong_penalty must be >= 0, got {self.overlong_penalty}")
         if self.max_batch_size < 1:
             raise ValueError(f"RolloutConfig.max_batch_size must be >= 1, got {self.max_batch_size}")
+        threads = self.decode_threads
+        if threads is not None and not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
+            raise ValueError(f"RolloutConfig.decode_threads must be null or an integer >= 1, got {threads!r}")
         if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 0:
             raise ValueError(f"RolloutConfig.max_staleness must be an integer >= 0, got {self.max_staleness!r}")
         if not isinstance(self.partial_rollouts, bool):

@@ -33,7 +33,9 @@ class AgentRollout(InProcessRollout):
     runs_episodes = True
 
     def __init__(self, learner, tokenizer, rollout_cfg, *, env=None):
-        super().__init__(learner, tokenizer, max_batch_size=rollout_cfg.max_batch_size)
+        super().__init__(
+            learner, tokenizer, max_batch_size=rollout_cfg.max_batch_size, decode_threads=rollout_cfg.decode_threads
+        )
         if not self.engine.model.own_cache:
             raise ValueError(
                 "rollout.env: the in-process engine extends episodes on its own KV cache, which Transformer "

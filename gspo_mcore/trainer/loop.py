@@ -425,7 +425,9 @@ def _rollout_backend(cfg: TrainConfig, learner: Learner, tokenizer, *, env=None)
         )
     if cfg.rollout.env:
         return AgentRollout(learner, tokenizer, cfg.rollout, env=env)
-    return InProcessRollout(learner, tokenizer, max_batch_size=cfg.rollout.max_batch_size)
+    return InProcessRollout(
+        learner, tokenizer, max_batch_size=cfg.rollout.max_batch_size, decode_threads=cfg.rollout.decode_threads
+    )
 
 
 def _log_eval(metrics: MetricsLogger, step: int, record: dict) -> None:

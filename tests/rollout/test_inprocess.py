@@ -388,3 +388,92 @@ def test_a_rows_cap_cuts_its_turn_and_every_token_is_drawn_as_without_it():
         assert [t.ids for t in got[row]] == [t.ids for t in free[row]]
         for a, b in zip(got[row], free[row]):
             torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-6)
+
+
+class ThreadLog(PrefillLog):
+    """:class:`PrefillLog` that also records torch's intra-op thread count at each prefill and decode step."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.threads: list[int] = []
+
+    def start(self, tokens, lengths, max_new_tokens):
+        self.threads.append(torch.get_num_threads())
+        session, logits = super().start(tokens, lengths, max_new_tokens)
+        log = self
+
+        class Logged:
+            def __getattr__(self, name):
+                fn = getattr(session, name)
+                if name not in ("step", "extend"):
+                    return fn
+
+                def counted(*args):
+                    log.threads.append(torch.get_num_threads())
+                    return fn(*args)
+
+                return counted
+
+        return Logged(), logits
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_decode_threads_decode_with_that_count_restore_the_callers_and_draw_the_same_tokens(threads):
+    """``decode_threads``: prefill and every decode step (one-turn and multi-turn) run with that many torch threads,
+    the caller's count is back afterwards (also when decoding fails), and every token is drawn as without it."""
+    before = torch.get_num_threads()
+    caller = 2 if threads != 2 else 4
+    torch.set_num_threads(caller)
+    try:
+        params = SamplingParams(temperature=1.0, max_new_tokens=6, seed=7, stop_token_ids=(30, 31))
+        prompts = [[5, 6], [7], [8, 9, 10]]
+        runs = {}
+        for k in (None, threads):
+            log = ThreadLog(TinyAttention())
+            e = InProcessEngine(log, eos_token_id=2, max_batch_size=4, decode_threads=k)
+            out = e.generate_sync(prompts, 3, params)
+            assert torch.get_num_threads() == caller
+            assert set(log.threads) == {caller if k is None else k} and len(log.threads) > 3
+            runs[k] = [(s.response_ids, s.response_logprobs) for g in out for s in g]
+        assert runs[threads] == runs[None]
+
+        turns = {}
+        for k in (None, threads):
+            log = ThreadLog(RecomputeModel(TinyAttention().logits_fn))
+            done = [0] * len(prompts)
+
+            def on_turns(ends, done=done):
+                for t in ends:
+                    done[t.row] += 1
+                return [None if done[t.row] == 2 else [3 + t.row] for t in ends]
+
+            ends = []
+            e = InProcessEngine(log, eos_token_id=2, decode_threads=k)
+            asyncio.run(
+                e.generate_turns(
+                    prompts,
+                    params,
+                    keys=[1, 2, 3],
+                    max_total_tokens=30,
+                    on_turns=lambda x: ends.extend(x) or on_turns(x),
+                )
+            )
+            assert torch.get_num_threads() == caller
+            assert set(log.threads) == {caller if k is None else k}
+            turns[k] = [(t.row, t.ids, t.logprobs) for t in ends]
+        assert turns[threads] == turns[None]
+
+        def fail(tokens):
+            raise RuntimeError("model failed")
+
+        with pytest.raises(RuntimeError, match="model failed"):
+            InProcessEngine(fail, eos_token_id=2, decode_threads=threads).generate_sync([[5]], 1, params)
+        assert torch.get_num_threads() == caller
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])
+def test_decode_threads_must_be_a_positive_integer(bad):
+    with pytest.raises(ValueError, match="decode_threads must be None or an integer >= 1"):
+        engine(decode_threads=bad)

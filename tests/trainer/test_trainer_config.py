@@ -90,3 +90,11 @@ def test_loss_options_parse_and_bad_ones_fail_at_start_up_naming_the_key():
         parse_config(["--config", TINY, "loss.off_policy.mode=product"])
     with pytest.raises(ValueError, match=r"loss\.kl_coef"):
         parse_config(["--config", TINY, "loss.kl_coef=-1"])
+
+
+def test_rollout_decode_threads_parses_and_a_bad_count_fails_at_start_up_naming_the_key():
+    assert parse_config(["--config", TINY]).rollout.decode_threads is None
+    assert parse_config(["--config", TINY, "rollout.decode_threads=1"]).rollout.decode_threads == 1
+    for bad in ("0", "-2", "true", "1.5"):
+        with pytest.raises(ValueError, match=r"decode_threads"):
+            parse_config(["--config", TINY, f"rollout.decode_threads={bad}"])
