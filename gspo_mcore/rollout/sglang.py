@@ -18,7 +18,11 @@ most ``restart.attempts`` times, with back-off), then re-synced and checked the 
 ``restart.probe_interval_s`` a background thread (:class:`~gspo_mcore.rollout.sglang_monitor.ServerMonitor`) also
 watches the launched servers between steps and restarts a dead one at once, so it is up by the next step; the engine
 takes it back the same way (its weights checked first). Fewer than ``restart.min_servers`` workers in rotation stops
-the step with the reasons (and a given-up server's last log lines), after waiting for restarts in progress.
+the step with the reasons (and a given-up server's last log lines), after waiting for restarts in progress and looking
+at the processes again (a server that died during these checks is restarted first). A weight update leaves out the
+servers out of rotation or being restarted, and drops one that fails in transport during it (out of rotation, restarted
+or re-synced before it serves again) while ``min_servers`` remain; with fewer it fails as
+:class:`~gspo_mcore.rollout.types.WeightUpdateError`.
 
 A request that fails in transport (connection refused or reset, timeout, truncated body) or with a 5xx status
 is retried on another server, up to ``max_attempts`` tries per prompt; a server that failed in transport is
@@ -126,6 +130,7 @@ class SGLangEngine(RolloutEngine):
         failed or was out of rotation)."""
         self.control: SGLangControl = SGLangControl(self.worker_urls, self.config)
         """The control client (pause/resume, memory, cache, ``/server_info``, weight updates) of every worker."""
+        self.control.on_lost = self._mark_down  # a worker lost during a weight update: out of rotation, restarted
         self.lora_name: str | None = None
         """The LoRA adapter every ``/generate`` names (``lora_path``), set by :meth:`update_adapter`; None: the base
         model (and merged LoRA weights)."""
@@ -444,8 +449,10 @@ class SGLangEngine(RolloutEngine):
         await self._readmit_down_servers()
         await self._check_versions()
         up = [u for u in self.worker_urls if u not in self._down]
-        if len(up) < self.restart.min_servers and any(lock.locked() for lock in self._restart_locks.values()):
-            # too few servers, but some are being restarted in the background: wait for them rather than stop
+        if len(up) < self.restart.min_servers and self._may_come_back():
+            # too few servers, but some are being restarted in the background, or died after the first look at the
+            # processes (before their weight version was asked): wait for those restarts, look at the processes again
+            # (restarting the dead ones) rather than stop
             for lock in self._restart_locks.values():
                 await asyncio.to_thread(lock.acquire)
                 lock.release()
@@ -460,6 +467,15 @@ class SGLangEngine(RolloutEngine):
                 f"only {len(up)} SGLang server(s) in rotation, min_servers is {self.restart.min_servers}; out of "
                 f"rotation: {why}{given_up}"
             )
+
+    def _may_come_back(self) -> bool:
+        """Whether a launched server out of rotation is being restarted or has restart attempts left."""
+        return any(
+            url in self._down
+            and url not in self._given_up
+            and (self._restart_locks[url].locked() or self._restarts[url] < self.restart.attempts)
+            for url in self._launched
+        )
 
     async def _restart_dead(self) -> None:
         self._take_background_restarts()
@@ -690,9 +706,15 @@ class SGLangEngine(RolloutEngine):
 
     async def _before_update(self) -> None:
         """A weight update goes to every reachable worker: restart dead launched servers and probe the unreachable
-        ones first, so a returning server gets the weights with the others."""
+        ones first, so a returning server gets the weights with the others. A server the monitor is restarting now is
+        left out (it gets the weights when it is back); one lost during the update is dropped from it while
+        ``min_servers`` remain (:attr:`SGLangControl.min_live`)."""
         await self._restart_dead()
         await self._readmit_down_servers()
+        for url, lock in self._restart_locks.items():
+            if lock.locked():
+                self._mark_down(url, "being restarted in the background")
+        self.control.min_live = self.restart.min_servers
 
     async def check_routed_experts(self) -> None:
         """Refuse servers that cannot return routed experts when the client asks for them (R3)."""

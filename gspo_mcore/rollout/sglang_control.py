@@ -8,7 +8,10 @@ outside one; older servers answer 404 and run without). The disk path runs witho
 not need one, and ending a session with no tensor load in it makes SGLang re-run its post-load weight
 processing (``end_weight_update`` in ``srt/managers/scheduler_components/weight_updater.py``). If an
 update fails, the servers stay paused (their weights may be half updated) and :class:`WeightUpdateError`
-is raised.
+is raised. With :attr:`SGLangControl.min_live` set, a disk or tensor update instead drops a worker that fails in
+transport (:class:`ServerLost`: it died or dropped the connection) and goes on with the others while at least
+``min_live`` remain; the dropped worker is excluded (``on_lost`` tells the engine) and gets the weights when it is
+back.
 """
 
 from __future__ import annotations
@@ -26,6 +29,14 @@ from gspo_mcore.rollout import sglang_api as api
 from gspo_mcore.rollout.types import NamedTensors, RolloutError, WeightUpdateError
 
 log = logging.getLogger(__name__)
+
+
+class ServerLost(RolloutError):
+    """A control call got no complete response from ``url`` (transport failure: refused, reset, timed out)."""
+
+    def __init__(self, message: str, url: str):
+        super().__init__(message)
+        self.url = url
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -124,6 +135,13 @@ class SGLangControl:
         """Workers left out of every control call and weight update (unreachable, or dead and being restarted): a
         weight update goes to the others, and an excluded worker gets the weights when it is back (see
         :meth:`resync`, or the next update)."""
+        self.min_live = 0
+        """0: a weight update fails when any worker fails (the default). >= 1: a disk or tensor update drops a worker
+        that fails in transport (adds it to :attr:`excluded`, calls :attr:`on_lost`) while at least this many live
+        workers remain, and goes on with them."""
+        self.on_lost: Callable[[str, str], None] | None = None
+        """``on_lost(url, why)``: called for each worker dropped from a weight update."""
+        self._dropping = False  # inside an update that may drop lost workers
         self.last_disk_update: tuple[str, int] | None = None
         """``(path, version)`` of the last update when it came from disk (a returning server can load it alone)."""
         self._infos: dict[str, api.ServerInfo] = {}
@@ -149,7 +167,7 @@ class SGLangControl:
                 connect_timeout_s=self.config.connect_timeout_s,
             )
         except _http.TransportError as e:
-            raise RolloutError(f"{url}{path} failed: {e}") from None
+            raise ServerLost(f"{url}{path} failed: {e}", url) from None
 
     async def _get(self, url: str, path: str, parse: Callable[[Any], Any]) -> Any:
         """``GET url + path`` and ``parse`` its JSON; any failure (transport, a status other than 200, a body of
@@ -183,13 +201,17 @@ class SGLangControl:
         waiting = tasks + ([side] if side else [])
         if not waiting:
             return
+        every = self._dropping and side is None  # every answer is needed to tell a lost worker from a failed call
         try:
-            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_EXCEPTION)
+            done, _ = await asyncio.wait(
+                waiting, return_when=asyncio.ALL_COMPLETED if every else asyncio.FIRST_EXCEPTION
+            )
         except BaseException:
             for t in tasks:
                 t.cancel()
             raise
         errors = [t.exception() for t in done if not t.cancelled() and t.exception() is not None]
+        errors = self._drop_lost(errors, path)
         if not errors:
             return
         for t in tasks:
@@ -204,6 +226,21 @@ class SGLangControl:
         elif side is not None and side in done and side.exception() is not None:
             msg = f"trainer side of {path} failed: {msg}"
         raise RolloutError(msg)
+
+    def _drop_lost(self, errors: list[BaseException], what: str) -> list[BaseException]:
+        """Inside an update that may drop workers: when every error is a :class:`ServerLost` and at least
+        :attr:`min_live` workers would remain, exclude the lost ones and return no error; else ``errors`` as given."""
+        if not self._dropping or not errors or not all(isinstance(e, ServerLost) for e in errors):
+            return errors
+        lost = {e.url: str(e) for e in errors}
+        if len([u for u in self.live_urls if u not in lost]) < self.min_live:
+            return errors
+        for url, why in lost.items():
+            log.warning("SGLang server %s lost during a weight update (at %s: %s): left out of it", url, what, why)
+            self.excluded.add(url)
+            if self.on_lost is not None:
+                self.on_lost(url, f"lost during a weight update: {why}")
+        return []
 
     def _to_all(self, body: dict) -> dict[str, dict]:
         return dict.fromkeys(self.live_urls, body)
@@ -227,7 +264,10 @@ class SGLangControl:
 
     async def flush_cache(self) -> None:
         """Flush every server's prefix cache, polling while requests still run (HTTP 400)."""
-        await asyncio.gather(*(self._flush_one(u) for u in self.live_urls))
+        results = await asyncio.gather(*(self._flush_one(u) for u in self.live_urls), return_exceptions=True)
+        errors = self._drop_lost([r for r in results if isinstance(r, BaseException)], api.FLUSH_CACHE)
+        if errors:
+            raise errors[0]
 
     async def _flush_one(self, url: str) -> None:
         loop = asyncio.get_running_loop()
@@ -283,12 +323,16 @@ class SGLangControl:
     async def update_from_disk(self, path: str, version: int) -> None:
         """Load an exported HF-format (safetensors) directory on every server as ``version``."""
         body = api.update_from_disk_body(path, version)
-        await self._pause_and_flush()
+        self._dropping = self.min_live > 0
         try:
-            await self.post_all(api.UPDATE_FROM_DISK, self._to_all(body), self.config.weight_update_timeout_s)
-        except RolloutError as e:
-            raise WeightUpdateError(f"update_weights_from_disk({path!r}, version={version}) failed: {e}") from None
-        await self.resume()
+            await self._pause_and_flush()
+            try:
+                await self.post_all(api.UPDATE_FROM_DISK, self._to_all(body), self.config.weight_update_timeout_s)
+            except RolloutError as e:
+                raise WeightUpdateError(f"update_weights_from_disk({path!r}, version={version}) failed: {e}") from None
+            await self.resume()
+        finally:
+            self._dropping = False
         self.version = version
         self.last_disk_update = (str(path), version)
 
@@ -311,7 +355,11 @@ class SGLangControl:
             }
             await self.post_all(api.UPDATE_FROM_TENSOR, bodies, self.config.weight_update_timeout_s)
 
-        await self._update_in_session(buckets, version, push, "update_weights_from_tensor")
+        self._dropping = self.min_live > 0
+        try:
+            await self._update_in_session(buckets, version, push, "update_weights_from_tensor")
+        finally:
+            self._dropping = False
 
     async def update_adapter(
         self,
@@ -512,7 +560,7 @@ class SGLangControl:
 
         results = await asyncio.gather(*(begin(u) for u in self.live_urls), return_exceptions=True)
         opened = [r for r in results if isinstance(r, str)]
-        errors = [r for r in results if isinstance(r, BaseException)]
+        errors = self._drop_lost([r for r in results if isinstance(r, BaseException)], api.BEGIN_WEIGHT_UPDATE)
         if errors:
             if opened:
                 ends = (self.post(u, api.END_WEIGHT_UPDATE, {}, self.config.control_timeout_s) for u in opened)
@@ -522,7 +570,8 @@ class SGLangControl:
 
     async def _end_session(self, urls: list[str]) -> None:
         body = api.end_weight_update_body()
-        await self.post_all(api.END_WEIGHT_UPDATE, dict.fromkeys(urls, body), self.config.control_timeout_s)
+        live = [u for u in urls if u not in self.excluded]  # not one dropped from the update since its session opened
+        await self.post_all(api.END_WEIGHT_UPDATE, dict.fromkeys(live, body), self.config.control_timeout_s)
 
 
 def _with_last(items: Iterable) -> Iterable[tuple[Any, bool]]:

@@ -15,7 +15,14 @@ import urllib.request
 import pytest
 import torch
 
-from gspo_mcore.rollout import RolloutError, SamplingParams, SGLangClientConfig, SGLangEngine, SGLangServers
+from gspo_mcore.rollout import (
+    RolloutError,
+    SamplingParams,
+    SGLangClientConfig,
+    SGLangEngine,
+    SGLangServers,
+    WeightUpdateError,
+)
 from gspo_mcore.rollout import sglang_api as api
 from gspo_mcore.rollout.sglang_server import RestartPolicy, SGLangServerConfig
 
@@ -81,6 +88,22 @@ def test_a_server_that_misses_a_sync_is_left_out_then_caught_up(standins, tmp_pa
     assert b.url in engine.control.excluded
     asyncio.run(engine.update_weights_from_disk(str(tmp_path), 1))  # goes to a only; b is unreachable
     assert a.weight_version == "1" and b.weight_version == "0"
+
+
+def test_a_worker_lost_before_a_tensor_update_is_dropped_from_it_while_enough_remain(standins, file_system_sharing):
+    a, b, c = standins(), standins(), standins()
+    engine = SGLangEngine(
+        [a.url, b.url, c.url], config=SGLangClientConfig(**FAST), restart=RestartPolicy(min_servers=2)
+    )
+    bucket = [("w", torch.zeros(2))]
+    asyncio.run(engine.update_weights([bucket], 3))  # /server_info is read (and kept) while all three answer
+    c.stop()  # refuses connections from now on
+    asyncio.run(engine.update_weights([bucket], 4))  # pause, flush, session, update, continue go to a and b
+    assert a.weight_version == b.weight_version == "4" and engine.control.version == 4
+    assert c.url in engine.control.excluded and "lost during a weight update" in engine._down[c.url]
+    b.stop()  # one worker left, below min_servers: the update fails, as before
+    with pytest.raises(WeightUpdateError, match=rf"{b.url}/pause_generation failed"):
+        asyncio.run(engine.update_weights([bucket], 5))
 
 
 def launch(n, tmp_path, **restart):
@@ -198,3 +221,86 @@ def test_fleet_settings_are_checked_naming_the_key():
         SGLangServers(urls=("http://127.0.0.1:1",), restart_attempts=1)
     assert SGLangServers(urls=("http://127.0.0.1:1",)).restart_policy().attempts == 0
     assert SGLangServers().restart_policy().attempts == 2
+
+
+def kill(engine, url) -> None:
+    """SIGKILL the launched server at ``url`` (its process group) and wait until it is gone."""
+    proc = engine._launched[url][0]
+    os.killpg(proc.popen.pid, signal.SIGKILL)
+    proc.popen.wait(5)
+
+
+def test_a_server_killed_between_the_process_look_and_the_version_check_is_restarted(tmp_path):
+    # Issue 40, bug A: the pre-generation upkeep looked at the processes first; a server that died after that look
+    # failed its /model_info, was marked down, and (no background restart under way) min_servers stopped the run.
+    engine = launch(2, tmp_path, min_servers=2)
+    victim = engine.worker_urls[1]
+    look = engine._restart_dead
+    looks = []
+
+    async def look_then_kill():
+        await look()
+        looks.append(1)
+        if len(looks) == 1:
+            kill(engine, victim)
+
+    try:
+        asyncio.run(engine.update_weights_from_disk(str(tmp_path), 7))
+        engine._restart_dead = look_then_kill  # the generation's first look: the victim dies right after it
+        out = generate(engine)
+        assert len(looks) == 2  # looked again before giving up
+        assert engine.restarted == 1 and engine._launched[victim][0].popen.poll() is None
+        assert model_info_version(victim) == "7"  # re-synced before it served
+        assert {s.weight_version for g in out for s in g} == {7} and engine._down == {}
+    finally:
+        asyncio.run(engine.close())
+
+
+def test_a_server_being_restarted_in_the_background_is_left_out_of_a_weight_update(tmp_path):
+    # Issue 40, bug B: the update skipped restarting a server the monitor was restarting, but still sent it the
+    # pause, which failed (connection refused) and stopped the run. It is left out whatever min_servers says (like a
+    # server already out of rotation), not dropped when its pause fails (that needs min_servers left, see below).
+    engine = launch(2, tmp_path, min_servers=2)
+    victim = engine.worker_urls[1]
+    try:
+        kill(engine, victim)
+        lock = engine._restart_locks[victim]
+        lock.acquire()  # what the monitor holds while it restarts the server
+        try:
+            asyncio.run(engine.update_weights_from_disk(str(tmp_path), 7))
+        finally:
+            lock.release()
+        assert engine.control.version == 7 and victim in engine._down
+        out = generate(engine)  # the dead server is restarted and re-synced before it serves
+        assert engine.restarted == 1 and model_info_version(victim) == "7"
+        assert {s.weight_version for g in out for s in g} == {7} and engine._down == {}
+    finally:
+        asyncio.run(engine.close())
+
+
+@pytest.mark.parametrize("min_servers", [1, 2])
+def test_a_server_that_dies_just_before_a_weight_update_is_dropped_from_it(tmp_path, min_servers):
+    # Issue 40, bug B: a server dying after the update's look at the processes failed its pause_generation
+    # (connection lost) and stopped the run; it is dropped from the update while min_servers remain.
+    engine = launch(2, tmp_path, min_servers=min_servers)
+    victim = engine.worker_urls[1]
+    before = engine._before_update
+
+    async def before_then_kill():
+        await before()
+        kill(engine, victim)
+
+    engine._before_update = before_then_kill
+    try:
+        if min_servers == 2:  # too few would be left: the update fails, as before
+            with pytest.raises(WeightUpdateError, match=rf"{victim}/pause_generation failed"):
+                asyncio.run(engine.update_weights_from_disk(str(tmp_path), 7))
+            return
+        asyncio.run(engine.update_weights_from_disk(str(tmp_path), 7))
+        assert engine.control.version == 7 and "lost during a weight update" in engine._down[victim]
+        engine._before_update = before
+        out = generate(engine)
+        assert engine.restarted == 1 and model_info_version(victim) == "7"
+        assert {s.weight_version for g in out for s in g} == {7} and engine._down == {}
+    finally:
+        asyncio.run(engine.close())
