@@ -4,6 +4,7 @@ episode renders a call (on a local ChatML tokenizer, and on SmolLM2's own when i
 its analysis reads episodes right. (Its config's --print-config round trip is in tests/test_config_reference.py.)"""
 
 import json
+import math
 import os
 
 import pytest
@@ -175,3 +176,15 @@ def test_worked_examples_are_not_held_out_items(tmp_path):
     assert prepare_data.main(["--data", str(tmp_path)]) == 0
     rows, held_out = prepare_data.training_rows(str(tmp_path))
     assert not {e for _, e in EXAMPLES} & (held_out | {r["expression"] for r in rows})
+
+
+def test_pass_figures_average_items_not_episodes():
+    """pass@1 is the mean of the items' pass rates (an item with more episodes does not weigh more), its standard
+    error is over items, and pass@4 is given only when every item has 4 episodes (both analyses use this)."""
+    s = analyze.pass_figures([0, 0, 0, 0, 1, 1], [1.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+    assert s["episodes"] == 6 and s["items"] == 2
+    assert s["pass@1"] == pytest.approx((0.75 + 0.0) / 2)
+    assert s["pass@1_stderr"] == pytest.approx(math.sqrt(((0.75 - 0.375) ** 2 + 0.375**2) / 1 / 2))
+    assert "pass@4" not in s
+    s = analyze.pass_figures([0] * 4 + [1] * 4, [1.0, 0.0, 0.0, 0.0] + [0.0] * 4)
+    assert s["pass@4"] == pytest.approx(0.5)

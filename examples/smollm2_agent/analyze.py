@@ -63,6 +63,21 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
+def pass_figures(prompt_indices: list[int], correct: list[float]) -> dict:
+    """pass@1 over items (each item's pass rate, averaged), its standard error over items, and pass@4 when every
+    item has at least 4 episodes; ``correct[i]`` is episode i's 0/1 outcome, ``prompt_indices[i]`` its item."""
+    by_item: dict[int, list[float]] = {}
+    for i, c in zip(prompt_indices, correct):
+        by_item.setdefault(i, []).append(c)
+    rates = [sum(v) / len(v) for v in by_item.values()]
+    m, p1 = len(rates), _mean(rates)
+    se = math.sqrt(sum((x - p1) ** 2 for x in rates) / (m - 1) / m) if m > 1 else 0.0
+    s = {"episodes": len(correct), "items": m, "pass@1": p1, "pass@1_stderr": se}
+    if min(len(v) for v in by_item.values()) >= 4:
+        s["pass@4"] = _mean([pass_at_k(len(v), int(sum(v)), 4) for v in by_item.values()])
+    return s
+
+
 def summarize(rows: list[dict], answers: list[str]) -> dict:
     """The measures of one evaluation's samples file (``rows``), against the items' ``answers``."""
     out = {}
@@ -71,17 +86,7 @@ def summarize(rows: list[dict], answers: list[str]) -> dict:
         if not mine:
             continue
         figs = [episode_figures(r, answers[r["prompt_index"]]) for r in mine]
-        by_item: dict[int, list[float]] = {}
-        for r, f in zip(mine, figs):
-            by_item.setdefault(r["prompt_index"], []).append(f["correct"])
-        rates = [sum(v) / len(v) for v in by_item.values()]
-        m = len(rates)
-        p1 = _mean(rates)
-        se = math.sqrt(sum((x - p1) ** 2 for x in rates) / (m - 1) / m) if m > 1 else 0.0
-        s = {"episodes": len(mine), "items": m, "pass@1": p1, "pass@1_stderr": se}
-        n = min(len(v) for v in by_item.values())
-        if n >= 4:
-            s["pass@4"] = _mean([pass_at_k(len(v), int(sum(v)), 4) for v in by_item.values()])
+        s = pass_figures([r["prompt_index"] for r in mine], [f["correct"] for f in figs])
         with_call = [f for f in figs if f["called"]]
         without = [f for f in figs if not f["called"]]
         numeric = [f for f in figs if f["numeric_result"]]

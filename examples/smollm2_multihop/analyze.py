@@ -24,11 +24,10 @@ import math
 import re
 import sys
 
-from examples.smollm2_agent.analyze import read_answers, steps_of
+from examples.smollm2_agent.analyze import pass_figures, read_answers, steps_of
 from gspo_mcore.envs import parse_tool_calls
 from gspo_mcore.envs.builtin import calculator
 from gspo_mcore.envs.tools import ToolCall
-from gspo_mcore.trainer.evaluation import pass_at_k
 
 _INT = re.compile(r"-?\d+")
 
@@ -76,15 +75,7 @@ def summarize(rows: list[dict], items: list[dict]) -> dict:
         if not mine:
             continue
         figs = [episode_figures(r, items[r["prompt_index"]]) for r in mine]
-        by_item: dict[int, list[float]] = {}
-        for r, f in zip(mine, figs):
-            by_item.setdefault(r["prompt_index"], []).append(f["correct"])
-        rates = [sum(v) / len(v) for v in by_item.values()]
-        m, p1 = len(rates), _mean(rates)
-        se = math.sqrt(sum((x - p1) ** 2 for x in rates) / (m - 1) / m) if m > 1 else 0.0
-        s = {"episodes": len(mine), "items": m, "pass@1": p1, "pass@1_stderr": se}
-        if min(len(v) for v in by_item.values()) >= 4:
-            s["pass@4"] = _mean([pass_at_k(len(v), int(sum(v)), 4) for v in by_item.values()])
+        s = pass_figures([r["prompt_index"] for r in mine], [f["correct"] for f in figs])
         for key in figs[0]:
             if key != "correct":
                 s[key] = _mean([f[key] for f in figs])
