@@ -707,14 +707,16 @@ class SGLangEngine(RolloutEngine):
     async def _before_update(self) -> None:
         """A weight update goes to every reachable worker: restart dead launched servers and probe the unreachable
         ones first, so a returning server gets the weights with the others. A server the monitor is restarting now is
-        left out (it gets the weights when it is back); one lost during the update is dropped from it while
-        ``min_servers`` remain (:attr:`SGLangControl.min_live`)."""
+        left out (it gets the weights when it is back); one lost during the update is dropped from it while any
+        worker remains (:attr:`SGLangControl.min_live` = 1). ``min_servers`` is a rule for serving, not for updating:
+        the next generation restarts the dropped server (or waits for its restart) and re-syncs it first, and stops
+        the run there if fewer than ``min_servers`` can serve."""
         await self._restart_dead()
         await self._readmit_down_servers()
         for url, lock in self._restart_locks.items():
             if lock.locked():
                 self._mark_down(url, "being restarted in the background")
-        self.control.min_live = self.restart.min_servers
+        self.control.min_live = 1
 
     async def check_routed_experts(self) -> None:
         """Refuse servers that cannot return routed experts when the client asks for them (R3)."""
