@@ -449,10 +449,12 @@ class SGLangEngine(RolloutEngine):
         await self._readmit_down_servers()
         await self._check_versions()
         up = [u for u in self.worker_urls if u not in self._down]
-        if len(up) < self.restart.min_servers and self._may_come_back():
+        for _ in range(self.restart.attempts + 1):  # bounded: each round waits for restarts or starts them
+            if len(up) >= self.restart.min_servers or not self._may_come_back():
+                break
             # too few servers, but some are being restarted in the background, or died after the first look at the
             # processes (before their weight version was asked): wait for those restarts, look at the processes again
-            # (restarting the dead ones) rather than stop
+            # (restarting the dead ones) rather than stop; again if the monitor began a restart in between
             for lock in self._restart_locks.values():
                 await asyncio.to_thread(lock.acquire)
                 lock.release()
