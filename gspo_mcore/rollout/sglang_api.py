@@ -561,12 +561,18 @@ def serialize_named_tensors(bucket: NamedTensors, num_ranks: int) -> list[str]:
     ``file_system`` sharing strategy (``file_descriptor`` crashed SGLang 0.5.23). Keep the tensors
     alive until the server has answered.
     """
+    items = [(str(name), t) for name, t in bucket]
+    return _pickle_per_rank(items, [t for _, t in items], num_ranks)
+
+
+def _pickle_per_rank(items, tensors: list, num_ranks: int) -> list[str]:
+    """``items`` pickled (``ForkingPickler``: tensors shared, not copied) once per rank, base64; CPU tensors need
+    torch's ``file_system`` sharing strategy."""
     from multiprocessing.reduction import ForkingPickler
 
     import torch.multiprocessing as tmp  # registers torch's tensor reductions with ForkingPickler
 
-    items = [(str(name), t) for name, t in bucket]
-    if any(t.device.type == "cpu" for _, t in items) and tmp.get_sharing_strategy() != "file_system":
+    if any(t.device.type == "cpu" for t in tensors) and tmp.get_sharing_strategy() != "file_system":
         raise RuntimeError(
             "sending CPU tensors to SGLang needs torch.multiprocessing.set_sharing_strategy('file_system') "
             f"(the current strategy {tmp.get_sharing_strategy()!r} passes file descriptors, which SGLang "
@@ -584,22 +590,8 @@ def serialize_tensor_dict(tensors: dict, num_ranks: int) -> list[str]:
     """``serialized_named_tensors`` for ``/load_lora_adapter_from_tensors``: like :func:`serialize_named_tensors`
     (same sharing rules), but each rank's pickle is a ``{name: tensor}`` dict, which is what SGLang's LoRA loader
     reads (``tp_worker.load_lora_adapter_from_tensors``)."""
-    from multiprocessing.reduction import ForkingPickler
-
-    import torch.multiprocessing as tmp
-
     items = {str(name): t for name, t in tensors.items()}
-    if any(t.device.type == "cpu" for t in items.values()) and tmp.get_sharing_strategy() != "file_system":
-        raise RuntimeError(
-            "sending CPU tensors to SGLang needs torch.multiprocessing.set_sharing_strategy('file_system') "
-            f"(the current strategy is {tmp.get_sharing_strategy()!r})"
-        )
-    out = []
-    for _ in range(num_ranks):
-        buf = io.BytesIO()
-        ForkingPickler(buf).dump(items)
-        out.append(base64.b64encode(buf.getvalue()).decode("ascii"))
-    return out
+    return _pickle_per_rank(items, list(items.values()), num_ranks)
 
 
 # ------------------------------------------------------------------------------------ /server_info
