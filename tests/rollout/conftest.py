@@ -20,3 +20,14 @@ def standins():
     yield make
     for s in made:
         s.stop()
+
+
+@pytest.fixture
+def file_system_sharing():
+    """torch's file_system sharing strategy for the test (CPU tensors sent to SGLang need it), restored after."""
+    import torch.multiprocessing as tmp
+
+    old = tmp.get_sharing_strategy()
+    tmp.set_sharing_strategy("file_system")
+    yield
+    tmp.set_sharing_strategy(old)

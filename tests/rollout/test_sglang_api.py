@@ -270,16 +270,6 @@ def test_weight_update_bodies():
         api.pause_body("later")
 
 
-@pytest.fixture
-def file_system_sharing():
-    import torch.multiprocessing as tmp
-
-    old = tmp.get_sharing_strategy()
-    tmp.set_sharing_strategy("file_system")
-    yield
-    tmp.set_sharing_strategy(old)
-
-
 def test_serialized_named_tensors_round_trip(file_system_sharing):
     """One base64 ForkingPickler payload per TP rank, each unpickling to the [(name, tensor)] list."""
     bucket = [("a.weight", torch.arange(6.0).view(2, 3)), ("b.bias", torch.tensor([1, 2], dtype=torch.int32))]

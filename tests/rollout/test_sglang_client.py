@@ -239,16 +239,6 @@ def test_update_from_disk_pauses_flushes_updates_and_continues(standins):
     assert_complete(generate(eng), PROMPTS, 3, version=5)
 
 
-@pytest.fixture
-def file_system_sharing():
-    import torch.multiprocessing as tmp
-
-    old = tmp.get_sharing_strategy()
-    tmp.set_sharing_strategy("file_system")
-    yield
-    tmp.set_sharing_strategy(old)
-
-
 def _buckets():
     return [
         [("model.embed_tokens.weight", torch.arange(6.0).view(3, 2))],

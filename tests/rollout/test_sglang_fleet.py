@@ -42,16 +42,6 @@ def served(server) -> int:
     return sum(p == api.GENERATE for p, _ in server.calls)
 
 
-@pytest.fixture
-def file_system_sharing():
-    import torch.multiprocessing as tmp
-
-    old = tmp.get_sharing_strategy()
-    tmp.set_sharing_strategy("file_system")
-    yield
-    tmp.set_sharing_strategy(old)
-
-
 def test_a_server_on_other_weights_is_not_used_until_the_next_sync(standins, file_system_sharing):
     a, b = standins(), standins()
     engine = SGLangEngine([a.url, b.url], config=SGLangClientConfig(**FAST))

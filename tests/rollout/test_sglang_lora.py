@@ -66,16 +66,6 @@ def _config(rank: int = RANK) -> dict:
     return adapter_config(LoraConfig(rank=rank, alpha=2.0 * rank), base_model="/models/base", targets=TARGETS)
 
 
-@pytest.fixture
-def file_system_sharing():
-    import torch.multiprocessing as tmp
-
-    old = tmp.get_sharing_strategy()
-    tmp.set_sharing_strategy("file_system")
-    yield
-    tmp.set_sharing_strategy(old)
-
-
 # ------------------------------------------------------------------ checked by SGLang 0.5.23's own code
 _CHECKER = r"""
 import argparse, contextlib, io, json, sys
