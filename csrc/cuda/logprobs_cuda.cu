@@ -169,7 +169,7 @@ __device__ __forceinline__ void walk_body(const uint4* __restrict__ xv, int64_t 
 //
 // Invariant: s = sum exp(z - ms), w = sum exp(z - ms) (z - ms) over the elements pushed so far, with
 // ms = m if m > -inf else 0. While m == -inf every pushed z was -inf or NaN, so s and w are 0 or NaN
-// (a -inf element adds exp(-inf) = 0 to s and 0 * -inf = NaN to w, exactly as the CPU kernel does).
+// (a -inf element adds exp(-inf) = 0 to s and to w, a NaN one NaN to both, exactly as the CPU kernel does).
 // m never becomes NaN (fmaxf and `>` skip NaN); a NaN element makes s (and w) NaN through exp(NaN).
 template <bool kEnt>
 struct Online {
@@ -199,7 +199,9 @@ struct Online {
       const float d = z[i] - ms;
       const float e = expf(d);  // not __expf: keep the accuracy of the CPU path
       s += e;
-      if (kEnt) w = fmaf(e, d, w);
+      // e == 0 (d = -inf, or d below exp's range) adds 0 to w, as the CPU kernel's clamped exponent does:
+      // fmaf(0, -inf, w) would make an all -inf row's w NaN where the CPU's is 0
+      if (kEnt) w = fmaf(e, e == 0.0f ? 0.0f : d, w);
     }
   }
 
@@ -306,12 +308,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
 
     if (lane == 0) {  // lane 0 of warp 0 when the block owns the row
-      float s = acc.s, w = kEnt ? acc.w : 0.0f;
-      if (acc.m == -INFINITY) {
-        // All elements -inf (or NaN): the CPU kernel computes z - max = -inf - -inf = NaN everywhere.
-        s = NAN;
-        if (kEnt) w = NAN;
-      }
+      // All elements -inf: s = w = 0 (every exp is 0), as on the CPU, so that a vocabulary shard whose logits
+      // are all masked adds nothing when the shards' statistics are merged; a NaN element makes them NaN.
+      const float s = acc.s, w = kEnt ? acc.w : 0.0f;
       float* o = out + row * kNumStats;
       o[0] = acc.m;  // kMax
       o[1] = s;      // kSumExp

@@ -198,7 +198,7 @@ class _MegatronSession:
         finally:
             self.packed = None
         self.offset = P
-        return logits[inverse]  # (B, V)
+        return logits[inverse.cpu()]  # (B, V); _run's logits are on the CPU, inverse on the model's device
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``tokens [B, s]`` at cache slots ``offset .. offset+s-1``, ``mask [B, 1, s, offset+s]`` (True:

@@ -99,12 +99,16 @@ def _check_stats(got: torch.Tensor, want: torch.Tensor, ignore_max_rows=None):
     torch.testing.assert_close(g[:, 1:3], w[:, 1:3], rtol=5e-5, atol=1e-6, equal_nan=True)
 
 
-def _check_grad(got: torch.Tensor, want: torch.Tensor):
+def _check_grad(got: torch.Tensor, want: torch.Tensor, upstream: float = 0.0):
+    """``upstream``: max |g| * it of the rows. Where a row's target has p ~ 1 (V = 1, say), its exact gradient
+    g it (1 - p) is 0 and each kernel gives the rounding of p instead (the GPU's expf 0, the CPU's 3e-9 in
+    float32, up to 4e-6 relative with the narrow dtypes' cheaper exp): that floor, not max |want|, bounds it."""
     got = got.cpu()
     assert got.dtype == want.dtype and got.shape == want.shape and got.is_contiguous()
     scale = want.float().abs().nan_to_num(0.0, 0.0, 0.0).max().item()
+    rounding = (4 * torch.finfo(torch.float32).eps if want.dtype == torch.float32 else 8e-6) * upstream
     torch.testing.assert_close(
-        got.float(), want.float(), rtol=GRAD_RTOL[want.dtype], atol=1e-5 * scale + 1e-30, equal_nan=True
+        got.float(), want.float(), rtol=GRAD_RTOL[want.dtype], atol=1e-5 * scale + rounding + 1e-30, equal_nan=True
     )
 
 
@@ -149,7 +153,7 @@ def test_stats_and_backward_match_cpu(dtype, V, layout, T):
             vocab_start,
             it,
         )
-        _check_grad(got_d, want_d)
+        _check_grad(got_d, want_d, upstream=g.abs().max().item() * it)
 
 
 @gpu
@@ -186,8 +190,10 @@ def test_full_vocab_rows(dtype, layout):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("V", [7, 300, 5000])
 def test_stats_special_values(dtype, V):
-    """NaN anywhere gives NaN sum-exp; an all -inf row gives NaN; -inf entries in a finite row add nothing
-    to sum-exp (and, as on the CPU, make x-sum NaN: 0 * -inf); +inf gives NaN."""
+    """NaN anywhere gives NaN sum-exp; an all -inf row gives sum-exp and x-sum 0 (so a vocabulary shard that is
+    all masked adds nothing when shards merge); -inf entries in a finite row add nothing to either (never
+    0 * -inf); +inf gives NaN. The first run on an H100 (2026-12-06) found the GPU giving NaN for the all -inf
+    row where the CPU gives 0."""
     gen = torch.Generator().manual_seed(V)
     x = torch.randn(8, V, generator=gen) * 3
     x[0, V // 3] = float("nan")
@@ -206,9 +212,10 @@ def test_stats_special_values(dtype, V):
         got = ops.token_logprob_stats(x.to(DEVICE), tg.to(DEVICE), 0, 1.0, with_entropy)
         _check_stats(got, want, ignore_max_rows=nan_rows)
         got = got.cpu()
-        for r in (0, 1, 2, 5, 6):
+        for r in (0, 2, 5, 6):
             assert torch.isnan(got[r, 1]), r
-        assert torch.isfinite(got[3, 1]) and torch.isfinite(got[4, 1])
+        assert got[1, 1] == 0 and got[1, 2] == 0
+        assert torch.isfinite(got[[3, 4]][:, 1:3]).all()
 
 
 @gpu
