@@ -223,7 +223,11 @@ def worker(args):
     loss_cfg = LossConfig(variant="gspo")
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     times = []
+    profiler = None
     for step in range(args.warmup + args.steps):
+        if step == args.warmup and args.profile and dist.get_rank() == 0:
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            profiler.__enter__()
         for chunk in model:
             chunk.zero_grad_buffer()
         dist.barrier()
@@ -235,6 +239,12 @@ def worker(args):
         sync()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+        with open(args.profile, "a") as f:
+            f.write(f"== layout {args.layout}, {args.steps} timed steps, dtype {args.dtype}, share_prompt "
+                    f"{args.share_prompt}\n{table}\n")
     t = torch.tensor([sum(times) / len(times)])
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     gemm = {}
@@ -286,7 +296,7 @@ def launch(args, name, out):
         "--out",
         out,
     ]
-    keys = ("model", "samples", "max_len", "max_tokens", "steps", "warmup", "threads", "packing", "dtype")
+    keys = ("model", "samples", "max_len", "max_tokens", "steps", "warmup", "threads", "packing", "dtype", "profile")
     for key in keys + ("share_prompt", "group_size", "prompt_len", "response_len"):
         value = getattr(args, key)
         if value is not None:
@@ -330,6 +340,12 @@ def main():
     parser.add_argument("--prompt-len", type=int, default=None, help="groups share a prompt of this many tokens")
     parser.add_argument("--response-len", type=int, default=None, help="tokens after the prompt (with --prompt-len)")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument(
+        "--profile",
+        default=None,
+        help="write torch.profiler's table of rank 0's timed steps (ops by self CPU time) to this file, one section "
+        "per layout; the profiler's overhead is in that run's times, so take figures from a run without it",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--layout", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
