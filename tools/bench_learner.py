@@ -226,7 +226,7 @@ def worker(args):
     profiler = None
     for step in range(args.warmup + args.steps):
         if step == args.warmup and args.profile and dist.get_rank() == 0:
-            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
             profiler.__enter__()
         for chunk in model:
             chunk.zero_grad_buffer()
@@ -242,6 +242,8 @@ def worker(args):
     if profiler is not None:
         profiler.__exit__(None, None, None)
         table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+        by_shape = profiler.key_averages(group_by_input_shape=True)
+        table += "\n" + by_shape.table(sort_by="self_cpu_time_total", row_limit=40, max_shapes_column_width=90)
         with open(args.profile, "a") as f:
             f.write(f"== layout {args.layout}, {args.steps} timed steps, dtype {args.dtype}, share_prompt "
                     f"{args.share_prompt}\n{table}\n")
