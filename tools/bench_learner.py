@@ -245,8 +245,10 @@ def worker(args):
         by_shape = profiler.key_averages(group_by_input_shape=True)
         table += "\n" + by_shape.table(sort_by="self_cpu_time_total", row_limit=40, max_shapes_column_width=90)
         with open(args.profile, "a") as f:
-            f.write(f"== layout {args.layout}, {args.steps} timed steps, dtype {args.dtype}, share_prompt "
-                    f"{args.share_prompt}\n{table}\n")
+            f.write(
+                f"== layout {args.layout}, {args.steps} timed steps, dtype {args.dtype}, share_prompt "
+                f"{args.share_prompt}\n{table}\n"
+            )
     t = torch.tensor([sum(times) / len(times)])
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     gemm = {}
