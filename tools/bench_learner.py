@@ -15,8 +15,9 @@ Workload: by default every sample is its own random sequence (a quarter of it pr
 each followed by its own R tokens (the agent example: ``--group-size 4 --prompt-len 257 --response-len 61``).
 
 Learner options, passed through to the installed learner (refused with a message naming the key when it lacks
-them): ``--share-prompt on|off`` (``batch.share_prompt``: ``forward_backward(share_prompt=...)``) and
-``--dtype bf16`` (``model.options.cpu_bf16``: ``ModelOptions(cpu_bf16=True)``).
+them): ``--share-prompt on|off`` (``batch.share_prompt``: ``forward_backward(share_prompt=...)``),
+``--dtype bf16`` (``model.options.cpu_bf16``: ``ModelOptions(cpu_bf16=True)``) and ``--attention cpu|megatron``
+(``model.options.cpu_attention``); ``--fused-lm-head on|off`` (``loss.fused_lm_head``).
 
 Efficiency: the learner's FLOP/s counts the matmuls of the tokens it computes (QKV, attention output
 projection, MLP fc1 and fc2, LM head; forward + backward = 3x the forward's 2*M*K*N; attention scores,
@@ -89,6 +90,13 @@ def learner_options(args) -> tuple[dict, dict]:
                 "(gspo_mcore.learner.model.ModelOptions); use --dtype fp32 or a learner with CPU bf16"
             )
         model_kw["cpu_bf16"] = True
+    if getattr(args, "attention", None) is not None:
+        if "cpu_attention" not in {f.name for f in dataclasses.fields(ModelOptions)}:
+            raise SystemExit(
+                f"--attention {args.attention}: the installed learner has no model.options.cpu_attention "
+                "(gspo_mcore.learner.model.ModelOptions); leave --attention out"
+            )
+        model_kw["cpu_attention"] = args.attention == "cpu"
     if args.share_prompt is not None:
         if "share_prompt" not in inspect.signature(forward_backward).parameters:
             raise SystemExit(
@@ -97,6 +105,20 @@ def learner_options(args) -> tuple[dict, dict]:
             )
         step_kw["share_prompt"] = args.share_prompt == "on"
     return model_kw, step_kw
+
+
+def loss_options(args) -> dict:
+    """The ``LossConfig`` keywords ``--fused-lm-head`` asks for; a ``SystemExit`` naming the key when the
+    installed learner lacks it."""
+    from gspo_mcore.algo.loss_config import LossConfig
+
+    if getattr(args, "fused_lm_head", None) is None:
+        return {}
+    if "fused_lm_head" not in {f.name for f in dataclasses.fields(LossConfig)}:
+        raise SystemExit(
+            f"--fused-lm-head {args.fused_lm_head}: the installed learner has no loss.fused_lm_head; leave it out"
+        )
+    return {"fused_lm_head": args.fused_lm_head == "on"}
 
 
 def make_samples(args, vocab_size: int, generator):
@@ -220,7 +242,7 @@ def worker(args):
     model = build_model(arch, pc, ModelOptions(**model_kw), seed=1)
     samples, computed_tokens = make_samples(args, arch.vocab_size, torch.Generator().manual_seed(0))
     total_tokens = sum(s.length for s in samples)
-    loss_cfg = LossConfig(variant="gspo")
+    loss_cfg = LossConfig(variant="gspo", **loss_options(args))
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     times = []
     profiler = None
@@ -247,7 +269,7 @@ def worker(args):
         with open(args.profile, "a") as f:
             f.write(
                 f"== layout {args.layout}, {args.steps} timed steps, dtype {args.dtype}, share_prompt "
-                f"{args.share_prompt}\n{table}\n"
+                f"{args.share_prompt}, attention {args.attention}\n{table}\n"
             )
     t = torch.tensor([sum(times) / len(times)])
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -269,6 +291,8 @@ def worker(args):
             te=have_transformer_engine(),
             dtype=dtype,
             share_prompt=args.share_prompt,
+            attention=args.attention,
+            fused_lm_head=args.fused_lm_head,
             samples=args.samples,
             packing="thd" if uses_transformer_engine(model) else args.packing,
             tokens=total_tokens,
@@ -301,7 +325,7 @@ def launch(args, name, out):
         out,
     ]
     keys = ("model", "samples", "max_len", "max_tokens", "steps", "warmup", "threads", "packing", "dtype", "profile")
-    for key in keys + ("share_prompt", "group_size", "prompt_len", "response_len"):
+    for key in keys + ("share_prompt", "attention", "fused_lm_head", "group_size", "prompt_len", "response_len"):
         value = getattr(args, key)
         if value is not None:
             cmd += [f"--{key.replace('_', '-')}", str(value)]
@@ -340,6 +364,20 @@ def main():
         help="batch.share_prompt passed to forward_backward (default: leave it to the learner; refused when the "
         "learner lacks it)",
     )
+    parser.add_argument(
+        "--attention",
+        default=None,
+        choices=("cpu", "megatron"),
+        help="on a CPU, model.options.cpu_attention: cpu (gspo_mcore.platform.cpu_attention) or megatron "
+        "(DotProductAttention's own forward); default: leave it to the learner; refused when the learner lacks it",
+    )
+    parser.add_argument(
+        "--fused-lm-head",
+        default=None,
+        choices=("on", "off"),
+        help="loss.fused_lm_head: log-probs from the hidden states in vocabulary chunks, no [T, V] logits "
+        "(default: the learner's default; refused when the learner lacks it)",
+    )
     parser.add_argument("--group-size", type=int, default=1, help="samples per shared prompt (with --prompt-len)")
     parser.add_argument("--prompt-len", type=int, default=None, help="groups share a prompt of this many tokens")
     parser.add_argument("--response-len", type=int, default=None, help="tokens after the prompt (with --prompt-len)")
@@ -363,6 +401,7 @@ def main():
     if args.prompt_len is None and args.group_size != 1:
         parser.error("--group-size needs --prompt-len and --response-len")
     learner_options(args)  # refuse what the installed learner lacks before any launch
+    loss_options(args)
     names = args.layouts.split(",")
     unknown = [n for n in names if n not in LAYOUTS]
     if unknown:
@@ -377,7 +416,8 @@ def main():
     header = cpu_header() | {"threads": args.threads, "load_avg": [round(x, 2) for x in os.getloadavg()]}
     print(f"bench_learner: {header['cpu']}, cpu_isa {header['cpu_isa']}, {args.threads} threads per rank")
     print(
-        f"{'layout':<9} {'ranks':>5} {'device':>6} {'dtype':>8} {'share':>5} {'packing':>14} {'tokens':>7} "
+        f"{'layout':<9} {'ranks':>5} {'device':>6} {'dtype':>8} {'share':>5} {'attn':>8} {'fused':>5} "
+        f"{'packing':>14} {'tokens':>7} "
         f"{'computed':>8} {'mb/rank':>7} {'step ms':>9} {'tokens/s':>10} {'comp tok/s':>10} {'GFLOP/s/rank':>12} "
         f"{'GEMM fp32':>9} {'GEMM bf16':>9} {'of GEMM':>7}"
     )
@@ -386,6 +426,7 @@ def main():
         frac = "-" if r["gemm_fraction"] is None else f"{100 * r['gemm_fraction']:.0f}%"
         print(
             f"{r['layout']:<9} {r['world']:>5} {r['device']:>6} {r['dtype']:>8} {r['share_prompt'] or '-':>5} "
+            f"{r.get('attention') or '-':>8} {r.get('fused_lm_head') or '-':>5} "
             f"{r['packing']:>14} {r['tokens']:>7} {r['computed_tokens']:>8} {r['microbatches']:>7} "
             f"{1000 * r['step_s']:>9.1f} {r['tokens_per_s']:>10.0f} {r['computed_tokens_per_s']:>10.0f} "
             f"{r['gflops_per_rank']:>12.1f} {gemm.get('fp32', float('nan')):>9.1f} "

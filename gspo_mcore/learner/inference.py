@@ -392,12 +392,13 @@ def _plain_core_attention(core) -> bool:
     """Whether ``core`` computes plain softmax attention that :func:`_cached_attention` can replace."""
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
+    from gspo_mcore.platform import cpu_attention
     from gspo_mcore.platform.cp_attention import core_attention_class
 
     if type(core) is core_attention_class():  # CP: whole sequences on every rank, local attention
         return True
     return (
-        type(core) is DotProductAttention
+        type(core) in (DotProductAttention, cpu_attention.core_attention_class())
         and core.softmax_offset is None
         and core.scale_mask_softmax.scale is None
         and core.scale_mask_softmax.window_size is None

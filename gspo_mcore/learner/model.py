@@ -63,6 +63,11 @@ class ModelOptions:
     the in-process engine then decodes in bf16 too. ``true`` needs a CPU with native bf16 (AVX512_BF16 or
     AMX-BF16) and is refused on any other (emulated bf16 is many times slower than fp32); ``auto``: bf16 where
     the CPU has it, fp32 elsewhere (one logged line says which). No effect on a GPU (always bf16)."""
+    cpu_attention: bool = True
+    """On a CPU host with the local spec, the core attention is :mod:`gspo_mcore.platform.cpu_attention`:
+    Megatron's ``DotProductAttention`` with a forward that keeps scores and probabilities in the model's dtype
+    and a hand-written backward (the same results within rounding, 2-3x faster in bf16). ``false``: Megatron's
+    own forward. No effect with Transformer Engine, on a GPU, or with context parallelism (its own attention)."""
 
     def __post_init__(self):
         if self.use_te and not have_transformer_engine():
@@ -142,6 +147,10 @@ def build_model(
         from gspo_mcore.platform import cp_attention
 
         spec = cp_attention.with_cp_attention(spec)  # the local attention refuses CP; a correctness path
+    elif options.cpu_attention and not use_te and not on_gpu:
+        from gspo_mcore.platform import cpu_attention
+
+        spec = cpu_attention.with_cpu_attention(spec)
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,

@@ -89,18 +89,23 @@ def test_options_the_learner_lacks_are_refused_naming_the_key(monkeypatch):
     with pytest.raises(SystemExit, match=r"--share-prompt off: the installed learner has no batch.share_prompt"):
         tool.learner_options(SimpleNamespace(dtype="fp32", share_prompt="off"))
     assert tool.learner_options(SimpleNamespace(dtype="fp32", share_prompt=None)) == ({}, {})
+    with pytest.raises(
+        SystemExit, match=r"--attention megatron: the installed learner has no model.options.cpu_attention"
+    ):
+        tool.learner_options(SimpleNamespace(dtype="fp32", share_prompt=None, attention="megatron"))
 
     @dataclasses.dataclass(frozen=True)
     class NewOptions:
         cpu_bf16: bool = False
+        cpu_attention: bool = True
 
     def new_forward_backward(model, samples, layout, loss_cfg, *, max_tokens, packing="padded", share_prompt=False):
         return {}
 
     monkeypatch.setattr(model, "ModelOptions", NewOptions)
     monkeypatch.setattr(step, "forward_backward", new_forward_backward)
-    assert tool.learner_options(SimpleNamespace(dtype="bf16", share_prompt="off")) == (
-        {"cpu_bf16": True},
+    assert tool.learner_options(SimpleNamespace(dtype="bf16", share_prompt="off", attention="megatron")) == (
+        {"cpu_bf16": True, "cpu_attention": False},
         {"share_prompt": False},
     )
 

@@ -1,0 +1,163 @@
+"""A faster core attention for Megatron-Core's local (non-Transformer-Engine) layer spec on a CPU host.
+
+Megatron's local ``DotProductAttention`` computes the scores in the model's dtype, then (unfused softmax)
+casts the whole ``[b, np, sq, sk]`` score tensor to fp32, masks it out of place, takes the softmax, and casts
+the probabilities back; autograd then keeps and replays every one of those tensors. On a 2-core CPU in bf16
+that traffic, not the matmuls, is most of the attention's time (measured: 29-41 ms forward+backward per
+SmolLM2 layer at ``b=2, np=9, s=501`` against 12-13 ms here; ``docs/results/shared-prompt.md``).
+
+:class:`CpuDotProductAttention` is that module with a forward that keeps every tensor in the model's dtype and
+one hand-written backward (:class:`_Attention`):
+
+- forward: ``scores = q @ kᵀ * scale`` (one batched matmul per KV group: the query heads that share a key
+  head are folded into the row dimension, so grouped-query attention never copies keys or values),
+  ``masked_fill_(mask, -10000)`` in place (Megatron's value), ``probs = softmax(scores)`` (computed in fp32
+  internally, stored in the model's dtype, as Megatron stores them), ``out = probs @ v``;
+- backward: ``dv = probsᵀ @ dout``, ``dprobs = dout @ vᵀ``, the softmax backward (fp32 internally; zero
+  for a query whose every key is masked, as through Megatron's out-of-place ``masked_fill``: elsewhere a
+  masked score's probability is 0 and so is its gradient), ``dq = dscores @ k * scale``,
+  ``dk = dscoresᵀ @ q * scale``. Only ``q, k, v, probs`` are kept.
+
+Same inputs, outputs and semantics as ``DotProductAttention``: ``query [sq, b, np, hn]``, ``key`` and
+``value [sk, b, ng, hn]``, ``attention_mask [b or 1, 1, sq, sk]`` bool (True: masked) or ``None`` with the
+causal mask type; output ``[sq, b, np * hn]``. Anything this path does not cover (packed sequences, an
+attention bias, a softmax offset, window attention, extra softmax scaling, attention dropout while training,
+a non-causal mask type without a mask) runs Megatron's own forward unchanged. Its parity with Megatron's
+module, value and gradient in fp32 and bf16, is ``tests/learner/test_cpu_attention.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MASK_VALUE = -10000.0
+"""What masked scores are set to before the softmax (Megatron's ``attention_mask_func``)."""
+
+
+class _Attention(torch.autograd.Function):
+    """``softmax(q kᵀ * scale, masked) v`` for ``q [G, r*sq, hn]`` (``G = b * ng`` KV heads, each with its ``r``
+    query heads folded into the rows), ``k, v [G, sk, hn]`` and ``mask`` a ``[b or 1, 1, 1, sq, sk]`` bool view
+    (True: masked) or ``None``; see the module docstring."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, shape, scale: float):
+        b, ng, r, sq = shape
+        scores = torch.baddbmm(
+            q.new_empty(q.shape[0], q.shape[1], k.shape[1]), q, k.transpose(1, 2), beta=0.0, alpha=scale
+        )  # (G, r*sq, sk), as Megatron computes them
+        dead = None
+        if mask is not None:
+            scores.view(b, ng, r, sq, -1).masked_fill_(mask, MASK_VALUE)
+            dead = mask.all(dim=-1, keepdim=True)  # queries that see no key (padding): uniform, no gradient
+            dead = dead if bool(dead.any()) else None
+        probs = torch.softmax(scores, dim=-1)  # fp32 inside for bf16 input, stored in q's dtype
+        del scores
+        ctx.save_for_backward(q, k, v, probs)
+        ctx.scale, ctx.dead, ctx.shape = scale, dead, shape
+        return torch.bmm(probs, v)  # (G, r*sq, hn)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, probs = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        grad_v = torch.bmm(probs.transpose(1, 2), grad_out)
+        grad_probs = torch.bmm(grad_out, v.transpose(1, 2))
+        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
+        del grad_probs
+        if ctx.dead is not None:  # masked_fill's gradient: nothing flows into a score that was overwritten
+            grad_scores.view(*ctx.shape, -1).masked_fill_(ctx.dead, 0.0)
+        grad_q = torch.bmm(grad_scores, k).mul_(ctx.scale)
+        grad_k = torch.bmm(grad_scores.transpose(1, 2), q).mul_(ctx.scale)
+        return grad_q, grad_k, grad_v, None, None, None
+
+
+def attention(query, key, value, mask, scale: float) -> torch.Tensor:
+    """Softmax attention in Megatron's layouts: ``query [sq, b, np, hn]``, ``key``/``value [sk, b, ng, hn]``,
+    ``mask`` bool ``[b or 1, 1, sq, sk]`` (True: masked) or ``None`` (causal) -> ``[sq, b, np * hn]``."""
+    sq, b, nh, hn = query.shape
+    sk, ng = key.shape[0], key.shape[2]
+    r = nh // ng
+    q = query.permute(1, 2, 0, 3).reshape(b * ng, r * sq, hn)  # the query heads of one KV group consecutive
+    k = key.permute(1, 2, 0, 3).reshape(b * ng, sk, hn)
+    v = value.permute(1, 2, 0, 3).reshape(b * ng, sk, hn)
+    if mask is None:
+        mask = causal_mask(sq, sk, query.device)
+    mask = mask.reshape(mask.shape[0], 1, 1, sq, sk)  # broadcast over KV groups and their query heads
+    out = _Attention.apply(q, k, v, mask, (b, ng, r, sq), scale)  # (b*ng, r*sq, hn)
+    return out.view(b, nh, sq, hn).permute(2, 0, 1, 3).reshape(sq, b, nh * hn)
+
+
+def causal_mask(sq: int, sk: int, device) -> torch.Tensor:
+    """``[1, 1, sq, sk]`` bool, True above the diagonal (the last query sees every key), as Megatron's default."""
+    return torch.ones(sq, sk, dtype=torch.bool, device=device).triu_(sk - sq + 1)[None, None]
+
+
+_CLASS = None
+
+
+def core_attention_class():
+    """:class:`CpuDotProductAttention` (built on first use: it subclasses Megatron's ``DotProductAttention``)."""
+    global _CLASS
+    if _CLASS is None:
+        _CLASS = _build_class()
+    return _CLASS
+
+
+def _build_class():
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    class CpuDotProductAttention(DotProductAttention):
+        """Megatron's local ``DotProductAttention`` (same constructor, parameters and state) whose forward runs
+        :func:`attention` wherever that covers the call (see the module docstring)."""
+
+        def _fast(self, attention_mask, attn_mask_type, attention_bias, packed_seq_params) -> bool:
+            softmax = self.scale_mask_softmax
+            return (
+                packed_seq_params is None
+                and attention_bias is None
+                and self.softmax_offset is None
+                and softmax.scale is None
+                and softmax.window_size is None
+                and not (self.training and self.attention_dropout.p > 0)
+                and (attention_mask is not None or (attn_mask_type or self.attn_mask_type) == AttnMaskType.causal)
+            )
+
+        def forward(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            attn_mask_type=None,
+            attention_bias=None,
+            packed_seq_params=None,
+        ):
+            if not self._fast(attention_mask, attn_mask_type, attention_bias, packed_seq_params):
+                return super().forward(
+                    query,
+                    key,
+                    value,
+                    attention_mask,
+                    attn_mask_type=attn_mask_type,
+                    attention_bias=attention_bias,
+                    packed_seq_params=packed_seq_params,
+                )
+            return attention(query, key, value, attention_mask, self.softmax_scale)
+
+    return CpuDotProductAttention
+
+
+def with_cpu_attention(block_spec):
+    """A copy of a local-spec ``TransformerBlockSubmodules`` whose layers use :func:`core_attention_class`
+    (the given spec, which Megatron may share between calls, is not modified)."""
+    import copy
+
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    spec = copy.deepcopy(block_spec)
+    for layer in spec.layer_specs:
+        attn = layer.submodules.self_attention.submodules
+        if attn.core_attention is DotProductAttention:
+            attn.core_attention = core_attention_class()
+    return spec
