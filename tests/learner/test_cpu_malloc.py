@@ -1,0 +1,60 @@
+"""glibc's allocator tuned by the learner's CPU set-up (:mod:`gspo_mcore.platform.cpu_malloc`): a large tensor
+freed and allocated again reuses the heap instead of a fresh ``mmap``. Each case runs in a fresh interpreter (the
+setting is process-wide and cannot be undone)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's mallopt only"
+)
+
+PROBE = r"""
+import ctypes, json, sys
+import torch
+from gspo_mcore.platform import cpu_malloc
+
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Mallinfo2
+applied = cpu_malloc.keep_freed_memory()
+x = torch.empty(64 << 20, dtype=torch.uint8)  # 64 MiB: above any mmap threshold glibc would pick
+mapped = libc.mallinfo2().hblkhd  # bytes in mmap'd blocks
+del x
+y = torch.empty(64 << 20, dtype=torch.uint8)
+print(json.dumps({"applied": applied, "mapped": mapped, "heap": libc.mallinfo2().arena}))
+"""
+
+
+def _probe(env_value: str | None) -> dict:
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "GSPO_KEEP_FREED_MEMORY"}
+    if env_value is not None:
+        env["GSPO_KEEP_FREED_MEMORY"] = env_value
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_large_tensors_come_from_the_heap_once_tuned():
+    got = _probe(None)
+    assert got["applied"] is True
+    assert got["mapped"] < (64 << 20), got  # not a fresh mapping
+    assert got["heap"] >= (64 << 20), got
+
+
+def test_the_environment_can_leave_the_allocator_alone():
+    got = _probe("0")
+    assert got["applied"] is False
+    assert got["mapped"] >= (64 << 20), got  # glibc's default: a 64 MiB block is its own mapping
