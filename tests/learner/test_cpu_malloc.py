@@ -21,8 +21,8 @@ import torch
 from gspo_mcore.platform import cpu_malloc
 
 class Mallinfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = Mallinfo2
