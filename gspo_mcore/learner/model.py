@@ -143,14 +143,12 @@ def build_model(
         recompute=options.recompute,
     )
     spec = get_gpt_decoder_block_spec(config, use_transformer_engine=use_te)
-    if parallel.context > 1 and not use_te:
-        from gspo_mcore.platform import cp_attention
+    if not use_te and (parallel.context > 1 or (options.cpu_attention and not on_gpu)):
+        from gspo_mcore.platform import cp_attention, cpu_attention
 
-        spec = cp_attention.with_cp_attention(spec)  # the local attention refuses CP; a correctness path
-    elif options.cpu_attention and not use_te and not on_gpu:
-        from gspo_mcore.platform import cpu_attention
-
-        spec = cpu_attention.with_cpu_attention(spec)
+        # CP: the local attention refuses it (a correctness path); otherwise the faster CPU attention
+        core = cp_attention.core_attention_class() if parallel.context > 1 else cpu_attention.core_attention_class()
+        spec = cpu_attention.with_core_attention(spec, core)
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,

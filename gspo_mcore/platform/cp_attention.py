@@ -170,14 +170,3 @@ def core_attention_class():
     if _CLASS is None:
         _CLASS = _core_attention_class()
     return _CLASS
-
-
-def with_cp_attention(block_spec):
-    """A copy of a local-spec ``TransformerBlockSubmodules`` whose layers use :func:`core_attention_class`
-    as their core attention (the given spec, which Megatron may share between calls, is not modified)."""
-    import copy
-
-    spec = copy.deepcopy(block_spec)
-    for layer in spec.layer_specs:
-        layer.submodules.self_attention.submodules.core_attention = core_attention_class()
-    return spec

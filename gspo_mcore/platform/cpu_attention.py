@@ -3,8 +3,9 @@
 Megatron's local ``DotProductAttention`` computes the scores in the model's dtype, then (unfused softmax)
 casts the whole ``[b, np, sq, sk]`` score tensor to fp32, masks it out of place, takes the softmax, and casts
 the probabilities back; autograd then keeps and replays every one of those tensors. On a 2-core CPU in bf16
-that traffic, not the matmuls, is most of the attention's time (measured: 29-41 ms forward+backward per
-SmolLM2 layer at ``b=2, np=9, s=501`` against 12-13 ms here; ``docs/results/shared-prompt.md``).
+that traffic, not the matmuls, is most of the attention's time (measured: one
+SmolLM2 layer at ``b=2, np=9, s=501`` took 34-38 ms forward+backward, against 13-19 ms here;
+``docs/results/shared-prompt.md``).
 
 :class:`CpuDotProductAttention` is that module with a forward that keeps every tensor in the model's dtype and
 one hand-written backward (:class:`_Attention`):
@@ -148,16 +149,13 @@ def _build_class():
     return CpuDotProductAttention
 
 
-def with_cpu_attention(block_spec):
-    """A copy of a local-spec ``TransformerBlockSubmodules`` whose layers use :func:`core_attention_class`
-    (the given spec, which Megatron may share between calls, is not modified)."""
+def with_core_attention(block_spec, core_class):
+    """A copy of a local-spec ``TransformerBlockSubmodules`` whose layers use ``core_class`` as their core attention
+    (this module's :func:`core_attention_class`, or :func:`gspo_mcore.platform.cp_attention.core_attention_class`);
+    the given spec, which Megatron may share between calls, is not modified."""
     import copy
-
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
 
     spec = copy.deepcopy(block_spec)
     for layer in spec.layer_specs:
-        attn = layer.submodules.self_attention.submodules
-        if attn.core_attention is DotProductAttention:
-            attn.core_attention = core_attention_class()
+        layer.submodules.self_attention.submodules.core_attention = core_class
     return spec

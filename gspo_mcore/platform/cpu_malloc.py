@@ -3,11 +3,12 @@
 By default glibc serves every allocation above its mmap threshold (at most 32 MiB) with a fresh ``mmap`` and
 returns it with ``munmap`` when freed. A training step on a CPU allocates and frees the same large tensors every
 step (an embedding's ``[V, H]`` gradient, its fp32 copy for the gradient buffer, activations), so every step
-pays the kernel's page faults and zeroing for all of them again: on SmolLM2-135M in bf16 (2 cores) that was
-about 15% of the learner's step (``docs/results/shared-prompt.md``). :func:`keep_freed_memory` sets
-``M_MMAP_MAX = 0`` (large blocks come from the heap too) and a high ``M_TRIM_THRESHOLD`` (freed heap memory
-stays mapped), which is what jemalloc and tcmalloc, the allocators PyTorch's CPU guides recommend preloading,
-do by design. The process's resident size then stays near its peak instead of falling between steps.
+pays the kernel's page faults and zeroing for all of them again: on SmolLM2-135M in bf16 (2 cores) a profile
+put the tied embedding's three alone at about 0.25 s of a 2-2.3 s step (``docs/results/shared-prompt.md``).
+:func:`keep_freed_memory` sets ``M_MMAP_MAX = 0`` (large blocks come from the heap too) and a high
+``M_TRIM_THRESHOLD`` (freed heap memory stays mapped), which is what jemalloc and tcmalloc, the allocators
+PyTorch's CPU guides recommend preloading, do by design. The process's resident size then stays near its peak
+instead of falling between steps.
 
 Applied once per process by the learner's set-up on a CPU host (:func:`gspo_mcore.learner.parallel.init_parallel`);
 ``GSPO_KEEP_FREED_MEMORY=0`` in the environment leaves the allocator as it is. A no-op on a GPU host, off Linux,
