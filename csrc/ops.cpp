@@ -99,6 +99,17 @@ TORCH_LIBRARY(gspo_mcore, m) {
   // d term / d seq_logratio_sum.
   m.def("gspo_sequence_terms(Tensor seq_logratio_sum, Tensor seq_token_count, Tensor advantages, "
         "float eps_low, float eps_high) -> (Tensor, Tensor, Tensor, Tensor)");
+  // RMSNorm over the last dimension: (y, rstd float32 [rows]); its backward gives (dx, dweight).
+  m.def("rms_norm_forward(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("rms_norm_backward(Tensor grad, Tensor x, Tensor weight, Tensor rstd) -> (Tensor, Tensor)");
+  // SwiGLU over the last dimension's two halves h = [a, b]: silu(a) * b; its backward gives dh.
+  m.def("swiglu_forward(Tensor h) -> Tensor");
+  m.def("swiglu_backward(Tensor grad, Tensor h) -> Tensor");
+  // In place over scores [G, R, S]: entries the mask [MB, SQ, S] marks (row i of matrix g reads mask row
+  // (MB == 1 ? 0 : g / groups_per_batch, i % SQ)) set to fill, then softmax over S; and the softmax's backward
+  // p * (grad - sum(grad * p)) written over grad.
+  m.def("masked_softmax_(Tensor(a!) scores, Tensor? mask, int groups_per_batch, float fill) -> ()");
+  m.def("softmax_backward_(Tensor(a!) grad, Tensor probs) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(gspo_mcore, CPU, m) {
@@ -108,6 +119,12 @@ TORCH_LIBRARY_IMPL(gspo_mcore, CPU, m) {
   m.impl("segment_sum", &gspo::segment_sum_cpu);
   m.impl("segment_expand", &gspo::segment_expand_cpu);
   m.impl("gspo_sequence_terms", &gspo::gspo_sequence_terms_cpu);
+  m.impl("rms_norm_forward", &gspo::rms_norm_forward_cpu);
+  m.impl("rms_norm_backward", &gspo::rms_norm_backward_cpu);
+  m.impl("swiglu_forward", &gspo::swiglu_forward_cpu);
+  m.impl("swiglu_backward", &gspo::swiglu_backward_cpu);
+  m.impl("masked_softmax_", &gspo::masked_softmax_cpu_);
+  m.impl("softmax_backward_", &gspo::softmax_backward_cpu_);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
@@ -122,5 +139,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("supported_cpu_isas", &gspo::supported_cpu_isas);
   mod.def("set_grad_buffer_cache", &gspo::set_grad_buffer_cache,
           "Keep the last freed CPU gradient buffer for reuse (default on); off frees it");
+  mod.def("set_flush_denormal_all_threads", &gspo::set_flush_denormal_all_threads,
+          "Flush-to-zero and denormals-are-zero on this thread and all of torch's CPU threads; the thread count");
   mod.def("grad_buffer_cache_bytes", &gspo::grad_buffer_cache_bytes, "Bytes held by the CPU gradient buffer cache");
 }

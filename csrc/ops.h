@@ -36,6 +36,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gspo_sequence_terms_c
     const at::Tensor& seq_sum, const at::Tensor& seq_count, const at::Tensor& adv, double eps_low,
     double eps_high);
 
+// ---- RMSNorm (rmsnorm_cpu.cpp): y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps) per row of the last dim ----
+std::tuple<at::Tensor, at::Tensor> rms_norm_forward_cpu(const at::Tensor& x, const at::Tensor& weight, double eps);
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cpu(const at::Tensor& grad, const at::Tensor& x,
+                                                         const at::Tensor& weight, const at::Tensor& rstd);
+
+// ---- SwiGLU (activation_cpu.cpp): h = [a, b] on the last dim, y = silu(a) * b ----
+at::Tensor swiglu_forward_cpu(const at::Tensor& h);
+at::Tensor swiglu_backward_cpu(const at::Tensor& grad, const at::Tensor& h);
+
+// ---- the attention's softmax (softmax_cpu.cpp), in place ----
+void masked_softmax_cpu_(at::Tensor& scores, const std::optional<at::Tensor>& mask, int64_t groups_per_batch,
+                         double fill);
+void softmax_backward_cpu_(at::Tensor& grad, const at::Tensor& probs);
+
 // ---- CPU instruction-set selection for the vocabulary kernels ----
 std::string cpu_isa();                      // the ISA in use: "avx512_bf16", "avx512", "avx2" or "default"
 std::string set_cpu_isa(const std::string&);  // force one ("auto" = best supported); returns the ISA in use
@@ -44,5 +58,9 @@ std::vector<std::string> supported_cpu_isas();
 // ---- the CPU gradient buffer cache (logprobs_cpu.cpp) ----
 void set_grad_buffer_cache(bool enabled);
 int64_t grad_buffer_cache_bytes();
+
+// Flush-to-zero and denormals-are-zero on the calling thread and every thread of torch's CPU pool (torch's own
+// set_flush_denormal sets the calling thread only). Returns how many threads now have them (0: not supported).
+int64_t set_flush_denormal_all_threads(bool on);
 
 }  // namespace gspo

@@ -16,8 +16,10 @@ each followed by its own R tokens (the agent example: ``--group-size 4 --prompt-
 
 Learner options, passed through to the installed learner (refused with a message naming the key when it lacks
 them): ``--share-prompt on|off`` (``batch.share_prompt``: ``forward_backward(share_prompt=...)``),
-``--dtype bf16`` (``model.options.cpu_bf16``: ``ModelOptions(cpu_bf16=True)``) and ``--attention cpu|megatron``
-(``model.options.cpu_attention``); ``--fused-lm-head on|off`` (``loss.fused_lm_head``).
+``--dtype bf16`` (``model.options.cpu_bf16``: ``ModelOptions(cpu_bf16=True)``), ``--attention cpu|megatron``
+(``model.options.cpu_attention``), ``--rms-norm compiled|torch`` (``model.options.cpu_rms_norm``), ``--swiglu
+compiled|torch`` (``model.options.cpu_swiglu``);
+``--fused-lm-head on|off`` (``loss.fused_lm_head``).
 
 Efficiency: the learner's FLOP/s counts the matmuls of the tokens it computes (QKV, attention output
 projection, MLP fc1 and fc2, LM head; forward + backward = 3x the forward's 2*M*K*N; attention scores,
@@ -83,20 +85,27 @@ def learner_options(args) -> tuple[dict, dict]:
     from gspo_mcore.learner.step import forward_backward
 
     model_kw, step_kw = {}, {}
-    if args.dtype == "bf16":
-        if "cpu_bf16" not in {f.name for f in dataclasses.fields(ModelOptions)}:
+    fields = {f.name for f in dataclasses.fields(ModelOptions)}
+
+    def need(key: str, flag: str, hint: str) -> None:
+        if key not in fields:
             raise SystemExit(
-                "--dtype bf16: the installed learner has no model.options.cpu_bf16 "
-                "(gspo_mcore.learner.model.ModelOptions); use --dtype fp32 or a learner with CPU bf16"
+                f"{flag}: the installed learner has no model.options.{key} "
+                f"(gspo_mcore.learner.model.ModelOptions); {hint}"
             )
+
+    if args.dtype == "bf16":
+        need("cpu_bf16", "--dtype bf16", "use --dtype fp32 or a learner with CPU bf16")
         model_kw["cpu_bf16"] = True
     if getattr(args, "attention", None) is not None:
-        if "cpu_attention" not in {f.name for f in dataclasses.fields(ModelOptions)}:
-            raise SystemExit(
-                f"--attention {args.attention}: the installed learner has no model.options.cpu_attention "
-                "(gspo_mcore.learner.model.ModelOptions); leave --attention out"
-            )
+        need("cpu_attention", f"--attention {args.attention}", "leave --attention out")
         model_kw["cpu_attention"] = args.attention == "cpu"
+    if getattr(args, "rms_norm", None) is not None:
+        need("cpu_rms_norm", f"--rms-norm {args.rms_norm}", "leave --rms-norm out")
+        model_kw["cpu_rms_norm"] = args.rms_norm == "compiled"
+    if getattr(args, "swiglu", None) is not None:
+        need("cpu_swiglu", f"--swiglu {args.swiglu}", "leave --swiglu out")
+        model_kw["cpu_swiglu"] = args.swiglu == "compiled"
     if args.share_prompt is not None:
         if "share_prompt" not in inspect.signature(forward_backward).parameters:
             raise SystemExit(
@@ -292,6 +301,8 @@ def worker(args):
             dtype=dtype,
             share_prompt=args.share_prompt,
             attention=args.attention,
+            rms_norm=args.rms_norm,
+            swiglu=args.swiglu,
             fused_lm_head=args.fused_lm_head,
             samples=args.samples,
             packing="thd" if uses_transformer_engine(model) else args.packing,
@@ -325,7 +336,16 @@ def launch(args, name, out):
         out,
     ]
     keys = ("model", "samples", "max_len", "max_tokens", "steps", "warmup", "threads", "packing", "dtype", "profile")
-    for key in keys + ("share_prompt", "attention", "fused_lm_head", "group_size", "prompt_len", "response_len"):
+    for key in keys + (
+        "share_prompt",
+        "attention",
+        "rms_norm",
+        "swiglu",
+        "fused_lm_head",
+        "group_size",
+        "prompt_len",
+        "response_len",
+    ):
         value = getattr(args, key)
         if value is not None:
             cmd += [f"--{key.replace('_', '-')}", str(value)]
@@ -372,6 +392,20 @@ def main():
         "(DotProductAttention's own forward); default: leave it to the learner; refused when the learner lacks it",
     )
     parser.add_argument(
+        "--rms-norm",
+        default=None,
+        choices=("compiled", "torch"),
+        help="on a CPU, model.options.cpu_rms_norm: compiled (gspo_mcore.platform.cpu_norm) or torch "
+        "(torch.nn.RMSNorm); default: leave it to the learner; refused when the learner lacks it",
+    )
+    parser.add_argument(
+        "--swiglu",
+        default=None,
+        choices=("compiled", "torch"),
+        help="on a CPU, model.options.cpu_swiglu: compiled (gspo_mcore.platform.cpu_mlp) or torch (Megatron's MLP "
+        "forward); default: leave it to the learner; refused when the learner lacks it",
+    )
+    parser.add_argument(
         "--fused-lm-head",
         default=None,
         choices=("on", "off"),
@@ -416,7 +450,8 @@ def main():
     header = cpu_header() | {"threads": args.threads, "load_avg": [round(x, 2) for x in os.getloadavg()]}
     print(f"bench_learner: {header['cpu']}, cpu_isa {header['cpu_isa']}, {args.threads} threads per rank")
     print(
-        f"{'layout':<9} {'ranks':>5} {'device':>6} {'dtype':>8} {'share':>5} {'attn':>8} {'fused':>5} "
+        f"{'layout':<9} {'ranks':>5} {'device':>6} {'dtype':>8} {'share':>5} {'attn':>8} {'norm':>8} {'swiglu':>8} "
+        f"{'fused':>5} "
         f"{'packing':>14} {'tokens':>7} "
         f"{'computed':>8} {'mb/rank':>7} {'step ms':>9} {'tokens/s':>10} {'comp tok/s':>10} {'GFLOP/s/rank':>12} "
         f"{'GEMM fp32':>9} {'GEMM bf16':>9} {'of GEMM':>7}"
@@ -426,7 +461,8 @@ def main():
         frac = "-" if r["gemm_fraction"] is None else f"{100 * r['gemm_fraction']:.0f}%"
         print(
             f"{r['layout']:<9} {r['world']:>5} {r['device']:>6} {r['dtype']:>8} {r['share_prompt'] or '-':>5} "
-            f"{r.get('attention') or '-':>8} {r.get('fused_lm_head') or '-':>5} "
+            f"{r.get('attention') or '-':>8} {r.get('rms_norm') or '-':>8} {r.get('swiglu') or '-':>8} "
+            f"{r.get('fused_lm_head') or '-':>5} "
             f"{r['packing']:>14} {r['tokens']:>7} {r['computed_tokens']:>8} {r['microbatches']:>7} "
             f"{1000 * r['step_s']:>9.1f} {r['tokens_per_s']:>10.0f} {r['computed_tokens_per_s']:>10.0f} "
             f"{r['gflops_per_rank']:>12.1f} {gemm.get('fp32', float('nan')):>9.1f} "

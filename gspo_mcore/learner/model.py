@@ -68,6 +68,15 @@ class ModelOptions:
     Megatron's ``DotProductAttention`` with a forward that keeps scores and probabilities in the model's dtype
     and a hand-written backward (the same results within rounding, 2-3x faster in bf16). ``false``: Megatron's
     own forward. No effect with Transformer Engine, on a GPU, or with context parallelism (its own attention)."""
+    cpu_rms_norm: bool = True
+    """On a CPU host with the local spec, every RMSNorm runs the compiled kernels of
+    :mod:`gspo_mcore.platform.cpu_norm` (forward and backward one pass over each row; torch's backward is about
+    ten element-wise ops, 5-6x slower). ``false``: ``torch.nn.RMSNorm`` as Megatron builds it. No effect with
+    Transformer Engine or on a GPU."""
+    cpu_swiglu: bool = True
+    """On a CPU host with the local spec, each MLP's gated activation runs the compiled SwiGLU of
+    :mod:`gspo_mcore.platform.cpu_mlp` (one pass forward and one backward instead of chunk, silu, multiply and a
+    ``cat``). ``false``: Megatron's MLP forward. No effect with Transformer Engine or on a GPU."""
 
     def __post_init__(self):
         if self.use_te and not have_transformer_engine():
@@ -161,6 +170,14 @@ def build_model(
         position_embedding_type="rope",
         rotary_base=int(arch.rope_theta),
     )
+    if options.cpu_rms_norm and not use_te and not on_gpu:
+        from gspo_mcore.platform import cpu_norm
+
+        cpu_norm.use_compiled_rms_norm(model)
+    if options.cpu_swiglu and not use_te and not on_gpu:
+        from gspo_mcore.platform import cpu_mlp
+
+        cpu_mlp.use_compiled_swiglu(model)
     if arch.is_moe:
         # routers keep their own RouterReplay (gspo_mcore.learner.routing drives them one by one); drop
         # Megatron's process-wide list so that building models repeatedly does not keep old ones alive

@@ -173,10 +173,11 @@ def init_parallel(cfg: ParallelConfig, arch: ModelArch, *, seed: int = 1234, tim
         world_size = dist.get_world_size()
     validate_layout(cfg, world_size, arch, on_gpu=on_gpu)
     if not on_gpu:
-        from gspo_mcore.platform import cpu_malloc, megatron_cpu
+        from gspo_mcore.platform import cpu_denormals, cpu_malloc, megatron_cpu
 
         megatron_cpu.apply()
         cpu_malloc.keep_freed_memory()  # large tensors reused step to step instead of mapped afresh
+        cpu_denormals.flush_denormals()  # no microcode assists on underflowing attention probabilities
     if not dist.is_initialized():
         if "MASTER_ADDR" not in os.environ:  # a single process without torchrun
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

@@ -89,6 +89,30 @@ if HAVE_EXTENSION:
     def _(seq_logratio_sum, seq_token_count, advantages, eps_low, eps_high):
         return tuple(seq_logratio_sum.new_empty(seq_logratio_sum.shape) for _ in range(4))
 
+    @torch.library.register_fake(lib + "rms_norm_forward")
+    def _(x, weight, eps):
+        return torch.empty_like(x), x.new_empty((x.numel() // max(x.shape[-1], 1),), dtype=torch.float32)
+
+    @torch.library.register_fake(lib + "rms_norm_backward")
+    def _(grad, x, weight, rstd):
+        return torch.empty_like(x), torch.empty_like(weight)
+
+    @torch.library.register_fake(lib + "swiglu_forward")
+    def _(h):
+        return h.new_empty((*h.shape[:-1], h.shape[-1] // 2))
+
+    @torch.library.register_fake(lib + "swiglu_backward")
+    def _(grad, h):
+        return torch.empty_like(h)
+
+    @torch.library.register_fake(lib + "masked_softmax_")
+    def _(scores, mask, groups_per_batch, fill):
+        return None
+
+    @torch.library.register_fake(lib + "softmax_backward_")
+    def _(grad, probs):
+        return None
+
     # segment_sum is linear in `values`: its backward spreads each sequence's gradient over its
     # counted tokens.
     def _segment_sum_setup(ctx, inputs, output):

@@ -99,6 +99,66 @@ def gspo_sequence_terms(seq_logratio_sum, seq_token_count, advantages, eps_low: 
     return term, ratio.detach(), clipped.float(), coef.detach()
 
 
+def rms_norm_forward(x, weight, eps: float):
+    """RMSNorm over the last dimension in float32, rounded once: ``(y, rstd)`` with ``rstd = 1 / sqrt(mean(x^2) +
+    eps)`` float32 (float64 for float64 ``x``), one per row (flattened)."""
+    acc = torch.promote_types(x.dtype, torch.float32)
+    xf = x.to(acc)
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * rstd * weight.to(acc)).to(x.dtype), rstd.reshape(-1)
+
+
+def rms_norm_backward(grad, x, weight, rstd):
+    """``(dx, dweight)`` of :func:`rms_norm_forward`'s ``y`` for ``grad = dL/dy``, computed in float32, each rounded
+    once to its input's dtype (float64 throughout for float64 inputs)."""
+    acc = torch.promote_types(x.dtype, torch.float32)
+    xf, g, w = x.to(acc), grad.to(acc), weight.to(acc)
+    r = rstd.to(acc).reshape(*x.shape[:-1], 1)
+    xhat = xf * r
+    gw = g * w
+    dx = r * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
+    dw = (g * xhat).reshape(-1, x.shape[-1]).sum(0)
+    return dx.to(x.dtype), dw.to(weight.dtype)
+
+
+def swiglu_forward(h):
+    """``silu(a) * b`` for ``h = [a, b]`` split in halves along the last dimension, in float32 (float64 for float64
+    ``h``), rounded once."""
+    acc = torch.promote_types(h.dtype, torch.float32)
+    a, b = h.to(acc).chunk(2, dim=-1)
+    return (torch.nn.functional.silu(a) * b).to(h.dtype)
+
+
+def swiglu_backward(grad, h):
+    """``dh = [d a, d b]`` of :func:`swiglu_forward` for ``grad = dL/dy``, in float32 (float64), rounded once."""
+    acc = torch.promote_types(h.dtype, torch.float32)
+    a, b = h.to(acc).chunk(2, dim=-1)
+    g = grad.to(acc)
+    s = torch.sigmoid(a)
+    return torch.cat([g * b * s * (1 + a * (1 - s)), g * a * s], dim=-1).to(h.dtype)
+
+
+def masked_softmax_(scores, mask, groups_per_batch: int, fill: float):
+    """In place over ``scores [G, R, S]``: the entries ``mask [MB, SQ, S]`` marks (matrix ``g``'s row ``i`` reads
+    mask row ``(0 if MB == 1 else g // groups_per_batch, i % SQ)``) set to ``fill``, then the softmax over ``S``,
+    computed in float32 (float64 for float64 scores) and rounded once."""
+    acc = torch.promote_types(scores.dtype, torch.float32)
+    x = scores.to(acc)
+    if mask is not None:
+        G, R, S = scores.shape
+        MB, SQ, _ = mask.shape
+        full = mask[:, None, None].expand(MB, groups_per_batch if MB > 1 else G, R // SQ, SQ, S)
+        x = x.masked_fill(full.reshape(G, R, S), fill)
+    scores.copy_(torch.softmax(x, dim=-1))
+
+
+def softmax_backward_(grad, probs):
+    """``grad = probs * (grad - sum(grad * probs))`` over the last dimension, in place, in float32 (float64)."""
+    acc = torch.promote_types(grad.dtype, torch.float32)
+    g, p = grad.to(acc), probs.to(acc)
+    grad.copy_(p * (g - (g * p).sum(-1, keepdim=True)))
+
+
 def _segment_ids(cu_seqlens, num_tokens: int):
     """Sequence index of every token: (T,) int64."""
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()

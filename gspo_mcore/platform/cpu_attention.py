@@ -12,11 +12,13 @@ one hand-written backward (:class:`_Attention`):
 
 - forward: ``scores = q @ kᵀ * scale`` (one batched matmul per KV group: the query heads that share a key
   head are folded into the row dimension, so grouped-query attention never copies keys or values),
-  ``masked_fill_(mask, -10000)`` in place (Megatron's value), ``probs = softmax(scores)`` (computed in fp32
-  internally, stored in the model's dtype, as Megatron stores them), ``out = probs @ v``;
-- backward: ``dv = probsᵀ @ dout``, ``dprobs = dout @ vᵀ``, the softmax backward (fp32 internally; zero
-  for a query whose every key is masked, as through Megatron's out-of-place ``masked_fill``: elsewhere a
-  masked score's probability is 0 and so is its gradient), ``dq = dscores @ k * scale``,
+  then, in place and in one pass over each row (:func:`gspo_mcore.ops.softmax.masked_softmax_`, compiled on a
+  CPU), masked scores set to -10000 (Megatron's value) and ``probs = softmax(scores)`` (fp32 inside, stored in the
+  model's dtype, as Megatron stores them), ``out = probs @ v``;
+- backward: ``dv = probsᵀ @ dout``, ``dprobs = dout @ vᵀ``, the softmax backward in place
+  (:func:`gspo_mcore.ops.softmax.softmax_backward_`; zero for a query whose every key is masked, as through
+  Megatron's out-of-place ``masked_fill``: elsewhere a masked score's probability is 0 and so is its gradient),
+  ``dq = dscores @ k * scale``,
   ``dk = dscoresᵀ @ q * scale``. Only ``q, k, v, probs`` are kept.
 
 Same inputs, outputs and semantics as ``DotProductAttention``: ``query [sq, b, np, hn]``, ``key`` and
@@ -30,6 +32,8 @@ module, value and gradient in fp32 and bf16, is ``tests/learner/test_cpu_attenti
 from __future__ import annotations
 
 import torch
+
+from gspo_mcore.ops.softmax import masked_softmax_, softmax_backward_
 
 MASK_VALUE = -10000.0
 """What masked scores are set to before the softmax (Megatron's ``attention_mask_func``)."""
@@ -48,11 +52,11 @@ class _Attention(torch.autograd.Function):
         )  # (G, r*sq, sk), as Megatron computes them
         dead = None
         if mask is not None:
-            scores.view(b, ng, r, sq, -1).masked_fill_(mask, MASK_VALUE)
             dead = mask.all(dim=-1, keepdim=True)  # queries that see no key (padding): uniform, no gradient
             dead = dead if bool(dead.any()) else None
-        probs = torch.softmax(scores, dim=-1)  # fp32 inside for bf16 input, stored in q's dtype
-        del scores
+        # masked scores set to -10000 and the softmax (fp32 inside), in place: one pass over each row
+        masked_softmax_(scores, None if mask is None else mask.reshape(mask.shape[0], sq, -1), ng, MASK_VALUE)
+        probs = scores
         ctx.save_for_backward(q, k, v, probs)
         ctx.scale, ctx.dead, ctx.shape = scale, dead, shape
         return torch.bmm(probs, v)  # (G, r*sq, hn)
@@ -63,8 +67,8 @@ class _Attention(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         grad_v = torch.bmm(probs.transpose(1, 2), grad_out)
         grad_probs = torch.bmm(grad_out, v.transpose(1, 2))
-        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
-        del grad_probs
+        softmax_backward_(grad_probs, probs)  # in place: fp32 inside
+        grad_scores = grad_probs
         if ctx.dead is not None:  # masked_fill's gradient: nothing flows into a score that was overwritten
             grad_scores.view(*ctx.shape, -1).masked_fill_(ctx.dead, 0.0)
         grad_q = torch.bmm(grad_scores, k).mul_(ctx.scale)

@@ -4,10 +4,7 @@ setting is process-wide and cannot be undone)."""
 
 from __future__ import annotations
 
-import os
 import platform
-import subprocess
-import sys
 
 import pytest
 
@@ -36,15 +33,9 @@ print(json.dumps({"applied": applied, "mapped": mapped, "heap": libc.mallinfo2()
 
 
 def _probe(env_value: str | None) -> dict:
-    import json
+    from helpers.probe import probe
 
-    env = {k: v for k, v in os.environ.items() if k != "GSPO_KEEP_FREED_MEMORY"}
-    if env_value is not None:
-        env["GSPO_KEEP_FREED_MEMORY"] = env_value
-    out = subprocess.run(
-        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120, check=True
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return probe(PROBE, "GSPO_KEEP_FREED_MEMORY", env_value)
 
 
 def test_large_tensors_come_from_the_heap_once_tuned():

@@ -93,19 +93,24 @@ def test_options_the_learner_lacks_are_refused_naming_the_key(monkeypatch):
         SystemExit, match=r"--attention megatron: the installed learner has no model.options.cpu_attention"
     ):
         tool.learner_options(SimpleNamespace(dtype="fp32", share_prompt=None, attention="megatron"))
+    with pytest.raises(SystemExit, match=r"--rms-norm torch: the installed learner has no model.options.cpu_rms_norm"):
+        tool.learner_options(SimpleNamespace(dtype="fp32", share_prompt=None, rms_norm="torch"))
 
     @dataclasses.dataclass(frozen=True)
     class NewOptions:
         cpu_bf16: bool = False
         cpu_attention: bool = True
+        cpu_rms_norm: bool = True
+        cpu_swiglu: bool = True
 
     def new_forward_backward(model, samples, layout, loss_cfg, *, max_tokens, packing="padded", share_prompt=False):
         return {}
 
     monkeypatch.setattr(model, "ModelOptions", NewOptions)
     monkeypatch.setattr(step, "forward_backward", new_forward_backward)
-    assert tool.learner_options(SimpleNamespace(dtype="bf16", share_prompt="off", attention="megatron")) == (
-        {"cpu_bf16": True, "cpu_attention": False},
+    args = SimpleNamespace(dtype="bf16", share_prompt="off", attention="megatron", rms_norm="torch", swiglu="torch")
+    assert tool.learner_options(args) == (
+        {"cpu_bf16": True, "cpu_attention": False, "cpu_rms_norm": False, "cpu_swiglu": False},
         {"share_prompt": False},
     )
 

@@ -1,0 +1,30 @@
+"""The attention's softmax, in place, with compiled CPU kernels: the mask applied and the softmax taken in one pass
+over each row, and its backward written over the incoming gradient. Kernels: ``csrc/softmax_cpu.cpp``; pure-torch
+twins: :func:`gspo_mcore.ops.reference.masked_softmax_` and ``softmax_backward_``, used off the CPU, for other
+dtypes and without the extension."""
+
+from __future__ import annotations
+
+import torch
+
+from gspo_mcore.ops import _backend, reference
+
+_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _impl(x: torch.Tensor, name: str):
+    ok = x.device.type == "cpu" and x.dtype in _DTYPES and x.is_contiguous()
+    return _backend.op(name) if ok else getattr(reference, name)
+
+
+def masked_softmax_(scores: torch.Tensor, mask: torch.Tensor | None, groups_per_batch: int, fill: float) -> None:
+    """Over ``scores [G, R, S]`` in place: the entries ``mask [MB, SQ, S]`` (bool, True: masked) marks set to ``fill``,
+    then the softmax over ``S``. Matrix ``g``'s row ``i`` reads mask row ``(0 if MB == 1 else g // groups_per_batch,
+    i % SQ)``: the attention's score matrices, ``groups_per_batch`` per sequence, each with its query heads folded
+    into the rows."""
+    _impl(scores, "masked_softmax_")(scores, mask, int(groups_per_batch), float(fill))
+
+
+def softmax_backward_(grad: torch.Tensor, probs: torch.Tensor) -> None:
+    """``grad = probs * (grad - sum(grad * probs, -1))`` in place: the softmax's backward."""
+    _impl(grad, "softmax_backward_")(grad, probs)
