@@ -6,7 +6,8 @@ The layers, lowest first::
     sandbox  <-  {rewards, envs}  <-  trainer
     data     <-  {envs, trainer}
 
-(``platform`` sits under learner and rollout, ``convert`` over the learner, ``metrics`` over algo; ``ALLOWED``
+(``platform`` sits over ops and under learner and rollout: its CPU modules run the compiled kernels of ops;
+``convert`` over the learner, ``metrics`` over algo; ``ALLOWED``
 below is the exact list.)
 
 - a package imports only from its own layer's allowed set (``ALLOWED``): nothing imports upward;
@@ -36,7 +37,7 @@ BASE = {"config", "_C"}
 ALLOWED: dict[str, set[str]] = {
     "config": set(),
     "ops": {"ops"},
-    "platform": {"platform"},
+    "platform": {"platform", "ops"},
     "algo": {"ops", "algo"},
     "data": {"data"},
     "sandbox": {"sandbox"},
