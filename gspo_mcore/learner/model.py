@@ -170,14 +170,13 @@ def build_model(
         position_embedding_type="rope",
         rotary_base=int(arch.rope_theta),
     )
-    if options.cpu_rms_norm and not use_te and not on_gpu:
-        from gspo_mcore.platform import cpu_norm
+    if not use_te and not on_gpu:  # the local spec on a CPU: its element-wise modules run the compiled kernels
+        from gspo_mcore.platform import cpu_mlp, cpu_norm
 
-        cpu_norm.use_compiled_rms_norm(model)
-    if options.cpu_swiglu and not use_te and not on_gpu:
-        from gspo_mcore.platform import cpu_mlp
-
-        cpu_mlp.use_compiled_swiglu(model)
+        if options.cpu_rms_norm:
+            cpu_norm.use_compiled_rms_norm(model)
+        if options.cpu_swiglu:
+            cpu_mlp.use_compiled_swiglu(model)
     if arch.is_moe:
         # routers keep their own RouterReplay (gspo_mcore.learner.routing drives them one by one); drop
         # Megatron's process-wide list so that building models repeatedly does not keep old ones alive

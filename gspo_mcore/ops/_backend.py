@@ -55,6 +55,18 @@ def grad_buffer_cache_bytes() -> int:
     return int(_C.grad_buffer_cache_bytes()) if HAVE_EXTENSION else 0
 
 
+_CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def cpu_kernel(name: str, x: torch.Tensor):
+    """The element-wise op ``name`` for ``x``: the compiled kernel (or, with :func:`use_reference`, its twin) for a
+    contiguous CPU tensor of float32 or bfloat16, which is what the CPU kernels take; the pure-torch twin
+    otherwise (another device, another dtype)."""
+    if x.device.type == "cpu" and x.dtype in _CPU_KERNEL_DTYPES and x.is_contiguous():
+        return op(name)
+    return getattr(reference, name)
+
+
 def op(name: str):
     """The implementation of op ``name`` currently in use."""
     if _use_reference:

@@ -10,25 +10,19 @@ from __future__ import annotations
 
 import torch
 
-from gspo_mcore.ops import _backend, reference
-
-_DTYPES = (torch.float32, torch.bfloat16)
-
-
-def _impl(h: torch.Tensor, name: str):
-    return _backend.op(name) if h.device.type == "cpu" and h.dtype in _DTYPES else getattr(reference, name)
+from gspo_mcore.ops import _backend
 
 
 class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h):
         ctx.save_for_backward(h)
-        return _impl(h, "swiglu_forward")(h)
+        return _backend.cpu_kernel("swiglu_forward", h)(h)
 
     @staticmethod
     def backward(ctx, grad):
         (h,) = ctx.saved_tensors
-        return _impl(h, "swiglu_backward")(grad.contiguous(), h)
+        return _backend.cpu_kernel("swiglu_backward", h)(grad.contiguous(), h)
 
 
 def swiglu(h: torch.Tensor) -> torch.Tensor:

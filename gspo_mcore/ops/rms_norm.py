@@ -12,26 +12,20 @@ from __future__ import annotations
 
 import torch
 
-from gspo_mcore.ops import _backend, reference
-
-_DTYPES = (torch.float32, torch.bfloat16)
-
-
-def _impl(x: torch.Tensor, name: str):
-    return _backend.op(name) if x.device.type == "cpu" and x.dtype in _DTYPES else getattr(reference, name)
+from gspo_mcore.ops import _backend
 
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps: float):
-        y, rstd = _impl(x, "rms_norm_forward")(x, weight, eps)
+        y, rstd = _backend.cpu_kernel("rms_norm_forward", x)(x, weight, eps)
         ctx.save_for_backward(x, weight, rstd)
         return y
 
     @staticmethod
     def backward(ctx, grad):
         x, weight, rstd = ctx.saved_tensors
-        dx, dw = _impl(x, "rms_norm_backward")(grad.contiguous(), x, weight, rstd)
+        dx, dw = _backend.cpu_kernel("rms_norm_backward", x)(grad.contiguous(), x, weight, rstd)
         return dx, dw, None
 
 

@@ -7,14 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from gspo_mcore.ops import _backend, reference
-
-_DTYPES = (torch.float32, torch.bfloat16)
-
-
-def _impl(x: torch.Tensor, name: str):
-    ok = x.device.type == "cpu" and x.dtype in _DTYPES and x.is_contiguous()
-    return _backend.op(name) if ok else getattr(reference, name)
+from gspo_mcore.ops import _backend
 
 
 def masked_softmax_(scores: torch.Tensor, mask: torch.Tensor | None, groups_per_batch: int, fill: float) -> None:
@@ -22,9 +15,9 @@ def masked_softmax_(scores: torch.Tensor, mask: torch.Tensor | None, groups_per_
     then the softmax over ``S``. Matrix ``g``'s row ``i`` reads mask row ``(0 if MB == 1 else g // groups_per_batch,
     i % SQ)``: the attention's score matrices, ``groups_per_batch`` per sequence, each with its query heads folded
     into the rows."""
-    _impl(scores, "masked_softmax_")(scores, mask, int(groups_per_batch), float(fill))
+    _backend.cpu_kernel("masked_softmax_", scores)(scores, mask, int(groups_per_batch), float(fill))
 
 
 def softmax_backward_(grad: torch.Tensor, probs: torch.Tensor) -> None:
     """``grad = probs * (grad - sum(grad * probs, -1))`` in place: the softmax's backward."""
-    _impl(grad, "softmax_backward_")(grad, probs)
+    _backend.cpu_kernel("softmax_backward_", grad)(grad, probs)

@@ -18,6 +18,7 @@ has no reduce-scatter): each rank's keys and values receive the gradients from e
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -103,7 +104,9 @@ def attention_probs(query, key, value, group, softmax_scale: float):
     return probs, value
 
 
-def _core_attention_class():
+@functools.cache
+def core_attention_class():
+    """The ``core_attention`` module class (built once: it subclasses Megatron's ``MegatronModule``)."""
     from megatron.core.transformer.module import MegatronModule
 
     class CpuContextParallelAttention(MegatronModule):
@@ -159,14 +162,3 @@ def _core_attention_class():
             return attend(probs, value)
 
     return CpuContextParallelAttention
-
-
-_CLASS = None
-
-
-def core_attention_class():
-    """The ``core_attention`` module class (built once: it subclasses Megatron's ``MegatronModule``)."""
-    global _CLASS
-    if _CLASS is None:
-        _CLASS = _core_attention_class()
-    return _CLASS

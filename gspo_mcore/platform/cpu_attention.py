@@ -31,6 +31,8 @@ module, value and gradient in fp32 and bf16, is ``tests/learner/test_cpu_attenti
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from gspo_mcore.ops.softmax import masked_softmax_, softmax_backward_
@@ -97,18 +99,9 @@ def causal_mask(sq: int, sk: int, device) -> torch.Tensor:
     return torch.ones(sq, sk, dtype=torch.bool, device=device).triu_(sk - sq + 1)[None, None]
 
 
-_CLASS = None
-
-
+@functools.cache
 def core_attention_class():
     """:class:`CpuDotProductAttention` (built on first use: it subclasses Megatron's ``DotProductAttention``)."""
-    global _CLASS
-    if _CLASS is None:
-        _CLASS = _build_class()
-    return _CLASS
-
-
-def _build_class():
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.enums import AttnMaskType
 

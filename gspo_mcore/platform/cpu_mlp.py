@@ -13,22 +13,16 @@ bfloat16); any other call runs Megatron's forward.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from gspo_mcore.ops.activation import swiglu
 
-_CLASS = None
 
-
+@functools.cache
 def mlp_class():
     """:class:`CpuMLP` (built on first use: it subclasses Megatron's ``MLP``)."""
-    global _CLASS
-    if _CLASS is None:
-        _CLASS = _build_class()
-    return _CLASS
-
-
-def _build_class():
     from megatron.core.transformer.mlp import MLP
 
     class CpuMLP(MLP):
