@@ -110,6 +110,8 @@ TORCH_LIBRARY(gspo_mcore, m) {
   // p * (grad - sum(grad * p)) written over grad.
   m.def("masked_softmax_(Tensor(a!) scores, Tensor? mask, int groups_per_batch, float fill) -> ()");
   m.def("softmax_backward_(Tensor(a!) grad, Tensor probs) -> ()");
+  // a @ b with a's rows split across the CPU threads, one single-threaded GEMM each (at least min_rows rows).
+  m.def("mm_rows(Tensor a, Tensor b, int min_rows) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gspo_mcore, CPU, m) {
@@ -125,6 +127,7 @@ TORCH_LIBRARY_IMPL(gspo_mcore, CPU, m) {
   m.impl("swiglu_backward", &gspo::swiglu_backward_cpu);
   m.impl("masked_softmax_", &gspo::masked_softmax_cpu_);
   m.impl("softmax_backward_", &gspo::softmax_backward_cpu_);
+  m.impl("mm_rows", &gspo::mm_rows_cpu);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {

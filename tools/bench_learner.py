@@ -18,7 +18,7 @@ Learner options, passed through to the installed learner (refused with a message
 them): ``--share-prompt on|off`` (``batch.share_prompt``: ``forward_backward(share_prompt=...)``),
 ``--dtype bf16`` (``model.options.cpu_bf16``: ``ModelOptions(cpu_bf16=True)``), ``--attention cpu|megatron``
 (``model.options.cpu_attention``), ``--rms-norm compiled|torch`` (``model.options.cpu_rms_norm``), ``--swiglu
-compiled|torch`` (``model.options.cpu_swiglu``);
+compiled|torch`` (``model.options.cpu_swiglu``), ``--split-linear on|off`` (``model.options.cpu_split_linear``);
 ``--fused-lm-head on|off`` (``loss.fused_lm_head``).
 
 Efficiency: the learner's FLOP/s counts the matmuls of the tokens it computes (QKV, attention output
@@ -106,6 +106,9 @@ def learner_options(args) -> tuple[dict, dict]:
     if getattr(args, "swiglu", None) is not None:
         need("cpu_swiglu", f"--swiglu {args.swiglu}", "leave --swiglu out")
         model_kw["cpu_swiglu"] = args.swiglu == "compiled"
+    if getattr(args, "split_linear", None) is not None:
+        need("cpu_split_linear", f"--split-linear {args.split_linear}", "leave --split-linear out")
+        model_kw["cpu_split_linear"] = args.split_linear == "on"
     if args.share_prompt is not None:
         if "share_prompt" not in inspect.signature(forward_backward).parameters:
             raise SystemExit(
@@ -303,6 +306,7 @@ def worker(args):
             attention=args.attention,
             rms_norm=args.rms_norm,
             swiglu=args.swiglu,
+            split_linear=getattr(args, "split_linear", None),
             fused_lm_head=args.fused_lm_head,
             samples=args.samples,
             packing="thd" if uses_transformer_engine(model) else args.packing,
@@ -404,6 +408,14 @@ def main():
         choices=("compiled", "torch"),
         help="on a CPU, model.options.cpu_swiglu: compiled (gspo_mcore.platform.cpu_mlp) or torch (Megatron's MLP "
         "forward); default: leave it to the learner; refused when the learner lacks it",
+    )
+    parser.add_argument(
+        "--split-linear",
+        default=None,
+        choices=("on", "off"),
+        help="on a CPU, model.options.cpu_split_linear: the linear layers' bf16 products split by rows across "
+        "threads (gspo_mcore.platform.cpu_linear) or Megatron's torch.matmul; default: leave it to the learner; "
+        "refused when the learner lacks it",
     )
     parser.add_argument(
         "--fused-lm-head",

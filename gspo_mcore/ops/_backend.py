@@ -125,6 +125,10 @@ if HAVE_EXTENSION:
     def _(grad, probs):
         return None
 
+    @torch.library.register_fake(lib + "mm_rows")
+    def _(a, b, min_rows):
+        return a.new_empty((a.shape[0], b.shape[1]))
+
     # segment_sum is linear in `values`: its backward spreads each sequence's gradient over its
     # counted tokens.
     def _segment_sum_setup(ctx, inputs, output):

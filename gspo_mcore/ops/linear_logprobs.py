@@ -18,6 +18,7 @@ import torch
 
 from gspo_mcore.ops import _backend
 from gspo_mcore.ops._checks import check_length, check_tensor
+from gspo_mcore.ops.gemm import mm_rows
 from gspo_mcore.ops.logprobs import check_temperature, reduce_vocab_stats
 from gspo_mcore.ops.reference import MAX, OWNED, SUMEXP, TARGET, XSUM
 
@@ -161,8 +162,8 @@ class _LinearTokenLogprobs(torch.autograd.Function):
             if need_h:
                 if hidden.dtype == torch.float32:
                     grad_h.addmm_(d_logits, w)
-                else:
-                    grad_h += d_logits @ w
+                else:  # the product's output is narrow ([T, H]): rows split across the threads
+                    grad_h += mm_rows(d_logits, w)
             if need_w:
                 torch.mm(d_logits.T, hidden, out=grad_w[c0:c1])
         if need_h:

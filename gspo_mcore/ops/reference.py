@@ -159,6 +159,11 @@ def softmax_backward_(grad, probs):
     grad.copy_(p * (g - (g * p).sum(-1, keepdim=True)))
 
 
+def mm_rows(a, b, min_rows: int):
+    """``a @ b``: the product :func:`gspo_mcore.ops.gemm.mm_rows` splits by rows across threads."""
+    return a @ b
+
+
 def _segment_ids(cu_seqlens, num_tokens: int):
     """Sequence index of every token: (T,) int64."""
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()

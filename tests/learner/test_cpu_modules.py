@@ -2,7 +2,8 @@
 :mod:`gspo_mcore.platform.cpu_mlp`): every ``torch.nn.RMSNorm`` and every plain ``MLP`` of a CPU model built with
 ``model.options.cpu_rms_norm`` / ``cpu_swiglu`` (the defaults) becomes a ``CpuRMSNorm`` / ``CpuMLP`` with the same
 parameters and state-dict keys; a Qwen3 model (query and key norms too) gives the same logits and gradients with
-them as without, within float32 rounding."""
+them as without, within float32 rounding. Likewise the row-split linear layers (:mod:`gspo_mcore.platform.cpu_linear`,
+``model.options.cpu_split_linear``) in a bfloat16 model, within bfloat16 rounding, with and without LoRA."""
 
 from __future__ import annotations
 
@@ -103,3 +104,71 @@ def test_the_built_model_uses_it_with_the_same_results():
     for name, g in got[False]["grads"].items():
         scale = g.abs().max().item()
         torch.testing.assert_close(got[True]["grads"][name], g, rtol=1e-4, atol=1e-5 * scale, msg=name)
+
+
+def _split_rank(rank, world, arch_kw):
+    from megatron.core import parallel_state as ps
+
+    from gspo_mcore.learner.lora import LoraConfig
+    from gspo_mcore.learner.model import ModelOptions, build_model
+    from gspo_mcore.learner.model_config import load_hf_config
+    from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
+    from gspo_mcore.ops import gemm
+
+    torch.set_num_threads(2)
+    gemm.MIN_ROWS = 1  # split even these few rows (38 tokens) across the two threads
+    arch = load_hf_config(arch_kw)
+    init_parallel(ParallelConfig(), arch, seed=1)
+    out = {}
+    try:
+        tokens = torch.randint(0, arch.vocab_size, (2, 19), generator=torch.Generator().manual_seed(1))
+        positions = torch.arange(19)[None].expand(2, -1)
+        for lora in (None, LoraConfig(rank=4, alpha=8, target_modules="all-linear")):
+            for split in (False, True):
+                options = ModelOptions(cpu_bf16=True, cpu_split_linear=split)
+                chunk = build_model(arch, ParallelConfig(), options, seed=1, wrap_ddp=False, lora=lora)[0]
+                if lora is not None:
+                    with torch.no_grad():  # B starts at zero: make the adapters count
+                        for n, p in chunk.named_parameters():
+                            if n.endswith("lora_B"):
+                                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(len(n)))
+                kinds = {type(m).__name__ for m in chunk.modules() if "ParallelLinear" in type(m).__name__}
+                logits = chunk(tokens, positions, None)
+                logits.float().square().mean().backward()
+                grads = {n: p.grad.float().clone() for n, p in chunk.named_parameters() if p.grad is not None}
+                out[lora is not None, split] = {"kinds": kinds, "logits": logits.detach().float(), "grads": grads}
+    finally:
+        ps.destroy_model_parallel()
+    return out
+
+
+@pytest.mark.distributed
+def test_split_linear_gives_the_same_results_in_bf16():
+    from helpers.dist_cases import run_ranks
+
+    arch = dict(
+        model_type="llama",
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_theta=10000.0,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
+    got = run_ranks(_split_rank, 1, args=(arch,))[0]
+    for lora in (False, True):
+        plain, split = got[lora, False], got[lora, True]
+        assert not any(k.startswith("Cpu") for k in plain["kinds"]), plain["kinds"]
+        assert any(k.startswith("Cpu") for k in split["kinds"]), split["kinds"]
+        assert all(k.startswith(("Cpu", "LoRACpu")) for k in split["kinds"]), split["kinds"]
+        scale = plain["logits"].abs().max().item()
+        torch.testing.assert_close(split["logits"], plain["logits"], rtol=0, atol=2**-6 * scale)
+        assert split["grads"].keys() == plain["grads"].keys()
+        assert any("lora_A" in n for n in split["grads"]) == lora
+        for name, g in plain["grads"].items():
+            scale = g.abs().max().item()
+            torch.testing.assert_close(split["grads"][name], g, rtol=0, atol=2**-5 * scale, msg=name)
