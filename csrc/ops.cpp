@@ -112,6 +112,9 @@ TORCH_LIBRARY(gspo_mcore, m) {
   m.def("softmax_backward_(Tensor(a!) grad, Tensor probs) -> ()");
   // a @ b with a's rows split across the CPU threads, one single-threaded GEMM each (at least min_rows rows).
   m.def("mm_rows(Tensor a, Tensor b, int min_rows) -> Tensor");
+  // Rotary position embedding of x [S, B, H, D] (halves rotated) by angles with cos, sin [S, 1 or B, D / 2];
+  // sign = -1 rotates back (the backward).
+  m.def("rope(Tensor x, Tensor cos, Tensor sin, float sign) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gspo_mcore, CPU, m) {
@@ -128,6 +131,7 @@ TORCH_LIBRARY_IMPL(gspo_mcore, CPU, m) {
   m.impl("masked_softmax_", &gspo::masked_softmax_cpu_);
   m.impl("softmax_backward_", &gspo::softmax_backward_cpu_);
   m.impl("mm_rows", &gspo::mm_rows_cpu);
+  m.impl("rope", &gspo::rope_cpu);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {

@@ -53,6 +53,9 @@ void softmax_backward_cpu_(at::Tensor& grad, const at::Tensor& probs);
 // ---- a GEMM with its rows split across the CPU threads (gemm_cpu.cpp) ----
 at::Tensor mm_rows_cpu(const at::Tensor& a, const at::Tensor& b, int64_t min_rows);
 
+// ---- rotary position embedding (rope_cpu.cpp) ----
+at::Tensor rope_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, double sign);
+
 // ---- CPU instruction-set selection for the vocabulary kernels ----
 std::string cpu_isa();                      // the ISA in use: "avx512_bf16", "avx512", "avx2" or "default"
 std::string set_cpu_isa(const std::string&);  // force one ("auto" = best supported); returns the ISA in use

@@ -97,3 +97,15 @@ GSPO_TARGET void softmax_backward_row(T* g, const T* p, int64_t n) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) st(&g[j], ld(p[j]) * (ld(g[j]) - dot));
 }
+
+// Rotary position embedding over one row [x1, x2] (half each): y1 = x1 cos - sign x2 sin, y2 = x2 cos + sign x1 sin,
+// with one angle per pair (c, s: half each). sign = -1 is the backward (the rotation's transpose).
+template <typename T>
+GSPO_TARGET void rope_row(const T* x, T* y, const float* c, const float* s, float sign, int64_t half) {
+#pragma omp simd
+  for (int64_t j = 0; j < half; ++j) {
+    const float a = ld(x[j]), b = ld(x[half + j]), sj = sign * s[j];
+    st(&y[j], a * c[j] - b * sj);
+    st(&y[half + j], b * c[j] + a * sj);
+  }
+}

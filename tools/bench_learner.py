@@ -18,7 +18,8 @@ Learner options, passed through to the installed learner (refused with a message
 them): ``--share-prompt on|off`` (``batch.share_prompt``: ``forward_backward(share_prompt=...)``),
 ``--dtype bf16`` (``model.options.cpu_bf16``: ``ModelOptions(cpu_bf16=True)``), ``--attention cpu|megatron``
 (``model.options.cpu_attention``), ``--rms-norm compiled|torch`` (``model.options.cpu_rms_norm``), ``--swiglu
-compiled|torch`` (``model.options.cpu_swiglu``), ``--split-linear on|off`` (``model.options.cpu_split_linear``);
+compiled|torch`` (``model.options.cpu_swiglu``), ``--split-linear on|off`` (``model.options.cpu_split_linear``),
+``--rope compiled|torch`` (``model.options.cpu_rope``);
 ``--fused-lm-head on|off`` (``loss.fused_lm_head``).
 
 Efficiency: the learner's FLOP/s counts the matmuls of the tokens it computes (QKV, attention output
@@ -106,6 +107,9 @@ def learner_options(args) -> tuple[dict, dict]:
     if getattr(args, "swiglu", None) is not None:
         need("cpu_swiglu", f"--swiglu {args.swiglu}", "leave --swiglu out")
         model_kw["cpu_swiglu"] = args.swiglu == "compiled"
+    if getattr(args, "rope", None) is not None:
+        need("cpu_rope", f"--rope {args.rope}", "leave --rope out")
+        model_kw["cpu_rope"] = args.rope == "compiled"
     if getattr(args, "split_linear", None) is not None:
         need("cpu_split_linear", f"--split-linear {args.split_linear}", "leave --split-linear out")
         model_kw["cpu_split_linear"] = args.split_linear == "on"
@@ -307,6 +311,7 @@ def worker(args):
             rms_norm=args.rms_norm,
             swiglu=args.swiglu,
             split_linear=getattr(args, "split_linear", None),
+            rope=getattr(args, "rope", None),
             fused_lm_head=args.fused_lm_head,
             samples=args.samples,
             packing="thd" if uses_transformer_engine(model) else args.packing,
@@ -408,6 +413,13 @@ def main():
         choices=("compiled", "torch"),
         help="on a CPU, model.options.cpu_swiglu: compiled (gspo_mcore.platform.cpu_mlp) or torch (Megatron's MLP "
         "forward); default: leave it to the learner; refused when the learner lacks it",
+    )
+    parser.add_argument(
+        "--rope",
+        default=None,
+        choices=("compiled", "torch"),
+        help="on a CPU, model.options.cpu_rope: compiled (gspo_mcore.platform.cpu_rope) or torch (Megatron's unfused "
+        "RoPE); default: leave it to the learner; refused when the learner lacks it",
     )
     parser.add_argument(
         "--split-linear",

@@ -77,6 +77,11 @@ class ModelOptions:
     """On a CPU host with the local spec, each MLP's gated activation runs the compiled SwiGLU of
     :mod:`gspo_mcore.platform.cpu_mlp` (one pass forward and one backward instead of chunk, silu, multiply and a
     ``cat``). ``false``: Megatron's MLP forward. No effect with Transformer Engine or on a GPU."""
+    cpu_rope: bool = True
+    """On a CPU host with the local spec, the attention's rotary embedding runs the compiled kernel of
+    :mod:`gspo_mcore.platform.cpu_rope` (one pass over the queries and keys each way, cos and sin taken once per
+    forward, float32 inside) where it covers the call. ``false``: Megatron's unfused RoPE. No effect with
+    Transformer Engine or on a GPU."""
     cpu_split_linear: bool = True
     """On a CPU host with the local spec, the linear layers' bf16 forward and input-gradient products give each
     thread its own rows (:mod:`gspo_mcore.platform.cpu_linear`) where the output is at most 1024 wide: oneDNN
@@ -177,10 +182,12 @@ def build_model(
         rotary_base=int(arch.rope_theta),
     )
     if not use_te and not on_gpu:  # the local spec on a CPU: its element-wise modules run the compiled kernels
-        from gspo_mcore.platform import cpu_linear, cpu_mlp, cpu_norm
+        from gspo_mcore.platform import cpu_linear, cpu_mlp, cpu_norm, cpu_rope
 
         if options.cpu_split_linear:
             cpu_linear.use_split_linear(model)
+        if options.cpu_rope:
+            cpu_rope.use_compiled_rope(config)
         if options.cpu_rms_norm:
             cpu_norm.use_compiled_rms_norm(model)
         if options.cpu_swiglu:

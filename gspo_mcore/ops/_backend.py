@@ -129,6 +129,10 @@ if HAVE_EXTENSION:
     def _(a, b, min_rows):
         return a.new_empty((a.shape[0], b.shape[1]))
 
+    @torch.library.register_fake(lib + "rope")
+    def _(x, cos, sin, sign):
+        return torch.empty_like(x)
+
     # segment_sum is linear in `values`: its backward spreads each sequence's gradient over its
     # counted tokens.
     def _segment_sum_setup(ctx, inputs, output):

@@ -164,6 +164,15 @@ def mm_rows(a, b, min_rows: int):
     return a @ b
 
 
+def rope(x, cos, sin, sign: float):
+    """Rotary embedding of ``x [S, B, H, D]`` (halves ``[x1, x2]``) by ``cos, sin [S, 1 or B, D/2]`` (float32):
+    ``[x1 cos - sign x2 sin, x2 cos + sign x1 sin]``, in float32 (float64 for float64 ``x``), rounded once."""
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+    c, s = cos.to(wide)[:, :, None], sign * sin.to(wide)[:, :, None]
+    x1, x2 = x.to(wide).chunk(2, dim=-1)
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+
+
 def _segment_ids(cu_seqlens, num_tokens: int):
     """Sequence index of every token: (T,) int64."""
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()

@@ -2,7 +2,8 @@
 :mod:`gspo_mcore.platform.cpu_mlp`): every ``torch.nn.RMSNorm`` and every plain ``MLP`` of a CPU model built with
 ``model.options.cpu_rms_norm`` / ``cpu_swiglu`` (the defaults) becomes a ``CpuRMSNorm`` / ``CpuMLP`` with the same
 parameters and state-dict keys; a Qwen3 model (query and key norms too) gives the same logits and gradients with
-them as without, within float32 rounding. Likewise the row-split linear layers (:mod:`gspo_mcore.platform.cpu_linear`,
+them as without, within float32 rounding; so does the compiled RoPE (:mod:`gspo_mcore.platform.cpu_rope`,
+``model.options.cpu_rope``). Likewise the row-split linear layers (:mod:`gspo_mcore.platform.cpu_linear`,
 ``model.options.cpu_split_linear``) in a bfloat16 model, within bfloat16 rounding, with and without LoRA."""
 
 from __future__ import annotations
@@ -65,14 +66,22 @@ def _rank(rank, world, arch_kw):
         positions = torch.arange(19)[None].expand(2, -1)
         from megatron.core.transformer.mlp import MLP
 
+        from gspo_mcore.ops import rope as rope_ops
+
         for compiled in (False, True):
-            options = ModelOptions(cpu_rms_norm=compiled, cpu_swiglu=compiled)
+            options = ModelOptions(cpu_rms_norm=compiled, cpu_swiglu=compiled, cpu_rope=compiled)
             chunk = build_model(arch, ParallelConfig(), options, seed=1, wrap_ddp=False)[0]
             kinds = {type(m).__name__ for m in chunk.modules() if isinstance(m, (torch.nn.RMSNorm, MLP))}
+            rope_ops._angles = None
             logits = chunk(tokens, positions, None)
             logits.float().square().mean().backward()
             grads = {n: p.grad.clone() for n, p in chunk.named_parameters()}
-            out[compiled] = {"kinds": kinds, "logits": logits.detach(), "grads": grads}
+            out[compiled] = {
+                "kinds": kinds,
+                "logits": logits.detach(),
+                "grads": grads,
+                "rope": rope_ops._angles is not None,
+            }
     finally:
         ps.destroy_model_parallel()
     return out
@@ -98,6 +107,7 @@ def test_the_built_model_uses_it_with_the_same_results():
     got = run_ranks(_rank, 1, args=(arch,))[0]
     assert got[False]["kinds"] == {"RMSNorm", "MLP"}
     assert got[True]["kinds"] == {"CpuRMSNorm", "CpuMLP"}
+    assert got[True]["rope"] and not got[False]["rope"]  # the compiled RoPE ran (its angles were taken) or not
     torch.testing.assert_close(got[True]["logits"], got[False]["logits"], rtol=1e-5, atol=1e-5)
     assert got[True]["grads"].keys() == got[False]["grads"].keys()
     assert sum("norm" in n for n in got[True]["grads"]) >= 4 and sum("fc1" in n for n in got[True]["grads"]) == 2
