@@ -27,13 +27,16 @@ projection, MLP fc1 and fc2, LM head; forward + backward = 3x the forward's 2*M*
 norms and the loss not counted; a shared prompt counted once per group). In the same run, on rank 0 with the
 same threads, plain GEMMs of those shapes (M = the tokens of one micro-batch; the forward product and the two
 of its backward) are timed in fp32 and bf16, and the learner's FLOP/s per rank is given as a fraction of the
-GEMM rate of its own dtype. The header prints the CPU model and ``gspo_mcore._C.cpu_isa()``.
+GEMM rate of its own dtype. In bf16 the JSON row also gives ``gemm_fraction_best``: against each product's faster
+of plain ``torch.matmul`` and the row-split ``gspo_mcore.ops.gemm.mm_rows``, which the learner's linear layers
+use (``gemm_gflops["bf16_best"]``). The header prints the CPU model and ``gspo_mcore._C.cpu_isa()``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import inspect
 import json
 import os
@@ -219,6 +222,33 @@ def gemm_rate(arch, M: int, dtype, repeat: int = 3) -> float:
     return flops / seconds
 
 
+def best_gemm_rate(arch, M: int, dtype, repeat: int = 3) -> float:
+    """As :func:`gemm_rate`, but each of the three products the faster of plain ``torch.matmul`` and
+    ``gspo_mcore.ops.gemm.mm_rows`` (rows split across the threads): the best this machine is known to do."""
+    import torch
+
+    from gspo_mcore.ops.gemm import mm_rows
+
+    def timed(fn, a, b):
+        best = float("inf")
+        for r in range(repeat + 1):  # the first is a warm-up
+            t0 = time.perf_counter()
+            fn(a, b)
+            if r:
+                best = min(best, time.perf_counter() - t0)
+        return best
+
+    flops = seconds = 0.0
+    g = torch.Generator().manual_seed(0)
+    for _, K, N, count in matmul_shapes(arch):
+        x, w = torch.randn(M, K, generator=g).to(dtype), torch.randn(K, N, generator=g).to(dtype)
+        dy = torch.randn(M, N, generator=g).to(dtype)
+        for a, b in ((x, w), (dy, w.T), (x.T, dy)):
+            seconds += count * min(timed(torch.matmul, a, b), timed(mm_rows, a, b))
+        flops += count * 6.0 * M * K * N
+    return flops / seconds
+
+
 def cpu_header() -> dict:
     """The CPU model and the kernels' instruction set (``gspo_mcore._C.cpu_isa()``)."""
     import platform
@@ -293,6 +323,8 @@ def worker(args):
     if dist.get_rank() == 0 and not torch.cuda.is_available():  # the GEMM rates, this rank's threads
         M = min(args.max_tokens, computed_tokens)
         gemm = {name: gemm_rate(arch, M, dtype) for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+        if importlib.util.find_spec("gspo_mcore.ops.gemm") is not None:  # the best known: plain or rows split
+            gemm["bf16_best"] = best_gemm_rate(arch, M, torch.bfloat16)
     dist.barrier()
     if dist.get_rank() == 0:
         dtype = str(model[0].config.params_dtype).removeprefix("torch.")
@@ -324,6 +356,11 @@ def worker(args):
             gflops_per_rank=flops_per_rank / 1e9,
             gemm_gflops={k: v / 1e9 for k, v in gemm.items()},
             gemm_fraction=flops_per_rank / own if own else None,
+            gemm_fraction_best=(
+                flops_per_rank / max(own, gemm["bf16_best"])
+                if own and "bf16_best" in gemm and dtype == "bfloat16"
+                else None
+            ),
             peak_gib=peak,
         )
         with open(args.out, "a") as f:
