@@ -36,8 +36,11 @@ def test_bench_learner_groups_sharing_a_prompt_report_tokens_flops_and_gemm_rate
     [row] = data["rows"]
     assert row["tokens"] == 8 * (9 + 5) and row["computed_tokens"] == row["tokens"]  # unshared: every prompt
     assert row["tokens_per_s"] > 0 and row["gflops_per_rank"] > 0
-    assert set(row["gemm_gflops"]) == {"fp32", "bf16"} and all(v > 0 for v in row["gemm_gflops"].values())
+    # plain GEMMs in both dtypes, and bf16's faster of plain and row-split (gspo_mcore.ops.gemm.mm_rows)
+    assert set(row["gemm_gflops"]) == {"fp32", "bf16", "bf16_best"}
+    assert all(v > 0 for v in row["gemm_gflops"].values())
     assert row["gemm_fraction"] == pytest.approx(row["gflops_per_rank"] / row["gemm_gflops"]["fp32"])
+    assert row["gemm_fraction_best"] is None  # an fp32 learner: the bf16 best does not apply
 
 
 def test_model_flops_count_the_matmuls_of_each_token_forward_and_backward():
