@@ -101,21 +101,17 @@ def learner_options(args) -> tuple[dict, dict]:
     if args.dtype == "bf16":
         need("cpu_bf16", "--dtype bf16", "use --dtype fp32 or a learner with CPU bf16")
         model_kw["cpu_bf16"] = True
-    if getattr(args, "attention", None) is not None:
-        need("cpu_attention", f"--attention {args.attention}", "leave --attention out")
-        model_kw["cpu_attention"] = args.attention == "cpu"
-    if getattr(args, "rms_norm", None) is not None:
-        need("cpu_rms_norm", f"--rms-norm {args.rms_norm}", "leave --rms-norm out")
-        model_kw["cpu_rms_norm"] = args.rms_norm == "compiled"
-    if getattr(args, "swiglu", None) is not None:
-        need("cpu_swiglu", f"--swiglu {args.swiglu}", "leave --swiglu out")
-        model_kw["cpu_swiglu"] = args.swiglu == "compiled"
-    if getattr(args, "rope", None) is not None:
-        need("cpu_rope", f"--rope {args.rope}", "leave --rope out")
-        model_kw["cpu_rope"] = args.rope == "compiled"
-    if getattr(args, "split_linear", None) is not None:
-        need("cpu_split_linear", f"--split-linear {args.split_linear}", "leave --split-linear out")
-        model_kw["cpu_split_linear"] = args.split_linear == "on"
+    for arg, key, flag, on in (  # (args attribute, model.options key, flag, the value that turns the key on)
+        ("attention", "cpu_attention", "--attention", "cpu"),
+        ("rms_norm", "cpu_rms_norm", "--rms-norm", "compiled"),
+        ("swiglu", "cpu_swiglu", "--swiglu", "compiled"),
+        ("rope", "cpu_rope", "--rope", "compiled"),
+        ("split_linear", "cpu_split_linear", "--split-linear", "on"),
+    ):
+        value = getattr(args, arg, None)
+        if value is not None:
+            need(key, f"{flag} {value}", f"leave {flag} out")
+            model_kw[key] = value == on
     if args.share_prompt is not None:
         if "share_prompt" not in inspect.signature(forward_backward).parameters:
             raise SystemExit(

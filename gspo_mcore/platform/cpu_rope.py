@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from gspo_mcore.ops.rope import angles, rope
+
 FLAG = "_gspo_compiled_rope"
 """The attribute :func:`use_compiled_rope` sets on a model's ``TransformerConfig``."""
 
@@ -39,8 +41,6 @@ def _covered(t, freqs, config, cu_seqlens, mscale) -> bool:
 
 
 def _apply_rotary_pos_emb(t, freqs, config, cu_seqlens=None, mscale=1.0, cp_group=None):
-    from gspo_mcore.ops.rope import angles, rope
-
     if _covered(t, freqs, config, cu_seqlens, mscale):
         cos_sin = angles(freqs)
         if cos_sin is not None:
