@@ -383,6 +383,8 @@ def launch(args, name, out):
         "attention",
         "rms_norm",
         "swiglu",
+        "rope",
+        "split_linear",
         "fused_lm_head",
         "group_size",
         "prompt_len",
