@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 PROBE = r"""
-import ctypes, json, sys
+import ctypes, json, resource, sys
 import torch
 from gspo_mcore.platform import cpu_malloc
 
@@ -24,11 +24,21 @@ class Mallinfo2(ctypes.Structure):
 libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = Mallinfo2
 applied = cpu_malloc.keep_freed_memory()
+libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, (ctypes.c_void_p,)
+block = libc.malloc(64 << 20)  # at the top of the heap: nothing allocated after it
+ctypes.memset(block, 1, 64 << 20)
+grown = libc.mallinfo2().arena
+libc.free(block)
+kept = libc.mallinfo2().arena - grown  # 0 if the freed top stayed mapped, -64 MiB if it was trimmed back
 x = torch.empty(64 << 20, dtype=torch.uint8)  # 64 MiB: above any mmap threshold glibc would pick
 mapped = libc.mallinfo2().hblkhd  # bytes in mmap'd blocks
+x.fill_(0)  # its pages faulted in
 del x
-y = torch.empty(64 << 20, dtype=torch.uint8)
-print(json.dumps({"applied": applied, "mapped": mapped, "heap": libc.mallinfo2().arena}))
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+y = torch.empty(32 << 20, dtype=torch.uint8).fill_(1)  # fits where x was
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults  # its pages reused, or faulted in afresh
+print(json.dumps({"applied": applied, "mapped": mapped, "heap": libc.mallinfo2().arena, "kept": kept,
+                  "faults": faults}))
 """
 
 
@@ -43,9 +53,18 @@ def test_large_tensors_come_from_the_heap_once_tuned():
     assert got["applied"] is True
     assert got["mapped"] < (64 << 20), got  # not a fresh mapping
     assert got["heap"] >= (64 << 20), got
+    assert got["kept"] > -(1 << 20), got  # a freed block at the heap's top stayed mapped, not trimmed back
+    assert got["faults"] < 1000, got  # so the next block reuses its pages (8,192 faults if they were returned)
+
+
+def test_the_trim_threshold_fits_mallopts_int():
+    from gspo_mcore.platform import cpu_malloc
+
+    assert 64 << 20 < cpu_malloc.TRIM_THRESHOLD < 2**31  # a larger value is cut short by the C int
 
 
 def test_the_environment_can_leave_the_allocator_alone():
     got = _probe("0")
     assert got["applied"] is False
     assert got["mapped"] >= (64 << 20), got  # glibc's default: a 64 MiB block is its own mapping
+    assert got["faults"] > 1000, got  # ... mapped afresh each time, its pages faulted in again
