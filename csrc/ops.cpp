@@ -115,6 +115,8 @@ TORCH_LIBRARY(gspo_mcore, m) {
   // Rotary position embedding of x [S, B, H, D] (halves rotated) by angles with cos, sin [S, 1 or B, D / 2];
   // sign = -1 rotates back (the backward).
   m.def("rope(Tensor x, Tensor cos, Tensor sin, float sign) -> Tensor");
+  // dst += src in float32 for a float32 dst and a float32 or bfloat16 src of the same shape, one pass.
+  m.def("accumulate_(Tensor(a!) dst, Tensor src) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(gspo_mcore, CPU, m) {
@@ -132,6 +134,7 @@ TORCH_LIBRARY_IMPL(gspo_mcore, CPU, m) {
   m.impl("softmax_backward_", &gspo::softmax_backward_cpu_);
   m.impl("mm_rows", &gspo::mm_rows_cpu);
   m.impl("rope", &gspo::rope_cpu);
+  m.impl("accumulate_", &gspo::accumulate_cpu_);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {

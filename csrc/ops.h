@@ -53,6 +53,9 @@ void softmax_backward_cpu_(at::Tensor& grad, const at::Tensor& probs);
 // ---- a GEMM with its rows split across the CPU threads (gemm_cpu.cpp) ----
 at::Tensor mm_rows_cpu(const at::Tensor& a, const at::Tensor& b, int64_t min_rows);
 
+// ---- a gradient accumulated into a float32 buffer (accumulate_cpu.cpp) ----
+void accumulate_cpu_(at::Tensor& dst, const at::Tensor& src);
+
 // ---- rotary position embedding (rope_cpu.cpp) ----
 at::Tensor rope_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, double sign);
 

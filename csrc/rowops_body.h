@@ -98,6 +98,13 @@ GSPO_TARGET void softmax_backward_row(T* g, const T* p, int64_t n) {
   for (int64_t j = 0; j < n; ++j) st(&g[j], ld(p[j]) * (ld(g[j]) - dot));
 }
 
+// dst += src over n elements, in float32.
+template <typename T>
+GSPO_TARGET void add_row(float* dst, const T* src, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) dst[j] += ld(src[j]);
+}
+
 // Rotary position embedding over one row [x1, x2] (half each): y1 = x1 cos - sign x2 sin, y2 = x2 cos + sign x1 sin,
 // with one angle per pair (c, s: half each). sign = -1 is the backward (the rotation's transpose).
 template <typename T>

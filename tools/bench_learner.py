@@ -19,7 +19,8 @@ them): ``--share-prompt on|off`` (``batch.share_prompt``: ``forward_backward(sha
 ``--dtype bf16`` (``model.options.cpu_bf16``: ``ModelOptions(cpu_bf16=True)``), ``--attention cpu|megatron``
 (``model.options.cpu_attention``), ``--rms-norm compiled|torch`` (``model.options.cpu_rms_norm``), ``--swiglu
 compiled|torch`` (``model.options.cpu_swiglu``), ``--split-linear on|off`` (``model.options.cpu_split_linear``),
-``--rope compiled|torch`` (``model.options.cpu_rope``);
+``--rope compiled|torch`` (``model.options.cpu_rope``), ``--grad-accumulation one-pass|megatron``
+(``model.options.cpu_grad_accumulation``);
 ``--fused-lm-head on|off`` (``loss.fused_lm_head``).
 
 Efficiency: the learner's FLOP/s counts the matmuls of the tokens it computes (QKV, attention output
@@ -82,6 +83,16 @@ LAYOUTS = {
 DEFAULT_LAYOUTS = "1,dp2,tp2,pp2,moe-1,moe-ep2"
 
 
+MODEL_OPTION_FLAGS = (  # (flag as an args attribute, the model.options key, the value that turns the key on)
+    ("attention", "cpu_attention", "cpu"),
+    ("rms_norm", "cpu_rms_norm", "compiled"),
+    ("swiglu", "cpu_swiglu", "compiled"),
+    ("rope", "cpu_rope", "compiled"),
+    ("split_linear", "cpu_split_linear", "on"),
+    ("grad_accumulation", "cpu_grad_accumulation", "one-pass"),
+)
+
+
 def learner_options(args) -> tuple[dict, dict]:
     """The keywords for ``ModelOptions`` and ``forward_backward`` that ``--dtype`` and ``--share-prompt`` ask
     for; a ``SystemExit`` naming the key when the installed learner lacks it."""
@@ -101,13 +112,8 @@ def learner_options(args) -> tuple[dict, dict]:
     if args.dtype == "bf16":
         need("cpu_bf16", "--dtype bf16", "use --dtype fp32 or a learner with CPU bf16")
         model_kw["cpu_bf16"] = True
-    for arg, key, flag, on in (  # (args attribute, model.options key, flag, the value that turns the key on)
-        ("attention", "cpu_attention", "--attention", "cpu"),
-        ("rms_norm", "cpu_rms_norm", "--rms-norm", "compiled"),
-        ("swiglu", "cpu_swiglu", "--swiglu", "compiled"),
-        ("rope", "cpu_rope", "--rope", "compiled"),
-        ("split_linear", "cpu_split_linear", "--split-linear", "on"),
-    ):
+    for arg, key, on in MODEL_OPTION_FLAGS:
+        flag = "--" + arg.replace("_", "-")
         value = getattr(args, arg, None)
         if value is not None:
             need(key, f"{flag} {value}", f"leave {flag} out")
@@ -335,11 +341,7 @@ def worker(args):
             te=have_transformer_engine(),
             dtype=dtype,
             share_prompt=args.share_prompt,
-            attention=args.attention,
-            rms_norm=args.rms_norm,
-            swiglu=args.swiglu,
-            split_linear=getattr(args, "split_linear", None),
-            rope=getattr(args, "rope", None),
+            **{arg: getattr(args, arg, None) for arg, _, _ in MODEL_OPTION_FLAGS},
             fused_lm_head=args.fused_lm_head,
             samples=args.samples,
             packing="thd" if uses_transformer_engine(model) else args.packing,
@@ -378,17 +380,16 @@ def launch(args, name, out):
         out,
     ]
     keys = ("model", "samples", "max_len", "max_tokens", "steps", "warmup", "threads", "packing", "dtype", "profile")
-    for key in keys + (
-        "share_prompt",
-        "attention",
-        "rms_norm",
-        "swiglu",
-        "rope",
-        "split_linear",
-        "fused_lm_head",
-        "group_size",
-        "prompt_len",
-        "response_len",
+    for key in (
+        keys
+        + tuple(arg for arg, _, _ in MODEL_OPTION_FLAGS)
+        + (
+            "share_prompt",
+            "fused_lm_head",
+            "group_size",
+            "prompt_len",
+            "response_len",
+        )
     ):
         value = getattr(args, key)
         if value is not None:
@@ -463,6 +464,14 @@ def main():
         help="on a CPU, model.options.cpu_split_linear: the linear layers' bf16 products split by rows across "
         "threads (gspo_mcore.platform.cpu_linear) or Megatron's torch.matmul; default: leave it to the learner; "
         "refused when the learner lacks it",
+    )
+    parser.add_argument(
+        "--grad-accumulation",
+        default=None,
+        choices=("one-pass", "megatron"),
+        help="on a CPU, model.options.cpu_grad_accumulation: bf16 gradients added into the float32 buffers in one "
+        "pass (gspo_mcore.platform.cpu_grad_accumulation) or by Megatron's main_grad.add_; default: leave it to "
+        "the learner; refused when the learner lacks it",
     )
     parser.add_argument(
         "--fused-lm-head",

@@ -133,6 +133,10 @@ if HAVE_EXTENSION:
     def _(x, cos, sin, sign):
         return torch.empty_like(x)
 
+    @torch.library.register_fake(lib + "accumulate_")
+    def _(dst, src):
+        return None
+
     # segment_sum is linear in `values`: its backward spreads each sequence's gradient over its
     # counted tokens.
     def _segment_sum_setup(ctx, inputs, output):

@@ -164,6 +164,12 @@ def mm_rows(a, b, min_rows: int):
     return a @ b
 
 
+def accumulate_(dst, src) -> None:
+    """``dst += src`` in place (float32 ``dst``): what :func:`gspo_mcore.ops.accumulate.accumulate_` computes in one
+    pass."""
+    dst.add_(src)
+
+
 def rope(x, cos, sin, sign: float):
     """Rotary embedding of ``x [S, B, H, D]`` (halves ``[x1, x2]``) by ``cos, sin [S, 1 or B, D/2]`` (float32):
     ``[x1 cos - sign x2 sin, x2 cos + sign x1 sin]``, in float32 (float64 for float64 ``x``), rounded once."""

@@ -28,14 +28,15 @@ def test_bench_learner_groups_sharing_a_prompt_report_tokens_flops_and_gemm_rate
     proc = run_tool(
         ["tools/bench_learner.py", "--layouts", "1", "--samples", "8", "--group-size", "4"]
         + ["--prompt-len", "9", "--response-len", "5", "--steps", "1", "--warmup", "0", "--max-tokens", "64"]
-        + ["--rope", "torch", "--split-linear", "off"]
+        + ["--rope", "torch", "--split-linear", "off", "--grad-accumulation", "megatron"]
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "cpu_isa" in proc.stdout and "GEMM bf16" in proc.stdout
     data = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(data["header"]) >= {"cpu", "cpu_isa", "threads"}
     [row] = data["rows"]
-    assert row["rope"] == "torch" and row["split_linear"] == "off"  # the launcher passed the options to the worker
+    # the launcher passed the options to the worker
+    assert row["rope"] == "torch" and row["split_linear"] == "off" and row["grad_accumulation"] == "megatron"
     assert row["tokens"] == 8 * (9 + 5) and row["computed_tokens"] == row["tokens"]  # unshared: every prompt
     assert row["tokens_per_s"] > 0 and row["gflops_per_rank"] > 0
     # plain GEMMs in both dtypes, and bf16's faster of plain and row-split (gspo_mcore.ops.gemm.mm_rows)

@@ -1,0 +1,94 @@
+"""The one-pass gradient accumulation of a CPU learner (:mod:`gspo_mcore.platform.cpu_grad_accumulation`,
+``model.options.cpu_grad_accumulation``): a bf16 model's float32 gradient buffers after two micro-batches are exactly
+those of Megatron's ``main_grad.add_(grad)`` (the same float32 sums of the same bf16 values), on 1 rank and after the
+data-parallel all-reduce at DP2, tied embedding included; an fp32 model is left to Megatron."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gspo_mcore import ops
+
+pytestmark = pytest.mark.skipif(not ops.HAVE_EXTENSION, reason="the compiled extension is not built")
+
+ARCH = dict(
+    model_type="llama",
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rope_theta=10000.0,
+    max_position_embeddings=64,
+    tie_word_embeddings=True,
+)
+
+
+def _rank(rank, world, arch_kw):
+    from megatron.core import parallel_state as ps
+
+    from gspo_mcore.learner.model import ModelOptions, build_model
+    from gspo_mcore.learner.model_config import load_hf_config
+    from gspo_mcore.learner.parallel import ParallelConfig, init_parallel
+
+    torch.set_num_threads(1)
+    arch = load_hf_config(arch_kw)
+    init_parallel(ParallelConfig(), arch, seed=1)
+    out = {}
+    try:
+        gen = torch.Generator().manual_seed(1 + rank)  # each rank its own data
+        batches = [torch.randint(0, arch.vocab_size, (2, 19), generator=gen) for _ in range(2)]
+        positions = torch.arange(19)[None].expand(2, -1)
+        for bf16, fused in ((True, False), (True, True), (False, True)):
+            options = ModelOptions(cpu_bf16=bf16, cpu_grad_accumulation=fused)
+            ddp = build_model(arch, ParallelConfig(), options, seed=1)[0]
+            ddp.zero_grad_buffer()
+            for tokens in batches:  # two micro-batches accumulate into the buffers
+                ddp(tokens, positions, None).float().square().mean().backward()
+            left = [n for n, p in ddp.module.named_parameters() if p.grad is not None]
+            ddp.finish_grad_sync()
+            out[bf16, fused] = {
+                "hooked": sum(len(p._post_accumulate_grad_hooks or {}) for p in ddp.module.parameters()),
+                "left": left,
+                "grads": {n: p.main_grad.clone() for n, p in ddp.module.named_parameters()},
+            }
+    finally:
+        ps.destroy_model_parallel()
+    return out
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world", [1, 2])
+def test_one_pass_accumulation_gives_megatrons_buffers(world):
+    from helpers.dist_cases import run_ranks
+
+    for got in run_ranks(_rank, world, args=(ARCH,)):
+        plain, fused = got[True, False], got[True, True]
+        assert plain["hooked"] == 0 and fused["hooked"] == len(fused["grads"]) > 0
+        assert fused["left"] == [] and plain["left"] == []  # every gradient went into the buffers
+        assert fused["grads"].keys() == plain["grads"].keys()
+        assert any("embedding" in n for n in fused["grads"])  # the tied weight: embedding and LM head both
+        for name, g in plain["grads"].items():
+            assert g.dtype == torch.float32 and g.abs().max() > 0, name
+            assert torch.equal(fused["grads"][name], g), name
+        assert got[False, True]["hooked"] == 0  # fp32: Megatron's add is already one pass
+
+
+def test_the_hook_adds_once_and_leaves_fused_gradients_alone():
+    from gspo_mcore.platform.cpu_grad_accumulation import _accumulate_into_main_grad
+
+    p = torch.nn.Parameter(torch.zeros(5, 3, dtype=torch.bfloat16))
+    p.main_grad = torch.ones(5, 3)
+    p.grad = torch.full((5, 3), 0.5, dtype=torch.bfloat16)
+    _accumulate_into_main_grad(p)
+    assert p.grad is None and torch.equal(p.main_grad, torch.full((5, 3), 1.5))
+    _accumulate_into_main_grad(p)  # nothing left to add
+    p.grad, p.grad_added_to_main_grad = torch.ones(5, 3, dtype=torch.bfloat16), True
+    _accumulate_into_main_grad(p)  # a fused weight-gradient kernel already wrote main_grad: Megatron's rule
+    assert p.grad is not None and torch.equal(p.main_grad, torch.full((5, 3), 1.5))
+    p.zero_out_wgrad = True  # a shared weight (the tied embedding): its gradient is always added
+    _accumulate_into_main_grad(p)
+    assert p.grad is None and torch.equal(p.main_grad, torch.full((5, 3), 2.5))
