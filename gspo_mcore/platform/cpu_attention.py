@@ -52,10 +52,7 @@ class _Attention(torch.autograd.Function):
         scores = torch.baddbmm(
             q.new_empty(q.shape[0], q.shape[1], k.shape[1]), q, k.transpose(1, 2), beta=0.0, alpha=scale
         )  # (G, r*sq, sk), as Megatron computes them
-        dead = None
-        if mask is not None:
-            dead = mask.all(dim=-1, keepdim=True)  # queries that see no key (padding): uniform, no gradient
-            dead = dead if bool(dead.any()) else None
+        mask, dead = dead_queries(mask)
         # masked scores set to -10000 and the softmax (fp32 inside), in place: one pass over each row
         masked_softmax_(scores, None if mask is None else mask.reshape(mask.shape[0], sq, -1), ng, MASK_VALUE)
         probs = scores
@@ -78,6 +75,24 @@ class _Attention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, None, None, None
 
 
+def dead_queries(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(mask, dead)`` for a ``[MB, 1, 1, sq, sk]`` mask view: ``dead`` marks the queries that see no key
+    (padding: their probabilities are uniform and pass no gradient), ``None`` when there are none. Worked out once
+    per mask and kept on the tensor the view was made from (every layer of a forward gets the same mask, and the
+    check is a pass over it) until that tensor is changed in place."""
+    if mask is None:
+        return None, None
+    base = mask._base if mask._base is not None else mask
+    key = (base._version, mask.shape, mask.stride(), mask.storage_offset())  # the same elements of the same data
+    kept = getattr(base, "_gspo_dead_queries", None)
+    if kept is not None and kept[0] == key:
+        return mask, kept[1]
+    dead = mask.all(dim=-1, keepdim=True)
+    dead = dead if bool(dead.any()) else None
+    base._gspo_dead_queries = (key, dead)
+    return mask, dead
+
+
 def attention(query, key, value, mask, scale: float) -> torch.Tensor:
     """Softmax attention in Megatron's layouts: ``query [sq, b, np, hn]``, ``key``/``value [sk, b, ng, hn]``,
     ``mask`` bool ``[b or 1, 1, sq, sk]`` (True: masked) or ``None`` (causal) -> ``[sq, b, np * hn]``."""
@@ -94,8 +109,10 @@ def attention(query, key, value, mask, scale: float) -> torch.Tensor:
     return out.view(b, nh, sq, hn).permute(2, 0, 1, 3).reshape(sq, b, nh * hn)
 
 
+@functools.lru_cache(maxsize=8)
 def causal_mask(sq: int, sk: int, device) -> torch.Tensor:
-    """``[1, 1, sq, sk]`` bool, True above the diagonal (the last query sees every key), as Megatron's default."""
+    """``[1, 1, sq, sk]`` bool, True above the diagonal (the last query sees every key), as Megatron's default; one
+    (read-only) tensor per shape, made once."""
     return torch.ones(sq, sk, dtype=torch.bool, device=device).triu_(sk - sq + 1)[None, None]
 
 

@@ -151,3 +151,19 @@ def test_attention_folds_grouped_heads_without_copying_keys():
     for h in range(4):
         one = attention(q[:, :, h : h + 1], k, v, mask, 0.5)
         torch.testing.assert_close(out[:, :, h], one, rtol=1e-12, atol=1e-12)
+
+
+def test_dead_queries_are_worked_out_once_per_mask_and_again_when_it_changes():
+    from gspo_mcore.platform.cpu_attention import dead_queries
+
+    mask = torch.ones(2, 1, 6, 6, dtype=torch.bool).triu(1)
+    mask[1, :, 4:] = True  # row 1's last two queries see no key
+    view = mask.reshape(2, 1, 1, 6, 6)
+    _, dead = dead_queries(view)
+    assert dead.shape == (2, 1, 1, 6, 1) and dead.flatten().tolist() == [False] * 10 + [True] * 2
+    assert dead_queries(mask.reshape(2, 1, 1, 6, 6))[1] is dead  # every layer's view: the kept answer
+    assert dead_queries(mask[1:].reshape(1, 1, 1, 6, 6))[1].flatten().tolist() == [False] * 4 + [True] * 2
+    assert dead_queries(mask[:1].reshape(1, 1, 1, 6, 6))[1] is None  # another part of the same data
+    assert dead_queries(mask.reshape(2, 1, 1, 6, 6))[1] is not None
+    mask[1, :, 4:, 0] = False  # changed in place: worked out again
+    assert dead_queries(mask.reshape(2, 1, 1, 6, 6))[1] is None
