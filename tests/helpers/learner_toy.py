@@ -42,6 +42,20 @@ LLAMA = dict(
     rope_theta=100000.0,
 )
 QWEN2_TIED = dict(DENSE, model_type="qwen2", tie_word_embeddings=True)
+# a small tied Llama for the CPU-module tests (bf16 paths: split linear layers, gradient accumulation)
+SMALL_LLAMA_TIED = dict(
+    model_type="llama",
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rope_theta=10000.0,
+    max_position_embeddings=64,
+    tie_word_embeddings=True,
+)
 MODELS = {"dense": DENSE, "dense_tied": DENSE_TIED, "moe": MOE, "llama": LLAMA, "qwen2_tied": QWEN2_TIED}
 
 # Per-sequence offsets added to the recomputed old log-probs: the first update then sees sequence ratios

@@ -9,24 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.learner_toy import SMALL_LLAMA_TIED
 
 from gspo_mcore import ops
 
 pytestmark = pytest.mark.skipif(not ops.HAVE_EXTENSION, reason="the compiled extension is not built")
 
-ARCH = dict(
-    model_type="llama",
-    vocab_size=96,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    rope_theta=10000.0,
-    max_position_embeddings=64,
-    tie_word_embeddings=True,
-)
+ARCH = SMALL_LLAMA_TIED
 
 
 def _rank(rank, world, arch_kw):

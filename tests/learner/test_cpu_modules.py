@@ -155,21 +155,9 @@ def _split_rank(rank, world, arch_kw):
 @pytest.mark.distributed
 def test_split_linear_gives_the_same_results_in_bf16():
     from helpers.dist_cases import run_ranks
+    from helpers.learner_toy import SMALL_LLAMA_TIED
 
-    arch = dict(
-        model_type="llama",
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rope_theta=10000.0,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
-    got = run_ranks(_split_rank, 1, args=(arch,))[0]
+    got = run_ranks(_split_rank, 1, args=(SMALL_LLAMA_TIED,))[0]
     for lora in (False, True):
         plain, split = got[lora, False], got[lora, True]
         assert not any(k.startswith("Cpu") for k in plain["kinds"]), plain["kinds"]
