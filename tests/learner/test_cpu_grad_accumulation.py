@@ -15,8 +15,6 @@ from gspo_mcore import ops
 
 pytestmark = pytest.mark.skipif(not ops.HAVE_EXTENSION, reason="the compiled extension is not built")
 
-ARCH = SMALL_LLAMA_TIED
-
 
 def _rank(rank, world, arch_kw):
     from megatron.core import parallel_state as ps
@@ -58,7 +56,7 @@ def _rank(rank, world, arch_kw):
 def test_one_pass_accumulation_gives_megatrons_buffers(world):
     from helpers.dist_cases import run_ranks
 
-    for got in run_ranks(_rank, world, args=(ARCH,)):
+    for got in run_ranks(_rank, world, args=(SMALL_LLAMA_TIED,)):
         plain, fused = got[True, False], got[True, True]
         assert plain["hooked"] == 0 and fused["hooked"] == len(fused["grads"]) > 0
         assert fused["left"] == [] and plain["left"] == []  # every gradient went into the buffers
